@@ -1,0 +1,34 @@
+# Two commands on a fresh machine: `make run` (gateway + a mock worker) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run gateway mockworker test bench install clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The gateway on :30000 relaying to a mock worker on :30001 serving model "mock-model".
+run: $(STAMP)
+	@$(BIN)/python manage.py runmockworker --port 30001 --model mock-model & \
+	MOCK=$$!; trap 'kill $$MOCK 2>/dev/null' EXIT INT TERM; \
+	$(BIN)/python manage.py rungateway --worker-urls http://127.0.0.1:30001 $(ARGS)
+
+# The gateway alone (pass flags with ARGS="--worker-urls http://host:port ...").
+gateway: $(STAMP)
+	$(BIN)/python manage.py rungateway $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/run.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) data .pytest_cache

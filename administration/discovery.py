@@ -1,0 +1,75 @@
+"""What an HTTP worker serves and which engine it runs, asked over HTTP (control plane: httpx).
+
+Runtime detection (docs ENGINES.md): /v1/models ``owned_by`` sglang or vllm; else /version answering
+means vllm; else /server_info answering means sglang; else generic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from administration.runtime import RuntimeType
+
+__all__ = ["Discovery", "WorkerUnreachable", "discover_http_worker"]
+
+
+class WorkerUnreachable(Exception):
+    """The worker did not answer (not up yet, or gone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    runtime_type: str
+    model_ids: tuple[str, ...]
+
+    @property
+    def model_id(self) -> str | None:
+        return self.model_ids[0] if self.model_ids else None
+
+
+_OWNED_BY = {"sglang": RuntimeType.SGLANG, "vllm": RuntimeType.VLLM}
+
+
+async def _get_json(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> Any | None:
+    """The JSON answer of a GET, None for a non-2xx or non-JSON answer; unreachable raises."""
+    try:
+        response = await client.get(url, headers=headers)
+    except httpx.TransportError as exc:
+        raise WorkerUnreachable(f"{type(exc).__name__} for {url}") from None
+    if not response.is_success:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return {}
+
+
+async def discover_http_worker(
+    client: httpx.AsyncClient, base_url: str, api_key: str | None, runtime_type: str = RuntimeType.UNSPECIFIED
+) -> Discovery:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    listing = await _get_json(client, f"{base_url}/v1/models", headers)
+    model_ids: list[str] = []
+    owned_by = ""
+    if isinstance(listing, dict) and isinstance(listing.get("data"), list):
+        for entry in listing["data"]:
+            if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+                model_ids.append(entry["id"])
+                owned_by = owned_by or str(entry.get("owned_by") or "")
+    if runtime_type == RuntimeType.UNSPECIFIED:
+        runtime_type = _OWNED_BY.get(owned_by.lower(), "")
+        if not runtime_type:
+            if await _get_json(client, f"{base_url}/version", headers) is not None:
+                runtime_type = RuntimeType.VLLM
+            elif await _get_json(client, f"{base_url}/server_info", headers) is not None:
+                runtime_type = RuntimeType.SGLANG
+            else:
+                runtime_type = RuntimeType.GENERIC
+    if not model_ids:
+        info = await _get_json(client, f"{base_url}/get_model_info", headers)
+        if isinstance(info, dict) and isinstance(info.get("model_path"), str) and info["model_path"]:
+            model_ids.append(info["model_path"])
+    return Discovery(runtime_type=str(runtime_type), model_ids=tuple(model_ids))

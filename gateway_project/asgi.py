@@ -1,0 +1,28 @@
+"""ASGI entry point: a Channels ProtocolTypeRouter.
+
+HTTP goes through a Channels URLRouter: data-plane routes (/v1/* inference, /generate, /rerank,
+probes) to plain async ASGI handlers, everything else (admin console, control-plane APIs) to Django.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.urls import re_path  # noqa: E402
+
+from gateway_project.lifespan import LIFECYCLE  # noqa: E402
+from inference.api.routes import data_plane_routes  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": LIFECYCLE.gate(URLRouter([*data_plane_routes(), re_path(r"", django_app)])),
+        "lifespan": LIFECYCLE.lifespan,
+    }
+)

@@ -1,0 +1,102 @@
+"""Typed readers for settings from the environment. A value that does not parse fails loudly."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+__all__ = ["env_str", "env_bool", "env_int", "env_list", "env_secret", "database_from_url"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return default if value is None else value
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (true/false), got {value!r}")
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from None
+
+
+def env_list(name: str, default: list[str] | None = None) -> list[str]:
+    value = os.environ.get(name)
+    if value is None:
+        return list(default or [])
+    return [item for item in value.replace(",", " ").split() if item]
+
+
+def env_secret(name: str, default: str | None = None) -> str | None:
+    """Read NAME, or the contents of the file named by NAME_FILE (Docker/K8s secrets)."""
+    file_name = os.environ.get(f"{name}_FILE")
+    if file_name:
+        try:
+            return Path(file_name).read_text().strip()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}_FILE: cannot read {file_name}: {exc.strerror}") from None
+    return env_str(name, default)
+
+
+def database_from_url(url: str, *, base_dir: Path) -> dict[str, Any]:
+    """A Django DATABASES entry from sqlite:///path or postgres://user:pass@host:port/name."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "sqlite":
+        raw_path = unquote(parts.path)
+        if raw_path.startswith("//"):  # sqlite:////abs/path
+            name = raw_path[1:]
+        elif raw_path in ("", "/"):
+            raise ImproperlyConfigured("DATABASE_URL: sqlite URL needs a file path")
+        else:  # sqlite:///relative/path
+            name = str(base_dir / raw_path.lstrip("/"))
+        if name == "/:memory:":
+            name = ":memory:"
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": name,
+            "OPTIONS": {
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    if scheme in ("postgres", "postgresql", "pgsql"):
+        if not parts.path or parts.path == "/":
+            raise ImproperlyConfigured("DATABASE_URL: postgres URL needs a database name")
+        options: dict[str, Any] = {"pool": {"min_size": 1, "max_size": 10}}
+        for key, values in parse_qs(parts.query).items():
+            options[key] = values[-1]
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": unquote(parts.path.lstrip("/")),
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+            "CONN_MAX_AGE": 0,
+            "OPTIONS": options,
+        }
+    raise ImproperlyConfigured(f"DATABASE_URL: unsupported scheme {scheme!r} (use sqlite:// or postgres://)")

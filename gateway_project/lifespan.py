@@ -1,0 +1,78 @@
+"""Start and stop the gateway's background parts with the server.
+
+uvicorn sends ASGI lifespan events; daphne does not, so the first request starts them instead. Either
+way the worker registry is loaded before any request is routed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from administration.fleet import Fleet
+from inference.api.asgi_io import ASGIApp, Receive, Scope, Send
+from inference.config import current_config
+from inference.runtime import reset_runtime, runtime
+
+__all__ = ["GatewayLifecycle", "LIFECYCLE"]
+
+log = logging.getLogger("inference.lifespan")
+
+
+class GatewayLifecycle:
+    def __init__(self) -> None:
+        self.started = False
+        self.fleet: Fleet | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def astart(self) -> None:
+        if self.started:
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self.started:
+                return
+            config = current_config()
+            reset_runtime(config)
+            self.fleet = Fleet(config)
+            snapshot = await self.fleet.astart()
+            log.info(
+                "gateway started: %d worker(s) registered, policy %s", len(snapshot.workers), config.policy
+            )
+            self.started = True
+
+    async def astop(self) -> None:
+        if self.fleet is not None:
+            await self.fleet.astop()
+        await runtime().aclose()
+        self.started = False
+
+    async def lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.astart()
+                except Exception as exc:  # report it and let the server exit
+                    log.exception("gateway failed to start")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.astop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def gate(self, app: ASGIApp) -> ASGIApp:
+        """Wrap the HTTP app so the first request starts the gateway when no lifespan came."""
+
+        async def gated(scope: Scope, receive: Receive, send: Send) -> None:
+            if not self.started:
+                await self.astart()
+            await app(scope, receive, send)
+
+        return gated
+
+
+LIFECYCLE = GatewayLifecycle()

@@ -1,0 +1,31 @@
+"""Probes (spec 3, Probes and metrics): /health and /liveness say the process is alive; /readiness
+says it can take traffic (at least one routable worker)."""
+
+from __future__ import annotations
+
+from inference import errors
+from inference.api.asgi_io import Receive, Scope, Send, send_error, send_json
+from inference.runtime import runtime
+
+__all__ = ["liveness", "readiness"]
+
+
+async def _only_get(scope: Scope, send: Send) -> bool:
+    if scope["method"] in ("GET", "HEAD"):
+        return True
+    await send_error(send, errors.method_not_allowed(scope["method"], scope["path"], "GET"))
+    return False
+
+
+async def liveness(scope: Scope, receive: Receive, send: Send) -> None:
+    if await _only_get(scope, send):
+        await send_json(send, 200, {"status": "ok"})
+
+
+async def readiness(scope: Scope, receive: Receive, send: Send) -> None:
+    if not await _only_get(scope, send):
+        return
+    snapshot = runtime().registry.snapshot
+    ready = len(snapshot.routable)
+    body = {"status": "ready" if ready else "not_ready", "workers": {"ready": ready, "total": len(snapshot.workers)}}
+    await send_json(send, 200 if ready else 503, body)

@@ -1,0 +1,37 @@
+"""The data-plane routes, served by plain async ASGI handlers (no Django view on the request path)."""
+
+from __future__ import annotations
+
+from django.urls import URLPattern, path
+
+from inference.api.models import list_models
+from inference.api.probes import liveness, readiness
+from inference.api.relay import RelayRoute
+from inference.schemas.chat import validate_chat_completion
+from inference.schemas.completions import validate_completion
+
+__all__ = ["data_plane_routes", "RELAYED_PATHS"]
+
+# Worker path per relayed route (the gateway path and the worker path are the same).
+RELAYED_PATHS = (
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/rerank",
+    "/v1/classify",
+    "/generate",
+    "/v1/tokenize",
+    "/v1/detokenize",
+)
+
+
+def data_plane_routes() -> list[URLPattern]:
+    routes = [
+        path("v1/chat/completions", RelayRoute("/v1/chat/completions", validate_chat_completion)),
+        path("v1/completions", RelayRoute("/v1/completions", validate_completion)),
+        path("v1/models", list_models),
+        path("health", liveness),
+        path("liveness", liveness),
+        path("readiness", readiness),
+    ]
+    routes.extend(path(route.lstrip("/"), RelayRoute(route)) for route in RELAYED_PATHS)
+    return routes

@@ -1,0 +1,139 @@
+"""HTTP workers: relay the request with aiohttp and the worker's answer back, streaming as it arrives.
+
+One ClientSession per event loop (created lazily: daphne sends no lifespan events), whose connector
+pools connections per worker host. Closing the response context on cancellation closes the
+upstream connection, which is how a client disconnect reaches the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+import orjson
+
+from inference import errors
+from inference.api.asgi_io import SSE_HEADERS, Send
+from inference.backends.base import Backend, FinalHook, RelayRequest
+
+__all__ = ["HttpBackend"]
+
+log = logging.getLogger(__name__)
+
+_DONE = b"data: [DONE]\n\n"
+_DONE_MARK = b"[DONE]"
+_PASS_RESPONSE_HEADERS = ("content-type",)
+_CONNECT_TIMEOUT_SECS = 10.0
+
+
+class HttpBackend(Backend):
+    transport = "http"
+
+    def __init__(self, request_timeout_secs: float) -> None:
+        self._timeout = aiohttp.ClientTimeout(
+            total=request_timeout_secs, connect=_CONNECT_TIMEOUT_SECS, sock_connect=_CONNECT_TIMEOUT_SECS
+        )
+        self._request_timeout_secs = request_timeout_secs
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+
+    def session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=500, keepalive_timeout=30, enable_cleanup_closed=True)
+            session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=self._timeout,
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                read_bufsize=2**16,
+            )
+            self._sessions[loop] = session
+        return session
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.pop(loop, None)
+        if session is not None:
+            await session.close()
+
+    def _headers(self, request: RelayRequest) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "X-Request-ID": request.request_id.decode()}
+        for name, value in request.headers:
+            headers[name] = value
+        key = request.worker.record.api_key
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        if request.stream:
+            headers["Accept"] = "text/event-stream"
+        return headers
+
+    async def relay(self, request: RelayRequest, send: Send, before_final: FinalHook) -> None:
+        url = request.worker.url + request.path
+        try:
+            response_cm = self.session().post(url, data=request.body, headers=self._headers(request))
+            response = await response_cm.__aenter__()
+        except asyncio.TimeoutError:
+            raise errors.upstream_timeout(self._request_timeout_secs) from None
+        except aiohttp.ClientError as exc:
+            raise errors.upstream_unavailable(_describe(exc)) from None
+        try:
+            content_type = response.headers.get("Content-Type", "")
+            if request.stream and response.status == 200 and content_type.startswith("text/event-stream"):
+                await self._relay_stream(response, request, send, before_final)
+            else:
+                await self._relay_whole(response, request, send, before_final)
+        except BaseException as exc:
+            # Cancelled (client gone) or failed: drop the upstream connection instead of reusing it.
+            response.close()
+            await response_cm.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        else:
+            await response_cm.__aexit__(None, None, None)
+
+    async def _relay_whole(
+        self, response: aiohttp.ClientResponse, request: RelayRequest, send: Send, before_final: FinalHook
+    ) -> None:
+        try:
+            body = await response.read()
+        except asyncio.TimeoutError:
+            raise errors.upstream_timeout(self._request_timeout_secs) from None
+        except aiohttp.ClientError as exc:
+            raise errors.upstream_unavailable(_describe(exc)) from None
+        headers = [(b"x-request-id", request.request_id)]
+        for name in _PASS_RESPONSE_HEADERS:
+            value = response.headers.get(name)
+            if value is not None:
+                headers.append((name.encode(), value.encode("latin-1")))
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        before_final()
+        await send({"type": "http.response.body", "body": body})
+
+    async def _relay_stream(
+        self, response: aiohttp.ClientResponse, request: RelayRequest, send: Send, before_final: FinalHook
+    ) -> None:
+        headers = [*SSE_HEADERS, (b"x-request-id", request.request_id)]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        tail = b""
+        try:
+            async for chunk in response.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                tail = (tail + chunk)[-24:] if len(chunk) < 24 else chunk[-24:]
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            # The response has started: report the failure in-band, then end the stream.
+            log.warning("upstream stream from %s failed: %s", request.worker.url, _describe(exc))
+            event = {"error": {"message": f"Worker stream failed: {_describe(exc)}", "type": "internal_error"}}
+            tail = b""
+            await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(event) + b"\n\n", "more_body": True})
+        before_final()
+        final = b"" if _DONE_MARK in tail else _DONE
+        await send({"type": "http.response.body", "body": final})
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timed out"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect to {exc.host}:{exc.port}"
+    return type(exc).__name__

@@ -1,0 +1,158 @@
+"""The one error builder for every response the gateway makes itself (spec 1, Errors).
+
+Standard envelope: ``{"error": {"message", "type", "param", "code"}}`` plus the header
+``X-GW-Error-Code`` repeating ``code``. Raise :class:`GatewayError` anywhere on the data plane; the
+ASGI layer turns it into a response with :func:`error_body` / :func:`error_headers`.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "ErrorCode",
+    "GatewayError",
+    "error_body",
+    "error_headers",
+    "invalid_request",
+    "json_parse_error",
+    "model_not_found",
+    "no_healthy_workers",
+    "payload_too_large",
+    "endpoint_not_found",
+    "method_not_allowed",
+    "upstream_unavailable",
+    "upstream_timeout",
+    "internal_error",
+]
+
+# Error type per status where the spec names one; other statuses use the snake-cased status text.
+_TYPE_BY_STATUS: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "method_not_allowed",
+    408: "timeout_error",
+    413: "payload_too_large",
+    429: "rate_limit_error",
+    500: "internal_error",
+    501: "not_implemented",
+    502: "bad_gateway",
+    503: "service_unavailable",
+    504: "gateway_timeout",
+}
+
+
+class ErrorCode(str, Enum):
+    """String error codes of the data plane. Validation failures use the numeric code 400 instead."""
+
+    JSON_PARSE_ERROR = "json_parse_error"
+    MODEL_NOT_FOUND = "model_not_found"
+    NO_HEALTHY_WORKERS = "no_healthy_workers"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    ENDPOINT_NOT_FOUND = "endpoint_not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    INTERNAL_ERROR = "internal_error"
+
+
+class GatewayError(Exception):
+    """An error the gateway answers itself, with the spec's status, type and code."""
+
+    __slots__ = ("status", "code", "message", "param", "error_type", "headers")
+
+    def __init__(
+        self,
+        status: int,
+        code: str | int | ErrorCode,
+        message: str,
+        *,
+        param: str | None = None,
+        error_type: str | None = None,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code: str | int = code.value if isinstance(code, ErrorCode) else code
+        self.message = message
+        self.param = param
+        self.error_type = error_type or _TYPE_BY_STATUS.get(status, "error")
+        self.headers = headers
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def error_body(error: GatewayError) -> bytes:
+    return orjson.dumps(error.to_dict())
+
+
+def error_headers(error: GatewayError) -> list[tuple[bytes, bytes]]:
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"x-gw-error-code", str(error.code).encode()),
+    ]
+    headers.extend(error.headers)
+    return headers
+
+
+def invalid_request(message: str, param: str | None = None) -> GatewayError:
+    """A validation failure: 400, type invalid_request_error, numeric code 400."""
+    return GatewayError(400, 400, message, param=param)
+
+
+def json_parse_error(message: str) -> GatewayError:
+    return GatewayError(400, ErrorCode.JSON_PARSE_ERROR, message)
+
+
+def model_not_found(model: str) -> GatewayError:
+    return GatewayError(
+        404, ErrorCode.MODEL_NOT_FOUND, f"The model '{model}' does not exist", param="model"
+    )
+
+
+def no_healthy_workers(model: str | None) -> GatewayError:
+    target = f"model '{model}'" if model else "this request"
+    return GatewayError(503, ErrorCode.NO_HEALTHY_WORKERS, f"No healthy worker available for {target}")
+
+
+def payload_too_large(limit: int) -> GatewayError:
+    return GatewayError(
+        413, ErrorCode.PAYLOAD_TOO_LARGE, f"Request body exceeds the maximum payload size of {limit} bytes"
+    )
+
+
+def endpoint_not_found(path: str) -> GatewayError:
+    return GatewayError(404, ErrorCode.ENDPOINT_NOT_FOUND, f"No route for {path}")
+
+
+def method_not_allowed(method: str, path: str, allowed: str) -> GatewayError:
+    return GatewayError(
+        405,
+        ErrorCode.METHOD_NOT_ALLOWED,
+        f"Method {method} is not allowed on {path}",
+        headers=((b"allow", allowed.encode()),),
+    )
+
+
+def upstream_unavailable(detail: str) -> GatewayError:
+    return GatewayError(502, ErrorCode.UPSTREAM_UNAVAILABLE, f"Worker request failed: {detail}")
+
+
+def upstream_timeout(seconds: float) -> GatewayError:
+    return GatewayError(504, ErrorCode.UPSTREAM_TIMEOUT, f"Worker did not answer within {seconds:g} seconds")
+
+
+def internal_error(message: str = "Internal server error") -> GatewayError:
+    return GatewayError(500, ErrorCode.INTERNAL_ERROR, message)

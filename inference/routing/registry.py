@@ -1,0 +1,128 @@
+"""The in-memory worker registry snapshot the request path reads (no database on the hot path).
+
+The control plane publishes a new immutable :class:`RegistrySnapshot` whenever workers change; the
+data plane reads ``REGISTRY.snapshot`` once per request. Live counters (requests in flight) sit in a
+:class:`WorkerLoad` that survives snapshot rebuilds, keyed by worker id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Iterable, Mapping
+
+__all__ = ["WorkerLoad", "WorkerRecord", "WorkerHandle", "RegistrySnapshot", "WorkerRegistry", "REGISTRY"]
+
+
+@dataclass(slots=True)
+class WorkerLoad:
+    """Mutable live state of one worker, shared by every snapshot that contains it."""
+
+    in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """What the control plane knows about one worker (built from a Worker row)."""
+
+    id: str
+    url: str
+    model_id: str | None
+    runtime_type: str
+    status: str
+    api_key: str | None = field(default=None, repr=False)
+    transport: str = "http"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerHandle:
+    """A worker as the request path sees it: its record plus its live load."""
+
+    record: WorkerRecord
+    load: WorkerLoad
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def url(self) -> str:
+        return self.record.url
+
+
+_EMPTY: Mapping[str, tuple[WorkerHandle, ...]] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrySnapshot:
+    workers: tuple[WorkerHandle, ...] = ()
+    # Ready workers per canonical model id, in registration order.
+    routable_by_model: Mapping[str, tuple[WorkerHandle, ...]] = field(default_factory=lambda: _EMPTY)
+    # Ready workers that report no model: they serve any model.
+    routable_any_model: tuple[WorkerHandle, ...] = ()
+    # Every model id some worker reports, ready or not (to tell 503 from 404).
+    known_models: frozenset[str] = frozenset()
+    # Workers still discovering what they serve (model unknown yet).
+    undiscovered: int = 0
+    aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def canonical_model(self, name: str) -> str:
+        return self.aliases.get(name, name)
+
+    @property
+    def routable(self) -> tuple[WorkerHandle, ...]:
+        seen: dict[str, WorkerHandle] = {}
+        for handles in self.routable_by_model.values():
+            for handle in handles:
+                seen.setdefault(handle.id, handle)
+        for handle in self.routable_any_model:
+            seen.setdefault(handle.id, handle)
+        return tuple(seen.values())
+
+    @property
+    def routable_models(self) -> tuple[str, ...]:
+        return tuple(self.routable_by_model)
+
+
+class WorkerRegistry:
+    """Holds the current snapshot; ``publish`` swaps it atomically (a single reference assignment)."""
+
+    def __init__(self) -> None:
+        self.snapshot = RegistrySnapshot()
+        self._loads: dict[str, WorkerLoad] = {}
+
+    def publish(self, records: Iterable[WorkerRecord], aliases: Mapping[str, str]) -> RegistrySnapshot:
+        handles: list[WorkerHandle] = []
+        loads: dict[str, WorkerLoad] = {}
+        by_model: dict[str, list[WorkerHandle]] = {}
+        any_model: list[WorkerHandle] = []
+        known: set[str] = set()
+        undiscovered = 0
+        for record in records:
+            load = self._loads.get(record.id) or WorkerLoad()
+            loads[record.id] = load
+            handle = WorkerHandle(record, load)
+            handles.append(handle)
+            if record.model_id:
+                known.add(record.model_id)
+            elif record.status != "ready":
+                undiscovered += 1
+            if record.status != "ready":
+                continue
+            if record.model_id:
+                by_model.setdefault(record.model_id, []).append(handle)
+            else:
+                any_model.append(handle)
+        self._loads = loads
+        self.snapshot = RegistrySnapshot(
+            workers=tuple(handles),
+            routable_by_model=MappingProxyType({m: tuple(h) for m, h in by_model.items()}),
+            routable_any_model=tuple(any_model),
+            known_models=frozenset(known),
+            undiscovered=undiscovered,
+            aliases=MappingProxyType(dict(aliases)),
+        )
+        return self.snapshot
+
+
+REGISTRY = WorkerRegistry()

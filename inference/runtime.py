@@ -1,0 +1,54 @@
+"""Per-process data-plane state, built once from the config: keys, policy, registry, backends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inference.auth import KeyRing
+from inference.backends.base import Backend
+from inference.backends.http import HttpBackend
+from inference.config import GatewayConfig, current_config
+from inference.routing.policies import SelectionPolicy, make_policy
+from inference.routing.registry import REGISTRY, WorkerRegistry
+
+__all__ = ["Runtime", "runtime", "reset_runtime"]
+
+
+@dataclass(slots=True)
+class Runtime:
+    config: GatewayConfig
+    keys: KeyRing
+    policy: SelectionPolicy
+    registry: WorkerRegistry
+    backends: dict[str, Backend]
+
+    @classmethod
+    def build(cls, config: GatewayConfig) -> Runtime:
+        return cls(
+            config=config,
+            keys=KeyRing(config.api_key, config.tenant_api_keys),
+            policy=make_policy(config.policy),
+            registry=REGISTRY,
+            backends={"http": HttpBackend(config.request_timeout_secs)},
+        )
+
+    async def aclose(self) -> None:
+        for backend in self.backends.values():
+            await backend.close()
+
+
+_runtime: Runtime | None = None
+
+
+def runtime() -> Runtime:
+    global _runtime
+    if _runtime is None:
+        _runtime = Runtime.build(current_config())
+    return _runtime
+
+
+def reset_runtime(config: GatewayConfig | None = None) -> Runtime:
+    """Rebuild the runtime (tests, and a server started after the config was installed)."""
+    global _runtime
+    _runtime = Runtime.build(config or current_config())
+    return _runtime
