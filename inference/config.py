@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import orjson
 
@@ -234,9 +234,14 @@ def config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
     )
 
 
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
 def parse_gateway_args(argv: Sequence[str] = ()) -> GatewayConfig:
     """Parse flags outside of manage.py (tests, the ASGI module). Raises ConfigError."""
-    parser = argparse.ArgumentParser(prog="gateway", exit_on_error=False)
+    parser = _RaisingParser(prog="gateway", exit_on_error=False)
     add_gateway_arguments(parser)
     try:
         ns = parser.parse_args(list(argv))

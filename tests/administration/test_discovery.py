@@ -1,0 +1,134 @@
+"""Runtime and model discovery over HTTP, and the fleet that makes workers routable."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import httpx
+import pytest
+
+from administration.discovery import WorkerUnreachable, discover_http_worker
+from administration.fleet import Fleet
+from administration.models import Worker, WorkerSource, WorkerStatus
+from administration.runtime import normalize_runtime_type
+from inference.config import GatewayConfig
+from inference.routing.registry import REGISTRY
+
+
+@pytest.mark.parametrize(
+    ("owned_by", "runtime"),
+    [("sglang", "sglang"), ("vllm", "vllm"), ("someone", "generic")],
+)
+async def test_runtime_is_detected(start_worker, owned_by: str, runtime: str) -> None:
+    worker = await start_worker(model="llama-3", owned_by=owned_by)
+    async with httpx.AsyncClient() as client:
+        found = await discover_http_worker(client, worker.url, None)
+    assert found.runtime_type == runtime
+    assert found.model_id == "llama-3"
+
+
+async def test_configured_runtime_is_kept(start_worker) -> None:
+    worker = await start_worker(owned_by="vllm")
+    async with httpx.AsyncClient() as client:
+        found = await discover_http_worker(client, worker.url, None, runtime_type="trtllm")
+    assert found.runtime_type == "trtllm"
+
+
+async def test_discovery_presents_the_worker_key(start_worker) -> None:
+    worker = await start_worker(api_key="sk-w")
+    async with httpx.AsyncClient() as client:
+        found = await discover_http_worker(client, worker.url, "sk-w")
+    assert found.model_id == worker.model
+
+
+async def test_unreachable_worker_raises() -> None:
+    async with httpx.AsyncClient() as client:
+        with pytest.raises(WorkerUnreachable):
+            await discover_http_worker(client, "http://127.0.0.1:9", None)
+
+
+@pytest.mark.parametrize(
+    ("given", "canonical"),
+    [("engine_a", "sglang"), ("engine_b", "vllm"), ("engine_c", "trtllm"), ("tensorrt-llm", "trtllm"),
+     ("engine_d", "mlx"), ("engine_e", "tokenspeed"), ("SGLang", "sglang"), ("generic", "generic")],
+)
+def test_runtime_aliases_are_stored_as_real_names(given: str, canonical: str) -> None:
+    assert normalize_runtime_type(given) == canonical
+
+
+def test_unknown_runtime_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        normalize_runtime_type("engine_z")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_worker_that_comes_up_later_becomes_routable(start_worker) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    fleet = Fleet(GatewayConfig(worker_urls=(url,), worker_startup_check_interval=0.5))
+    try:
+        snapshot = await fleet.astart()
+        assert [h.record.status for h in snapshot.workers] == ["pending"]
+        assert not REGISTRY.snapshot.routable
+        await asyncio.sleep(0.3)
+        from aiohttp import web
+
+        from inference.testing.mock_worker import MockWorkerConfig, build_app
+
+        runner = web.AppRunner(build_app(MockWorkerConfig(model="late-model", owned_by="vllm")))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            for _ in range(100):
+                if REGISTRY.snapshot.routable:
+                    break
+                await asyncio.sleep(0.05)
+            assert REGISTRY.snapshot.routable_models == ("late-model",)
+            stored = await Worker.objects.aget(url=url)
+            assert (stored.status, stored.runtime_type, stored.model_id, stored.source) == (
+                WorkerStatus.READY, "vllm", "late-model", WorkerSource.CLI
+            )
+        finally:
+            await runner.cleanup()
+    finally:
+        await fleet.astop()
+        REGISTRY.publish([], {})
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_stale_cli_workers_are_removed_and_api_workers_kept(worker) -> None:
+    await Worker.objects.acreate(url="http://old-cli:1", source=WorkerSource.CLI)
+    await Worker.objects.acreate(url="http://api-added:1", source=WorkerSource.API, status=WorkerStatus.READY, model_id="x")
+    fleet = Fleet(GatewayConfig(worker_urls=(worker.url,)))
+    try:
+        await fleet.astart()
+        urls = sorted([w.url async for w in Worker.objects.all()])
+        assert urls == sorted(["http://api-added:1", worker.url])
+    finally:
+        await fleet.astop()
+        REGISTRY.publish([], {})
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_worker_that_never_answers_is_marked_failed() -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    fleet = Fleet(GatewayConfig(worker_urls=(url,), worker_startup_timeout_secs=0.6, worker_startup_check_interval=0.2))
+    try:
+        await fleet.astart()
+        for _ in range(60):
+            stored = await Worker.objects.aget(url=url)
+            if stored.status == WorkerStatus.FAILED:
+                break
+            await asyncio.sleep(0.05)
+        assert stored.status == WorkerStatus.FAILED
+        assert "did not answer" in stored.last_error
+    finally:
+        await fleet.astop()
+        REGISTRY.publish([], {})

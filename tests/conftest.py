@@ -1,0 +1,139 @@
+"""Shared fixtures: a real mock worker on loopback, the gateway's ASGI app in-process, and three
+actors (an owner tenant, a teammate, a stranger) for auth and ownership checks."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable, Iterable
+
+import httpx
+import pytest
+from aiohttp import web
+
+from gateway_project.asgi import application
+from gateway_project.lifespan import LIFECYCLE
+from inference.config import GatewayConfig, install_config
+from inference.routing.registry import REGISTRY, WorkerRecord
+from inference.runtime import reset_runtime
+from inference.testing.mock_worker import MockWorkerConfig, MockWorkerState, build_app, mock_state
+
+
+@dataclass(frozen=True)
+class Actor:
+    tenant_id: str
+    key: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+
+ALICE = Actor("acme", "sk-acme-alice-0001")  # the owner tenant
+BOB = Actor("acme", "sk-acme-bob-0002")  # a teammate in the same tenant
+CHARLIE = Actor("globex", "sk-globex-charlie-0003")  # a stranger
+SHARED_KEY = "sk-shared-admin-key"
+
+
+@pytest.fixture
+def alice() -> Actor:
+    return ALICE
+
+
+@pytest.fixture
+def bob() -> Actor:
+    return BOB
+
+
+@pytest.fixture
+def charlie() -> Actor:
+    return CHARLIE
+
+
+@dataclass
+class RunningWorker:
+    url: str
+    model: str
+    app: web.Application
+
+    @property
+    def state(self) -> MockWorkerState:
+        return mock_state(self.app)
+
+    def requests(self) -> list[dict]:
+        return list(self.state.requests)
+
+
+WorkerFactory = Callable[..., Awaitable[RunningWorker]]
+
+
+@pytest.fixture
+async def start_worker() -> AsyncIterator[WorkerFactory]:
+    """Start real mock workers on 127.0.0.1 (random ports) inside the test's event loop."""
+    runners: list[web.AppRunner] = []
+
+    async def start(model: str = "mock-model", **options: object) -> RunningWorker:
+        app = build_app(MockWorkerConfig(model=model, **options))  # type: ignore[arg-type]
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        port = runner.addresses[0][1]
+        return RunningWorker(url=f"http://127.0.0.1:{port}", model=model, app=app)
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def worker(start_worker: WorkerFactory) -> RunningWorker:
+    return await start_worker()
+
+
+def record_for(worker: RunningWorker | str, model: str | None = None, status: str = "ready", api_key: str | None = None) -> WorkerRecord:
+    url = worker if isinstance(worker, str) else worker.url
+    model_id = model if model is not None or isinstance(worker, str) else worker.model
+    return WorkerRecord(
+        id=str(uuid.uuid4()), url=url, model_id=model_id, runtime_type="sglang", status=status, api_key=api_key
+    )
+
+
+GatewayFactory = Callable[..., httpx.AsyncClient]
+
+
+@pytest.fixture
+async def make_gateway() -> AsyncIterator[GatewayFactory]:
+    """The full ASGI application in-process, with a registry published from the given records
+    (the control plane's discovery is tested on its own)."""
+    clients: list[httpx.AsyncClient] = []
+
+    def make(records: Iterable[WorkerRecord] = (), **config: object) -> httpx.AsyncClient:
+        gateway_config = GatewayConfig(**config)  # type: ignore[arg-type]
+        install_config(gateway_config, export=False)
+        reset_runtime(gateway_config)
+        REGISTRY.publish(list(records), dict(gateway_config.model_aliases))
+        LIFECYCLE.started = True
+        client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=application), base_url="http://gateway", timeout=30
+        )
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.aclose()
+    from inference.runtime import runtime
+
+    await runtime().aclose()
+    REGISTRY.publish([], {})
+    LIFECYCLE.started = False
+    install_config(GatewayConfig(), export=False)
+    reset_runtime(GatewayConfig())
+
+
+@pytest.fixture
+async def gateway(make_gateway: GatewayFactory, worker: RunningWorker) -> httpx.AsyncClient:
+    """A gateway with one ready worker serving mock-model and the alias ``fast``."""
+    return make_gateway([record_for(worker)], model_aliases=(("fast", worker.model),))
