@@ -1,0 +1,142 @@
+"""Real processes on loopback: `manage.py rungateway` (uvicorn or daphne) and `manage.py runmockworker`.
+
+The gateway processes use their own store: a fresh Postgres database when the suite runs on
+Postgres (DATABASE_URL), else an SQLite file that rungateway migrates itself.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=5)
+
+
+def _wait_until(check: Callable[[], bool], timeout: float, what: str, process: Process) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.popen.poll() is not None:
+            raise AssertionError(f"{process.name} exited early ({process.popen.returncode}):\n{process.log()}")
+        try:
+            if check():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{process.name}: {what} not reached in {timeout}s:\n{process.log()}")
+
+
+@pytest.fixture(scope="session")
+def e2e_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    configured = os.environ.get("DATABASE_URL", "")
+    if not configured.startswith(("postgres://", "postgresql://")):
+        yield f"sqlite:///{tmp_path_factory.mktemp('e2e-db') / 'gateway.sqlite3'}"
+        return
+    import psycopg
+
+    name = f"gw_e2e_{uuid.uuid4().hex[:10]}"
+    parts = urlsplit(configured)
+    admin_url = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = urlunsplit(parts._replace(path=f"/{name}"))
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "gateway_project.settings"}
+    subprocess.run([sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True, timeout=120)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def spawn(tmp_path: Path, e2e_database_url: str) -> Iterator[Callable[..., Process]]:
+    started: list[Process] = []
+
+    def start(name: str, args: list[str], port: int, ready_path: str = "/health", wait: bool = True) -> Process:
+        log_path = tmp_path / f"{name}.log"
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": os.environ.get("HOME", "/root"),
+            "DJANGO_SETTINGS_MODULE": "gateway_project.settings",
+            "DATABASE_URL": e2e_database_url,
+            "GW_DATA_DIR": str(tmp_path / "data"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        with open(log_path, "wb") as log:
+            popen = subprocess.Popen(
+                [sys.executable, "manage.py", *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        process = Process(name, popen, f"http://127.0.0.1:{port}", log_path, env)
+        started.append(process)
+        if wait:
+            _wait_until(lambda: httpx.get(process.url + ready_path, timeout=2).status_code == 200, 60, ready_path, process)
+        return process
+
+    yield start
+    for process in reversed(started):
+        process.stop()
+
+
+@pytest.fixture
+def mock_worker_process(spawn: Callable[..., Process]) -> Process:
+    port = free_port()
+    return spawn(
+        "mockworker",
+        ["runmockworker", "--host", "127.0.0.1", "--port", str(port), "--model", "mock-model", "--tokens", "8"],
+        port,
+    )
+
+
+@pytest.fixture(params=["uvicorn", "daphne"])
+def server(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def start_gateway(spawn: Callable[..., Process], server: str) -> Callable[..., Process]:
+    def start(*flags: str, wait_ready: bool = True) -> Process:
+        port = free_port()
+        args = ["rungateway", "--host", "127.0.0.1", "--port", str(port), "--server", server, *flags]
+        process = spawn(f"gateway-{server}", args, port, ready_path="/readiness" if wait_ready else "/liveness")
+        return process
+
+    return start
