@@ -1,0 +1,468 @@
+"""The project's mock OpenAI-compatible HTTP worker: a stand-in for an SGLang/vLLM HTTP server.
+
+A test aid for tests, benchmarks and first-time users; the gateway never routes to it on its own.
+Start it with ``python manage.py runmockworker --port P --model M`` or in-process with
+:func:`build_app` (any aiohttp runner). Payloads come from :mod:`inference.testing.mock_responses`.
+
+Per-request controls, in an optional body field ``"mock": {...}``:
+
+* ``status``: answer with this HTTP status (>= 400) and an OpenAI-style error JSON, streaming too;
+* ``tokens``: completion tokens for this request (default: the config's; max tokens still cap it);
+* ``delay_ms``: delay before each generated token (a non-streaming answer waits tokens x delay);
+* ``fail_after``: streaming: close the connection abruptly after N tokens, without ``[DONE]``;
+  non-streaming: close it without any response (after N x delay).
+
+Introspection, behind the same API key as the rest (/_mock requests are not recorded):
+
+* ``GET /_mock/requests``: the last 100 requests, newest last, each ``{method, path, query, headers
+  (lowercase names), json, raw}``; ``?path=`` filters; in-process: ``mock_state(app).requests``;
+* ``DELETE /_mock/requests`` clears the log; ``DELETE /_mock/stats`` resets the log and counters;
+* ``GET /_mock/stats``: ``{requests, streams_started, streams_completed, streams_disconnected,
+  streams_aborted, in_flight}``.
+
+A stream whose client went away before it finished counts as ``streams_disconnected``; one cut by
+``fail_after`` as ``streams_aborted``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from inference.testing import mock_responses as mr
+
+__all__ = [
+    "MOCK_VERSION",
+    "MockWorkerConfig",
+    "MockWorkerState",
+    "build_app",
+    "mock_state",
+    "run_mock_worker",
+]
+
+MOCK_VERSION = "0.0.0-mock"
+REQUEST_LOG_SIZE = 100
+_MAX_N = 128
+_JSON_HEADERS = {"Content-Type": "application/json"}
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_Middleware = Callable[[web.Request, _Handler], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class MockWorkerConfig:
+    model: str
+    owned_by: str = "sglang"
+    tokens: int = 16
+    delay_ms: float = 0
+    api_key: str | None = None
+    max_model_len: int = 4096
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must not be empty")
+        if self.tokens < 0 or self.delay_ms < 0 or self.max_model_len < 1:
+            raise ValueError("tokens and delay_ms must be >= 0 and max_model_len >= 1")
+
+    @property
+    def runtime(self) -> str:
+        """``sglang``, ``vllm``, or ``generic`` for any other owned_by."""
+        return self.owned_by if self.owned_by in ("sglang", "vllm") else "generic"
+
+
+@dataclass
+class MockWorkerState:
+    """The request log and counters behind the /_mock routes."""
+
+    requests: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=REQUEST_LOG_SIZE))
+    total_requests: int = 0
+    streams_started: int = 0
+    streams_completed: int = 0
+    streams_disconnected: int = 0
+    streams_aborted: int = 0
+    in_flight: int = 0
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "requests": self.total_requests,
+            "streams_started": self.streams_started,
+            "streams_completed": self.streams_completed,
+            "streams_disconnected": self.streams_disconnected,
+            "streams_aborted": self.streams_aborted,
+            "in_flight": self.in_flight,
+        }
+
+    def reset(self) -> None:
+        """Clears the log and the counters, except ``in_flight``."""
+        self.requests.clear()
+        self.total_requests = self.streams_started = self.streams_completed = 0
+        self.streams_disconnected = self.streams_aborted = 0
+
+
+_STATE = web.AppKey("mock_worker_state", MockWorkerState)
+_BODY = web.RequestKey("mock_worker_body", object)
+
+
+def mock_state(app: web.Application) -> MockWorkerState:
+    """The live request log and counters of an app made by :func:`build_app`."""
+    return app[_STATE]
+
+
+# --- responses ----------------------------------------------------------------------------------
+
+
+def _json(payload: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), headers=_JSON_HEADERS)
+
+
+def _error(status: int, message: str, param: str | None = None) -> web.Response:
+    return web.Response(body=mr.error_body(status, message, param), status=status, headers=_JSON_HEADERS)
+
+
+def _rid(prefix: str) -> str:
+    return prefix + os.urandom(12).hex()
+
+
+def _body(request: web.Request) -> dict[str, Any]:
+    body = request.get(_BODY)
+    if not isinstance(body, dict):
+        raise mr.MockError(400, "Request body must be a JSON object")
+    return body
+
+
+def _n(body: dict[str, Any]) -> int:
+    return 1 if body.get("n") is None else mr.int_field(body["n"], "n", 1, _MAX_N)
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+def _abort(request: web.Request) -> None:
+    """Closes the connection: buffered bytes are flushed, then FIN, with no chunked terminator."""
+    transport = request.transport
+    if transport is not None:
+        transport.close()
+
+
+async def _respond(request: web.Request, ctl: mr.Controls, tokens: int, payload: Any) -> web.Response:
+    """A non-streaming answer after the simulated generation time, or an abrupt close."""
+    wait = tokens if ctl.fail_after is None else min(tokens, ctl.fail_after)
+    if ctl.delay_s and wait:
+        await asyncio.sleep(ctl.delay_s * wait)
+    if ctl.fail_after is not None:
+        _abort(request)  # aiohttp then fails to write the response and drops it quietly
+    return _json(payload)
+
+
+async def _stream(
+    request: web.Request, steps: list[bytes], tail: bytes, ctl: mr.Controls
+) -> web.StreamResponse:
+    """Writes ``steps`` (one per token, ``delay`` before each) then ``tail``; counts how it ended."""
+    state = request.app[_STATE]
+    state.streams_started += 1
+    outcome = "disconnected"
+    resp = web.StreamResponse(headers=_SSE_HEADERS)
+    try:
+        await resp.prepare(request)
+        delay = ctl.delay_s
+        limit = len(steps) if ctl.fail_after is None else min(ctl.fail_after, len(steps))
+        for i in range(limit):
+            if delay:
+                await asyncio.sleep(delay)
+            await resp.write(steps[i])
+        if ctl.fail_after is not None:
+            outcome = "aborted"
+            _abort(request)
+            return resp
+        await resp.write(tail)
+        await resp.write_eof()
+        outcome = "completed"
+    except ConnectionResetError:  # also aiohttp's ClientConnectionResetError: the client went away
+        pass
+    finally:  # runs on CancelledError too (aiohttp cancels the handler when the client disconnects)
+        if outcome == "completed":
+            state.streams_completed += 1
+        elif outcome == "aborted":
+            state.streams_aborted += 1
+        else:
+            state.streams_disconnected += 1
+    return resp
+
+
+# --- middleware ---------------------------------------------------------------------------------
+
+
+def _middleware(config: MockWorkerConfig, state: MockWorkerState) -> _Middleware:
+    """Parses JSON bodies, records requests, counts in-flight ones, checks the API key, and turns
+    errors (ours, aiohttp's 404/405) into OpenAI-style JSON."""
+    api_key = config.api_key
+
+    def authorized(request: web.Request) -> bool:
+        header = request.headers.get("Authorization", "")
+        return header[:7].lower() == "bearer " and header[7:].strip() == api_key
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        path = request.path
+        recorded = not path.startswith("/_mock/")
+        if recorded:
+            state.total_requests += 1
+            state.in_flight += 1
+        try:
+            body: Any = None
+            raw = b""
+            bad_json = False
+            if request.method == "POST" and request.can_read_body:
+                raw = await request.read()
+                try:
+                    body = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    bad_json = True
+            request[_BODY] = body
+            if recorded:
+                state.requests.append(
+                    {
+                        "method": request.method,
+                        "path": path,
+                        "query": request.query_string,
+                        "headers": {k.lower(): v for k, v in request.headers.items()},
+                        "json": body,
+                        "raw": raw.decode("utf-8", "replace"),
+                    }
+                )
+            if api_key is not None and path != "/health" and not authorized(request):
+                return _error(401, "Invalid or missing API key")
+            if bad_json:
+                return _error(400, "Malformed JSON in request body")
+            return await handler(request)
+        except mr.MockError as exc:
+            return _error(exc.status, exc.message, exc.param)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return _error(exc.status, f"{exc.reason}: {request.method} {path}")
+        finally:
+            if recorded:
+                state.in_flight -= 1
+
+    return middleware
+
+
+# --- routes -------------------------------------------------------------------------------------
+
+
+def _routes(config: MockWorkerConfig) -> list[web.RouteDef]:
+    default = mr.Controls(config.tokens, config.delay_ms / 1000)
+    created = int(time.time())
+    model_card = {
+        "id": config.model,
+        "object": "model",
+        "created": created,
+        "owned_by": config.owned_by,
+        "root": config.model,
+        "parent": None,
+        "max_model_len": config.max_model_len,
+    }
+    server_info = {
+        "model_path": config.model,
+        "tokenizer_path": config.model,
+        "served_model_name": config.model,
+        "context_length": config.max_model_len,
+        "version": MOCK_VERSION,
+    }
+    model_info = {"model_path": config.model, "tokenizer_path": config.model, "is_generation": True}
+    sglang, vllm = config.runtime == "sglang", config.runtime == "vllm"
+
+    def static(payload: dict[str, Any] | None) -> _Handler:
+        body = None if payload is None else orjson.dumps(payload)
+
+        async def handler(_request: web.Request) -> web.Response:
+            if body is None:
+                raise mr.MockError(404, "Not Found")
+            return web.Response(body=body, headers=_JSON_HEADERS)
+
+        return handler
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response()
+
+    def controls(body: dict[str, Any]) -> mr.Controls:
+        ctl = mr.parse_controls(body, default)
+        if ctl.status:
+            raise mr.MockError(ctl.status, f"mock error (status {ctl.status})")
+        return ctl
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = _body(request)
+        ctl = controls(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise mr.MockError(400, "messages must be a non-empty list", "messages")
+        n = _n(body)
+        prompt_tokens = mr.chat_prompt_tokens(messages)
+        cap_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        cap = body.get(cap_name)
+        tokens, finish = mr.budget(config.max_model_len, ctl.tokens, cap, cap_name, prompt_tokens)
+        model = body.get("model") or config.model
+        rid, now = _rid("chatcmpl-"), int(time.time())
+        if body.get("stream"):
+            usage = _include_usage(body)
+            steps, tail = mr.chat_stream(rid, now, model, n, tokens, finish, prompt_tokens, usage)
+            return await _stream(request, steps, tail, ctl)
+        payload = mr.chat_completion(rid, now, model, n, tokens, finish, prompt_tokens)
+        return await _respond(request, ctl, tokens, payload)
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = _body(request)
+        ctl = controls(body)
+        prompts = mr.prompt_list(body.get("prompt"), "prompt")
+        choices = len(prompts) * _n(body)
+        longest = max(map(mr.count_tokens, prompts))
+        cap = body.get("max_tokens")
+        tokens, finish = mr.budget(config.max_model_len, ctl.tokens, cap, "max_tokens", longest)
+        prompt_tokens = sum(map(mr.count_tokens, prompts))
+        model = body.get("model") or config.model
+        rid, now = _rid("cmpl-"), int(time.time())
+        if body.get("stream"):
+            usage = _include_usage(body)
+            steps, tail = mr.completion_stream(
+                rid, now, model, choices, tokens, finish, prompt_tokens, usage
+            )
+            return await _stream(request, steps, tail, ctl)
+        payload = mr.text_completion(rid, now, model, choices, tokens, finish, prompt_tokens)
+        return await _respond(request, ctl, tokens, payload)
+
+    def simple(builder: Callable[[dict[str, Any], str], dict[str, Any]]) -> _Handler:
+        """Embeddings, rerank, classify, (de)tokenize: one answer, ``delay_ms`` counted once."""
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            body = _body(request)
+            ctl = controls(body)
+            return await _respond(request, ctl, 1, builder(body, body.get("model") or config.model))
+
+        return handler
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = _body(request)
+        ctl = controls(body)
+        source = body.get("text") if body.get("text") is not None else body.get("input_ids")
+        prompts = mr.prompt_list(source, "text")
+        batched = isinstance(source, list) and not isinstance(source[0], int)
+        params = body.get("sampling_params")
+        cap = params.get("max_new_tokens") if isinstance(params, dict) else None
+        prompt_tokens = max(map(mr.count_tokens, prompts))
+        tokens, _ = mr.budget(config.max_model_len, ctl.tokens, cap, "max_new_tokens", prompt_tokens)
+        rid = body["rid"] if isinstance(body.get("rid"), str) else _rid("")
+        if body.get("stream"):
+            if batched:
+                raise mr.MockError(400, "the mock does not stream batched /generate requests")
+            steps, tail = mr.generate_stream(rid, prompt_tokens, tokens)
+            return await _stream(request, steps, tail, ctl)
+        if not batched:
+            return await _respond(request, ctl, tokens, mr.generate_result(rid, prompt_tokens, tokens))
+        results = [
+            mr.generate_result(f"{rid}-{i}", mr.count_tokens(p), tokens) for i, p in enumerate(prompts)
+        ]
+        return await _respond(request, ctl, tokens, results)
+
+    tokenize = simple(lambda body, _model: mr.tokenize_payload(body, config.max_model_len))
+    detokenize = simple(lambda body, _model: mr.detokenize_payload(body))
+    rerank = simple(mr.rerank_payload)
+    server_info_handler = static(server_info if sglang else None)
+    return [
+        web.get("/health", health),
+        web.get("/health_generate", health),
+        web.get("/v1/models", static({"object": "list", "data": [model_card]})),
+        web.get("/get_model_info", static(model_info)),
+        web.get("/get_server_info", server_info_handler),
+        web.get("/server_info", server_info_handler),
+        web.get("/version", static({"version": MOCK_VERSION} if vllm else None)),
+        web.post("/v1/chat/completions", chat),
+        web.post("/v1/completions", completions),
+        web.post("/v1/embeddings", simple(mr.embeddings_payload)),
+        web.post("/v1/rerank", rerank),
+        web.post("/rerank", rerank),
+        web.post("/v1/classify", simple(mr.classify_payload)),
+        web.post("/generate", generate),
+        web.post("/v1/tokenize", tokenize),
+        web.post("/tokenize", tokenize),
+        web.post("/v1/detokenize", detokenize),
+        web.post("/detokenize", detokenize),
+    ]
+
+
+def _introspection_routes(state: MockWorkerState) -> list[web.RouteDef]:
+    async def requests(request: web.Request) -> web.Response:
+        path = request.query.get("path")
+        return _json([r for r in state.requests if path is None or r["path"] == path])
+
+    async def clear_requests(_request: web.Request) -> web.Response:
+        state.requests.clear()
+        return _json({"cleared": True})
+
+    async def stats(_request: web.Request) -> web.Response:
+        return _json(state.stats())
+
+    async def reset(_request: web.Request) -> web.Response:
+        state.reset()
+        return _json(state.stats())
+
+    return [
+        web.get("/_mock/requests", requests),
+        web.delete("/_mock/requests", clear_requests),
+        web.get("/_mock/stats", stats),
+        web.delete("/_mock/stats", reset),
+    ]
+
+
+def build_app(config: MockWorkerConfig) -> web.Application:
+    """The mock worker as an aiohttp application. Serve it with ``handler_cancellation=True`` (as
+    :func:`run_mock_worker` does) to stop a stream the moment its client disconnects; without it the
+    disconnect is noticed at the next token write."""
+    state = MockWorkerState()
+    app = web.Application(middlewares=[_middleware(config, state)], client_max_size=64 * 1024 * 1024)
+    app[_STATE] = state
+    app.add_routes(_routes(config))
+    app.add_routes(_introspection_routes(state))
+    return app
+
+
+def run_mock_worker(config: MockWorkerConfig, host: str, port: int) -> None:
+    """Serves until SIGINT/SIGTERM. Once listening, prints one line to stdout (flushed):
+    ``mock worker serving MODEL on http://HOST:PORT``. Port 0 picks a free port, named in that line."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=1024)
+    url_host = f"[{host}]" if family == socket.AF_INET6 else host
+    line = f"mock worker serving {config.model} on http://{url_host}:{sock.getsockname()[1]}\n"
+
+    def announce(*_args: Any, **_kwargs: Any) -> None:  # replaces aiohttp's banner, after start-up
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+    try:
+        import uvloop  # noqa: PLC0415 - optional, faster for benchmarks
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    web.run_app(
+        build_app(config),
+        sock=sock,
+        access_log=None,
+        print=announce,
+        shutdown_timeout=1.0,
+        handler_cancellation=True,
+        loop=loop,
+    )
