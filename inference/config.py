@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import orjson
 
@@ -77,34 +77,26 @@ def _env_list(name: str) -> list[str]:
     return [item for item in os.environ.get(name, "").replace(",", " ").split() if item]
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
-    return value
+def _number(cast: Callable[[str], Any], what: str, low: float, high: float | None = None) -> Callable[[str], Any]:
+    """An argparse type: ``cast(text)`` within [low, high] (low exclusive when it is 0)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        too_low = value <= low if low == 0 else value < low
+        if too_low or (high is not None and value > high):
+            bounds = f"greater than {low:g}" if high is None else f"{low:g}-{high:g}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"port must be 1-65535, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {value}")
-    return value
+_positive_float = _number(float, "a number", 0)
+_positive_int = _number(int, "an integer", 0)
+_port = _number(int, "a port number", 1, 65535)
 
 
 def _worker_url(text: str) -> str:
