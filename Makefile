@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run gateway mockworker test bench install clean
+.PHONY: run gateway test typecheck bench install clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ gateway: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(ARGS)
+
+typecheck: $(STAMP)
+	$(BIN)/mypy gateway_project inference administration responses_api manage.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(ARGS)

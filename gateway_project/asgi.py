@@ -14,6 +14,8 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_app = get_asgi_application()
 
+from typing import Any, cast  # noqa: E402
+
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
@@ -22,7 +24,7 @@ from inference.api.routes import data_plane_routes  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": LIFECYCLE.gate(URLRouter([*data_plane_routes(), re_path(r"", django_app)])),
+        "http": LIFECYCLE.gate(URLRouter([*data_plane_routes(), re_path(r"", cast(Any, django_app))])),
         "lifespan": LIFECYCLE.lifespan,
     }
 )

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from django.urls import URLPattern, path
+
+from inference.api.asgi_io import ASGIApp
 
 from inference.api.models import list_models
 from inference.api.probes import liveness, readiness
@@ -24,14 +28,19 @@ RELAYED_PATHS = (
 )
 
 
+def asgi_route(pattern: str, app: ASGIApp) -> URLPattern:
+    """A URL pattern for a raw ASGI app (Channels' URLRouter takes Django patterns)."""
+    return path(pattern, cast(Any, app))
+
+
 def data_plane_routes() -> list[URLPattern]:
     routes = [
-        path("v1/chat/completions", RelayRoute("/v1/chat/completions", validate_chat_completion)),
-        path("v1/completions", RelayRoute("/v1/completions", validate_completion)),
-        path("v1/models", list_models),
-        path("health", liveness),
-        path("liveness", liveness),
-        path("readiness", readiness),
+        asgi_route("v1/chat/completions", RelayRoute("/v1/chat/completions", validate_chat_completion)),
+        asgi_route("v1/completions", RelayRoute("/v1/completions", validate_completion)),
+        asgi_route("v1/models", list_models),
+        asgi_route("health", liveness),
+        asgi_route("liveness", liveness),
+        asgi_route("readiness", readiness),
     ]
-    routes.extend(path(route.lstrip("/"), RelayRoute(route)) for route in RELAYED_PATHS)
+    routes.extend(asgi_route(route.lstrip("/"), RelayRoute(route)) for route in RELAYED_PATHS)
     return routes

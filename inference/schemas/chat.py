@@ -280,7 +280,7 @@ def validate_chat_completion(body: dict[str, Any]) -> ValidatedRequest:
     """Check a chat completion body against spec 1; rewrite it in place where the spec says so."""
     model = check_model(body)
     profile = detect_profile(model)
-    messages = body.get("messages")
+    messages: list[dict[str, Any]] = body.get("messages")  # type: ignore[assignment]  # checked next
     has_root, has_message_tools = _check_messages(messages, allows_root_role(profile))
 
     check_fields(body, _FIELDS)

@@ -432,7 +432,10 @@ def build_app(config: MockWorkerConfig) -> web.Application:
     :func:`run_mock_worker` does) to stop a stream the moment its client disconnects; without it the
     disconnect is noticed at the next token write."""
     state = MockWorkerState()
-    app = web.Application(middlewares=[_middleware(config, state)], client_max_size=64 * 1024 * 1024)
+    app = web.Application(
+        middlewares=[_middleware(config, state)],  # type: ignore[list-item]  # @web.middleware-decorated
+        client_max_size=64 * 1024 * 1024,
+    )
     app[_STATE] = state
     app.add_routes(_routes(config))
     app.add_routes(_introspection_routes(state))
