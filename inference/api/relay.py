@@ -71,9 +71,11 @@ class RelayRoute:
         try:
             if scope["method"] != "POST":
                 raise errors.method_not_allowed(scope["method"], scope["path"], "POST")
-            if rt.keys.authenticate(header(scope, b"authorization")) is None:
+            identity = rt.keys.authenticate(header(scope, b"authorization"))
+            if identity is None:
                 await send_unauthorized(send, request_id)
                 return
+            scope["gateway.identity"] = identity
             raw = await read_body(scope, receive, rt.config.max_payload_size)
             checked = self.validate(parse_json_object(raw))
             decision = select_worker(rt.registry.snapshot, checked.model or None, rt.policy)
@@ -89,7 +91,9 @@ class RelayRoute:
         except ClientDisconnected:
             return
         worker = decision.worker
-        request = RelayRequest(worker, self.upstream_path, payload, checked.stream, request_id, forwarded_headers(scope))
+        request = RelayRequest(
+            worker, self.upstream_path, payload, checked.stream, request_id, forwarded_headers(scope), identity
+        )
         watch = DisconnectWatch(receive)
         worker.load.in_flight += 1
         try:

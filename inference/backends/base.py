@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from inference.api.asgi_io import Send
+from inference.auth import Identity
 from inference.routing.registry import WorkerHandle
 
 __all__ = ["RelayRequest", "Backend", "FinalHook"]
@@ -24,6 +25,7 @@ class RelayRequest:
     stream: bool
     request_id: bytes
     headers: tuple[tuple[str, str], ...]  # client headers forwarded as they are (tracing, routing key)
+    identity: Identity  # who called: shared key, tenant, or anonymous (never the key itself)
 
 
 class Backend(ABC):

@@ -90,3 +90,19 @@ def test_key_ring_resolves_tenant_identity() -> None:
     assert shared is not None and shared.kind == "shared" and shared.tenant_id is None
     assert ring.authenticate(b"Bearer nope") is None
     assert "sk-" not in repr(ring.__dict__.get("_by_digest"))
+
+
+async def test_the_request_carries_the_tenant_identity(secured, monkeypatch) -> None:
+    from inference.backends.http import HttpBackend
+
+    seen = []
+    original = HttpBackend.relay
+
+    async def spy(self, request, send, before_final):
+        seen.append(request.identity)
+        await original(self, request, send, before_final)
+
+    monkeypatch.setattr(HttpBackend, "relay", spy)
+    await secured.post("/v1/chat/completions", json=CHAT, headers=CHARLIE.headers)
+    await secured.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {SHARED_KEY}"})
+    assert [(i.kind, i.tenant_id) for i in seen] == [("tenant", "globex"), ("shared", None)]
