@@ -1,16 +1,20 @@
-"""The gateway's runtime flags (spec: command-line options), each also read from an environment variable.
+"""The gateway's runtime flags, each also read from an environment variable.
+
+One table (:data:`FLAGS`) declares every flag: its option, its environment variable (``GW_`` plus the
+field name in capitals unless given), how one value parses, and its help. Defaults live on
+:class:`GatewayConfig`. Precedence: command line, then environment, then default.
 
 ``rungateway`` parses argv into a :class:`GatewayConfig`, installs it for this process and exports it
 as ``GW_CONFIG`` so a server started in another process (``uvicorn gateway_project.asgi:application``,
 ``manage.py runserver``) sees the same values. Without ``GW_CONFIG`` the flags' environment variables
-(``GW_PORT``, ``GW_WORKER_URLS``...) apply.
+apply.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, NoReturn, Sequence
 
 import orjson
@@ -18,6 +22,8 @@ import orjson
 __all__ = [
     "GatewayConfig",
     "ConfigError",
+    "Flag",
+    "FLAGS",
     "POLICIES",
     "SERVERS",
     "add_gateway_arguments",
@@ -27,9 +33,10 @@ __all__ = [
     "install_config",
 ]
 
-POLICIES = ("round_robin", "random", "power_of_two", "least_load")
+POLICIES = ("round_robin", "random", "power_of_two", "least_load", "cache_aware", "consistent_hashing", "manual")
 SERVERS = ("uvicorn", "daphne")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+CONTROL_PLANE_ROLES = ("admin", "user")
 DEFAULT_MAX_PAYLOAD = 512 * 1024 * 1024
 
 
@@ -39,23 +46,66 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
+    # Listener and server
     host: str = "0.0.0.0"
     port: int = 30000
-    worker_urls: tuple[str, ...] = ()
-    api_key: str | None = field(default=None, repr=False)
-    tenant_api_keys: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    model_aliases: tuple[tuple[str, str], ...] = ()
-    policy: str = "round_robin"
-    request_timeout_secs: float = 1800.0
-    max_payload_size: int = DEFAULT_MAX_PAYLOAD
-    log_level: str = "info"
     server: str = "uvicorn"
+    log_level: str = "info"
+    # Workers and models
+    worker_urls: tuple[str, ...] = ()
+    model_aliases: tuple[tuple[str, str], ...] = ()
     worker_startup_check_interval: float = 30.0
     worker_startup_timeout_secs: float = 1800.0
+    # Client authentication
+    api_key: str | None = field(default=None, repr=False)
+    tenant_api_keys: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # Control-plane authentication: (id, name, role, key)
+    control_plane_api_keys: tuple[tuple[str, str, str, str], ...] = field(default=(), repr=False)
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_jwks_uri: str | None = None
+    jwt_role_claim: str = "role"
+    # Routing
+    policy: str = "round_robin"
+    model_policies: tuple[tuple[str, str], ...] = ()
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+    eviction_interval_secs: float = 120.0
+    max_tree_size: int = 2**26
+    # Requests
+    request_timeout_secs: float = 1800.0
+    max_payload_size: int = DEFAULT_MAX_PAYLOAD
+    max_buffered_request_bytes: int = 16 * 1024 * 1024
+    # Health checks (defaults of every worker's health block)
+    health_check_timeout_secs: float = 5.0
+    health_check_interval_secs: float = 60.0
+    health_success_threshold: int = 2
+    health_failure_threshold: int = 3
+    disable_health_check: bool = False
+    health_check_endpoint: str = "/health"
+    drain_settle_secs: float = 5.0
+    # Circuit breaker (defaults of every worker's resilience block)
+    cb_failure_threshold: int = 10
+    cb_success_threshold: int = 3
+    cb_timeout_duration_secs: float = 60.0
+    cb_window_duration_secs: float = 120.0
+    disable_circuit_breaker: bool = False
+    # Retries
+    retry_max_retries: int = 5
+    retry_initial_backoff_ms: int = 50
+    retry_max_backoff_ms: int = 30000
+    retry_backoff_multiplier: float = 1.5
+    retry_jitter_factor: float = 0.2
+    disable_retries: bool = False
 
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_key or self.tenant_api_keys)
+
+    @property
+    def control_plane_auth_enabled(self) -> bool:
+        return bool(self.control_plane_api_keys or (self.jwt_issuer and self.jwt_audience))
 
     def to_json(self) -> str:
         return orjson.dumps(asdict(self)).decode()
@@ -63,22 +113,17 @@ class GatewayConfig:
     @classmethod
     def from_json(cls, raw: str) -> GatewayConfig:
         data: dict[str, Any] = orjson.loads(raw)
-        data["worker_urls"] = tuple(data.get("worker_urls", ()))
-        data["tenant_api_keys"] = tuple(tuple(pair) for pair in data.get("tenant_api_keys", ()))
-        data["model_aliases"] = tuple(tuple(pair) for pair in data.get("model_aliases", ()))
+        for f in fields(cls):
+            if isinstance(data.get(f.name), list):
+                data[f.name] = tuple(tuple(item) if isinstance(item, list) else item for item in data[f.name])
         return cls(**data)
 
 
-def _env(name: str, default: Any) -> Any:
-    return os.environ.get(name, default)
-
-
-def _env_list(name: str) -> list[str]:
-    return [item for item in os.environ.get(name, "").replace(",", " ").split() if item]
+# --- value parsers (argparse types) ---------------------------------------------------------------
 
 
 def _number(cast: Callable[[str], Any], what: str, low: float, high: float | None = None) -> Callable[[str], Any]:
-    """An argparse type: ``cast(text)`` within [low, high] (low exclusive when it is 0)."""
+    """``cast(text)`` within [low, high] (low exclusive when it is 0)."""
 
     def parse(text: str) -> Any:
         try:
@@ -96,134 +141,203 @@ def _number(cast: Callable[[str], Any], what: str, low: float, high: float | Non
 
 _positive_float = _number(float, "a number", 0)
 _positive_int = _number(int, "an integer", 0)
+_count = _number(int, "an integer", -0.5)  # 0 or more
+_non_negative_float = _number(float, "a number", -1e-12)
 _port = _number(int, "a port number", 1, 65535)
+_fraction = _number(float, "a number", -1e-12, 1.0)
 
 
-def _worker_url(text: str) -> str:
-    lowered = text.split("://", 1)[0] if "://" in text else ""
-    if lowered not in ("http", "https"):
-        raise argparse.ArgumentTypeError(
-            f"worker URL must start with http:// or https:// (gRPC and ZMQ workers come later), got {text!r}"
-        )
-    if len(text) <= len(lowered) + 3:
-        raise argparse.ArgumentTypeError(f"worker URL has no host: {text!r}")
-    return text.rstrip("/")
-
-
-def _pair(separator: str, what: str) -> Any:
-    def parse(text: str) -> tuple[str, str]:
-        left, sep, right = text.partition(separator)
-        if not sep or not left or not right:
-            raise argparse.ArgumentTypeError(f"expected {what}, got a malformed value")
-        return (left, right)
+def _choice(options: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in options:
+            raise argparse.ArgumentTypeError(f"invalid choice {text!r} (choose from {', '.join(options)})")
+        return text
 
     return parse
 
 
+def _text(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def _path(text: str) -> str:
+    if not text.startswith("/"):
+        raise argparse.ArgumentTypeError(f"must start with '/', got {text!r}")
+    return text
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _worker_url(text: str) -> str:
+    scheme = text.split("://", 1)[0] if "://" in text else ""
+    if scheme not in ("http", "https"):
+        raise argparse.ArgumentTypeError(
+            f"worker URL must start with http:// or https:// (gRPC and ZMQ workers come later), got {text!r}"
+        )
+    if len(text) <= len(scheme) + 3:
+        raise argparse.ArgumentTypeError(f"worker URL has no host: {text!r}")
+    return text.rstrip("/")
+
+
+def _issuer_url(text: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"must be an http(s) URL, got {text!r}")
+    return text.rstrip("/")
+
+
+def _pair(separator: str, what: str, right: Callable[[str], str] = _text) -> Callable[[str], tuple[str, str]]:
+    def parse(text: str) -> tuple[str, str]:
+        left, sep, rest = text.partition(separator)
+        if not sep or not left or not rest:
+            raise argparse.ArgumentTypeError(f"expected {what}, got a malformed value")
+        return (left, right(rest))
+
+    return parse
+
+
+def _control_plane_key(text: str) -> tuple[str, str, str, str]:
+    parts = text.split(":", 3)
+    if len(parts) != 4 or not all(parts):
+        raise argparse.ArgumentTypeError("expected id:name:role:key, got a malformed value")
+    key_id, name, role, key = parts
+    if role not in CONTROL_PLANE_ROLES:
+        raise argparse.ArgumentTypeError(f"role must be one of {', '.join(CONTROL_PLANE_ROLES)}, got {role!r}")
+    return (key_id, name, role, key)
+
+
+# --- the flag table -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One flag. ``kind``: "value" (one value), "list" (``--flag A B``), "append" (repeatable),
+    "switch" (``--flag`` alone means true)."""
+
+    field: str
+    parse: Callable[[str], Any]
+    help: str
+    kind: str = "value"
+    option: str | None = None
+    env: str | None = None
+    metavar: str | None = None
+
+    @property
+    def option_name(self) -> str:
+        return self.option or "--" + self.field.replace("_", "-")
+
+    @property
+    def env_name(self) -> str:
+        return self.env or "GW_" + self.field.upper()
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("host", _text, "listen address"),
+    Flag("port", _port, "listen port"),
+    Flag("server", _choice(SERVERS), "ASGI server: uvicorn (uvloop + httptools) or daphne"),
+    Flag("log_level", _choice(LOG_LEVELS), "log level"),
+    Flag("worker_urls", _worker_url, "HTTP worker base URLs", kind="list", metavar="URL"),
+    Flag("model_aliases", _pair("=", "alias=model"), "model alias, repeatable", kind="append",
+         option="--model-alias", metavar="ALIAS=MODEL"),
+    Flag("worker_startup_check_interval", _positive_float,
+         "longest pause between discovery attempts of a worker that is not up yet (seconds)"),
+    Flag("worker_startup_timeout_secs", _positive_float, "give up registering a worker after this long"),
+    Flag("api_key", _text, "shared client API key (Bearer)"),
+    Flag("tenant_api_keys", _pair(":", "tenant_id:key"), "per-tenant API key, repeatable", kind="append",
+         option="--tenant-api-key", metavar="TENANT:KEY"),
+    Flag("control_plane_api_keys", _control_plane_key, "control-plane API keys", kind="list",
+         metavar="ID:NAME:ROLE:KEY"),
+    Flag("jwt_issuer", _issuer_url, "JWT issuer for control-plane tokens (JWKS discovered from it)"),
+    Flag("jwt_audience", _text, "JWT audience for control-plane tokens"),
+    Flag("jwt_jwks_uri", _issuer_url, "JWKS URL (default: discovered from the issuer)"),
+    Flag("jwt_role_claim", _text, "JWT claim holding the role (a string or a list of strings)"),
+    Flag("policy", _choice(POLICIES), "worker selection policy"),
+    Flag("model_policies", _pair("=", "model=policy", _choice(POLICIES)), "policy for one model, repeatable",
+         kind="append", option="--model-policy", metavar="MODEL=POLICY"),
+    Flag("cache_threshold", _fraction, "cache_aware: prefix match ratio above which the matching worker is used"),
+    Flag("balance_abs_threshold", _count, "cache_aware: load difference that counts as imbalance"),
+    Flag("balance_rel_threshold", _positive_float, "cache_aware: load ratio that counts as imbalance"),
+    Flag("eviction_interval_secs", _positive_float, "cache_aware: how often the prefix trees are trimmed"),
+    Flag("max_tree_size", _positive_int, "cache_aware: characters kept per model's prefix tree"),
+    Flag("request_timeout_secs", _positive_float, "upstream request timeout (seconds)"),
+    Flag("max_payload_size", _positive_int, "largest accepted request body (bytes)"),
+    Flag("max_buffered_request_bytes", _count, "largest body kept replayable for retries (bytes)"),
+    Flag("health_check_timeout_secs", _positive_float, "health probe timeout"),
+    Flag("health_check_interval_secs", _positive_float, "seconds between health probes"),
+    Flag("health_success_threshold", _positive_int, "consecutive successes that make a worker ready"),
+    Flag("health_failure_threshold", _positive_int, "consecutive failures that make a worker not ready"),
+    Flag("disable_health_check", _bool, "no health probes: workers are routable once registered", kind="switch"),
+    Flag("health_check_endpoint", _path, "worker route probed for health"),
+    Flag("drain_settle_secs", _non_negative_float, "how long a deleted ready worker drains (0 removes at once)"),
+    Flag("cb_failure_threshold", _positive_int, "consecutive failures that open a worker's circuit breaker"),
+    Flag("cb_success_threshold", _positive_int, "successes in half-open that close the breaker"),
+    Flag("cb_timeout_duration_secs", _positive_float, "how long a breaker stays open before half-open"),
+    Flag("cb_window_duration_secs", _positive_float, "accepted for compatibility; the breaker counts consecutive failures"),
+    Flag("disable_circuit_breaker", _bool, "never open circuit breakers", kind="switch"),
+    Flag("retry_max_retries", _count, "retries of a failed request on another worker"),
+    Flag("retry_initial_backoff_ms", _count, "first retry backoff (ms)"),
+    Flag("retry_max_backoff_ms", _count, "largest retry backoff (ms)"),
+    Flag("retry_backoff_multiplier", _positive_float, "backoff growth per retry"),
+    Flag("retry_jitter_factor", _fraction, "random share of the backoff (0-1)"),
+    Flag("disable_retries", _bool, "never retry", kind="switch"),
+)
+
+
+
 def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
-    """The gateway's flags. Defaults come from GW_* environment variables, then the spec's defaults."""
-    add = parser.add_argument
-    add("--host", default=_env("GW_HOST", "0.0.0.0"), help="listen address (GW_HOST, default 0.0.0.0)")
-    add("--port", type=_port, default=_env("GW_PORT", "30000"), help="listen port (GW_PORT, default 30000)")
-    add(
-        "--worker-urls",
-        nargs="*",
-        type=_worker_url,
-        default=_env_list("GW_WORKER_URLS"),
-        metavar="URL",
-        help="HTTP worker base URLs (GW_WORKER_URLS, space or comma separated)",
-    )
-    add("--api-key", default=_env("GW_API_KEY", None), help="shared client API key (GW_API_KEY)")
-    add(
-        "--tenant-api-key",
-        action="append",
-        type=_pair(":", "tenant_id:key"),
-        default=None,
-        metavar="TENANT:KEY",
-        help="per-tenant API key, repeatable (GW_TENANT_API_KEYS, space separated)",
-    )
-    add(
-        "--model-alias",
-        action="append",
-        type=_pair("=", "alias=model"),
-        default=None,
-        metavar="ALIAS=MODEL",
-        help="model alias, repeatable (GW_MODEL_ALIASES, space separated)",
-    )
-    add("--policy", choices=POLICIES, default=_env("GW_POLICY", "round_robin"), help="worker selection policy")
-    add(
-        "--request-timeout-secs",
-        type=_positive_float,
-        default=_env("GW_REQUEST_TIMEOUT_SECS", "1800"),
-        help="upstream request timeout in seconds (default 1800)",
-    )
-    add(
-        "--max-payload-size",
-        type=_positive_int,
-        default=_env("GW_MAX_PAYLOAD_SIZE", str(DEFAULT_MAX_PAYLOAD)),
-        help="largest accepted request body in bytes (default 512 MiB)",
-    )
-    add("--log-level", choices=LOG_LEVELS, default=_env("GW_LOG_LEVEL", "info"))
-    add("--server", choices=SERVERS, default=_env("GW_SERVER", "uvicorn"), help="ASGI server (default uvicorn)")
-    add(
-        "--worker-startup-check-interval",
-        type=_positive_float,
-        default=_env("GW_WORKER_STARTUP_CHECK_INTERVAL", "30"),
-        help="longest wait between discovery attempts for a worker that is not up yet (default 30 s)",
-    )
-    add(
-        "--worker-startup-timeout-secs",
-        type=_positive_float,
-        default=_env("GW_WORKER_STARTUP_TIMEOUT_SECS", "1800"),
-        help="give up discovering a worker after this long (default 1800 s)",
-    )
+    """Add every flag. Unset flags stay None so the environment and the defaults can fill them."""
+    defaults = GatewayConfig()
+    for flag in FLAGS:
+        default = getattr(defaults, flag.field)
+        shown = "" if flag.kind != "value" or default is None or "key" in flag.field else f", default {default}"
+        help_text = f"{flag.help} ({flag.env_name}{shown})"
+        common: dict[str, Any] = {"dest": flag.field, "default": None, "help": help_text}
+        if flag.kind == "switch":
+            parser.add_argument(flag.option_name, action="store_const", const=True, **common)
+        elif flag.kind == "list":
+            parser.add_argument(flag.option_name, nargs="*", type=flag.parse, metavar=flag.metavar, **common)
+        elif flag.kind == "append":
+            parser.add_argument(flag.option_name, action="append", type=flag.parse, metavar=flag.metavar, **common)
+        else:
+            parser.add_argument(flag.option_name, type=flag.parse, metavar=flag.metavar, **common)
 
 
-def _env_pairs(name: str, separator: str, what: str) -> list[tuple[str, str]]:
-    parse = _pair(separator, what)
-    pairs = []
-    for item in _env_list(name):
-        try:
-            pairs.append(parse(item))
-        except argparse.ArgumentTypeError as exc:
-            raise ConfigError(f"{name}: {exc}") from None
-    return pairs
+def _from_env(flag: Flag) -> Any:
+    raw = os.environ.get(flag.env_name)
+    if raw is None:
+        return None
+    try:
+        if flag.kind in ("list", "append"):
+            return [flag.parse(item) for item in raw.replace(",", " ").split() if item]
+        return flag.parse(raw)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"{flag.env_name}: {exc}") from None
 
 
 def config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
-    """Build the config from parsed flags (string defaults from the environment are converted here)."""
-    try:
-        port = _port(str(ns.port))
-        timeout = _positive_float(str(ns.request_timeout_secs))
-        max_payload = _positive_int(str(ns.max_payload_size))
-        check_interval = _positive_float(str(ns.worker_startup_check_interval))
-        startup_timeout = _positive_float(str(ns.worker_startup_timeout_secs))
-        worker_urls = [_worker_url(url) for url in ns.worker_urls]
-    except argparse.ArgumentTypeError as exc:
-        raise ConfigError(str(exc)) from None
-    if ns.policy not in POLICIES:
-        raise ConfigError(f"unknown policy {ns.policy!r}; choose one of {', '.join(POLICIES)}")
-    if ns.server not in SERVERS:
-        raise ConfigError(f"unknown server {ns.server!r}; choose one of {', '.join(SERVERS)}")
-    tenants = ns.tenant_api_key if ns.tenant_api_key is not None else _env_pairs(
-        "GW_TENANT_API_KEYS", ":", "tenant_id:key"
-    )
-    aliases = ns.model_alias if ns.model_alias is not None else _env_pairs("GW_MODEL_ALIASES", "=", "alias=model")
-    return GatewayConfig(
-        host=ns.host,
-        port=port,
-        worker_urls=tuple(dict.fromkeys(worker_urls)),
-        api_key=ns.api_key or None,
-        tenant_api_keys=tuple(tenants),
-        model_aliases=tuple(aliases),
-        policy=ns.policy,
-        request_timeout_secs=timeout,
-        max_payload_size=max_payload,
-        log_level=ns.log_level,
-        server=ns.server,
-        worker_startup_check_interval=check_interval,
-        worker_startup_timeout_secs=startup_timeout,
-    )
+    """The config from parsed flags, filling unset ones from the environment, then the defaults."""
+    values: dict[str, Any] = {}
+    for flag in FLAGS:
+        value = getattr(ns, flag.field, None)
+        if value is None:
+            value = _from_env(flag)
+        if value is None:
+            continue
+        if flag.kind in ("list", "append"):
+            value = tuple(dict.fromkeys(value))
+        values[flag.field] = value
+    config = GatewayConfig(**values)
+    if bool(config.jwt_issuer) != bool(config.jwt_audience):
+        raise ConfigError("--jwt-issuer and --jwt-audience go together")
+    return config
 
 
 class _RaisingParser(argparse.ArgumentParser):
