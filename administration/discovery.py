@@ -1,4 +1,5 @@
-"""What an HTTP worker serves and which engine it runs, asked over HTTP (control plane: httpx).
+"""What an HTTP worker serves and which engine it runs, asked over HTTP (control plane: httpx,
+sync: it runs inside registration jobs, in Celery or on a job thread).
 
 Runtime detection (docs ENGINES.md): /v1/models ``owned_by`` sglang or vllm; else /version answering
 means vllm; else /server_info answering means sglang; else generic.
@@ -24,6 +25,7 @@ class WorkerUnreachable(Exception):
 class Discovery:
     runtime_type: str
     model_ids: tuple[str, ...]
+    labels: dict[str, str]
 
     @property
     def model_id(self) -> str | None:
@@ -33,10 +35,10 @@ class Discovery:
 _OWNED_BY = {"sglang": RuntimeType.SGLANG, "vllm": RuntimeType.VLLM}
 
 
-async def _get_json(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> Any | None:
+def _get_json(client: httpx.Client, url: str, headers: dict[str, str]) -> Any | None:
     """The JSON answer of a GET, None for a non-2xx or non-JSON answer; unreachable raises."""
     try:
-        response = await client.get(url, headers=headers)
+        response = client.get(url, headers=headers)
     except httpx.TransportError as exc:
         raise WorkerUnreachable(f"{type(exc).__name__} for {url}") from None
     if not response.is_success:
@@ -47,11 +49,11 @@ async def _get_json(client: httpx.AsyncClient, url: str, headers: dict[str, str]
         return {}
 
 
-async def discover_http_worker(
-    client: httpx.AsyncClient, base_url: str, api_key: str | None, runtime_type: str = RuntimeType.UNSPECIFIED
+def discover_http_worker(
+    client: httpx.Client, base_url: str, api_key: str | None, runtime_type: str = RuntimeType.UNSPECIFIED
 ) -> Discovery:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    listing = await _get_json(client, f"{base_url}/v1/models", headers)
+    listing = _get_json(client, f"{base_url}/v1/models", headers)
     model_ids: list[str] = []
     owned_by = ""
     if isinstance(listing, dict) and isinstance(listing.get("data"), list):
@@ -62,14 +64,18 @@ async def discover_http_worker(
     if runtime_type == RuntimeType.UNSPECIFIED:
         runtime_type = _OWNED_BY.get(owned_by.lower(), "")
         if not runtime_type:
-            if await _get_json(client, f"{base_url}/version", headers) is not None:
+            if _get_json(client, f"{base_url}/version", headers) is not None:
                 runtime_type = RuntimeType.VLLM
-            elif await _get_json(client, f"{base_url}/server_info", headers) is not None:
+            elif _get_json(client, f"{base_url}/server_info", headers) is not None:
                 runtime_type = RuntimeType.SGLANG
             else:
                 runtime_type = RuntimeType.GENERIC
-    if not model_ids:
-        info = await _get_json(client, f"{base_url}/get_model_info", headers)
-        if isinstance(info, dict) and isinstance(info.get("model_path"), str) and info["model_path"]:
-            model_ids.append(info["model_path"])
-    return Discovery(runtime_type=str(runtime_type), model_ids=tuple(model_ids))
+    labels: dict[str, str] = {}
+    info = _get_json(client, f"{base_url}/get_model_info", headers)
+    if isinstance(info, dict):
+        for key in ("model_path", "tokenizer_path", "served_model_name"):
+            if isinstance(info.get(key), str) and info[key]:
+                labels[key] = info[key]
+    if model_ids:
+        labels.setdefault("served_model_name", model_ids[0])
+    return Discovery(runtime_type=str(runtime_type), model_ids=tuple(model_ids), labels=labels)

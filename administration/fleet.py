@@ -1,97 +1,154 @@
-"""The gateway process's side of the worker registry: load stored workers, discover pending ones in
-the background, and publish registry snapshots for the data plane.
+"""The gateway process's side of the worker registry.
 
-Discovery retries a worker that is not up yet with a growing pause (0.5 s doubling up to
---worker-startup-check-interval) until --worker-startup-timeout-secs; the gateway serves meanwhile.
+On start it syncs --worker-urls into the store (their registration jobs run in this process), then
+keeps the data plane's registry snapshot current: it rebuilds it from the database when a job in
+this process says so, when a notice arrives over the Channels layer (jobs in Celery workers or
+other gateway processes), and every few seconds as a safety net. It also runs the health checks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from typing import Any
 
-import httpx
 from asgiref.sync import sync_to_async
+from django.conf import settings
 
-from administration.discovery import WorkerUnreachable, discover_http_worker
-from administration.models import WorkerStatus
-from administration.workers import (
-    record_discovery,
-    record_discovery_failure,
-    sync_cli_workers,
-    worker_records,
-)
+from administration.health import HealthChecker, HealthTarget
+from administration.models import Worker, WorkerStatus
+from administration.notices import GROUP, add_local_listener, remove_local_listener
+from administration.runtime import RuntimeType
+from administration.workers import sync_cli_workers, worker_records
 from inference.config import GatewayConfig
 from inference.routing.registry import REGISTRY, RegistrySnapshot, WorkerRecord
 
-__all__ = ["Fleet"]
+__all__ = ["Fleet", "FleetState", "load_fleet_state"]
 
 log = logging.getLogger(__name__)
 
-_FIRST_RETRY_SECS = 0.5
-_DISCOVERY_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
+REFRESH_SECS = 5.0
+
+
+class FleetState:
+    def __init__(self, records: list[WorkerRecord], aliases: dict[str, str], health: list[HealthTarget]) -> None:
+        self.records = records
+        self.aliases = aliases
+        self.health = health
+
+
+def _health_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> HealthTarget | None:
+    block: dict[str, Any] = worker.setting("health", {})
+    disabled = block.get("disable_health_check", config.disable_health_check)
+    if disabled or worker.runtime_type == RuntimeType.EXTERNAL or worker.url.startswith("ipc://"):
+        return None
+    if worker.status not in (WorkerStatus.PENDING, WorkerStatus.READY, WorkerStatus.NOT_READY):
+        return None
+    return HealthTarget(
+        worker_id=str(worker.pk),
+        url=worker.url,
+        api_key=api_key,
+        status=worker.status,
+        endpoint=config.health_check_endpoint,
+        timeout_secs=float(block.get("timeout_secs", config.health_check_timeout_secs)),
+        interval_secs=float(block.get("check_interval_secs", config.health_check_interval_secs)) or 1.0,
+        success_threshold=max(1, int(block.get("success_threshold", config.health_success_threshold))),
+        failure_threshold=max(1, int(block.get("failure_threshold", config.health_failure_threshold))),
+    )
+
+
+def load_fleet_state(config: GatewayConfig) -> FleetState:
+    """One read of the stored workers: registry records, aliases and health-check targets."""
+    records = worker_records(config.api_key)
+    aliases = dict(config.model_aliases)
+    targets = []
+    by_id = {record.id: record for record in records}
+    for worker in Worker.objects.listed():
+        for card in worker.model_cards:
+            for alias in card.get("aliases", []):
+                aliases.setdefault(alias, card["id"])
+        target = _health_target(worker, config, by_id[str(worker.pk)].api_key)
+        if target is not None:
+            targets.append(target)
+    return FleetState(records, aliases, targets)
 
 
 class Fleet:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._client: httpx.AsyncClient | None = None
+        self.health = HealthChecker(self.arefresh)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._refreshing: asyncio.Task[None] | None = None
+        self._dirty = False
 
     async def astart(self) -> RegistrySnapshot:
-        """Sync --worker-urls into the store, publish the first snapshot, start discovery."""
+        """Sync --worker-urls into the store, publish the first snapshot, start background work."""
+        self._loop = asyncio.get_running_loop()
+        add_local_listener(self.notify)
         await sync_to_async(sync_cli_workers, thread_sensitive=True)(self.config.worker_urls)
         snapshot = await self.arefresh()
-        for handle in snapshot.workers:
-            if handle.record.status == WorkerStatus.PENDING:
-                self._start_discovery(handle.record)
+        self._tasks.append(asyncio.ensure_future(self._periodic_refresh()))
+        if getattr(settings, "REDIS_URL", None):
+            self._tasks.append(asyncio.ensure_future(self._listen()))
         return snapshot
 
-    async def arefresh(self) -> RegistrySnapshot:
-        records = await sync_to_async(worker_records, thread_sensitive=True)(self.config.api_key)
-        return REGISTRY.publish(records, dict(self.config.model_aliases))
-
     async def astop(self) -> None:
-        tasks = list(self._tasks.values())
+        remove_local_listener(self.notify)
+        tasks = [*self._tasks, *([self._refreshing] if self._refreshing else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self.health.aclose()
 
-    def _start_discovery(self, record: WorkerRecord) -> None:
-        if record.id in self._tasks and not self._tasks[record.id].done():
+    async def arefresh(self) -> RegistrySnapshot:
+        state = await sync_to_async(load_fleet_state, thread_sensitive=True)(self.config)
+        snapshot = REGISTRY.publish(state.records, state.aliases)
+        self.health.reconcile(state.health)
+        return snapshot
+
+    def notify(self) -> None:
+        """Called from any thread (jobs): rebuild the snapshot soon, once for a burst of notices."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._schedule_refresh)
+
+    def _schedule_refresh(self) -> None:
+        if self._refreshing is not None and not self._refreshing.done():
+            self._dirty = True
             return
-        self._tasks[record.id] = asyncio.ensure_future(self._discover(record))
+        self._refreshing = asyncio.ensure_future(self._refresh_until_clean())
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=_DISCOVERY_TIMEOUT, trust_env=False)
-        return self._client
+    async def _refresh_until_clean(self) -> None:
+        while True:
+            self._dirty = False
+            try:
+                await self.arefresh()
+            except Exception:
+                log.exception("registry refresh failed")
+            if not self._dirty:
+                return
 
-    async def _discover(self, record: WorkerRecord) -> None:
-        deadline = time.monotonic() + self.config.worker_startup_timeout_secs
-        pause = _FIRST_RETRY_SECS
+    async def _periodic_refresh(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_SECS)
+            self._schedule_refresh()
+
+    async def _listen(self) -> None:
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is None:
+            return
         while True:
             try:
-                discovery = await discover_http_worker(self._http(), record.url, record.api_key, record.runtime_type)
-            except WorkerUnreachable as exc:
-                if time.monotonic() + pause > deadline:
-                    message = f"worker did not answer within {self.config.worker_startup_timeout_secs:g} s ({exc})"
-                    log.error("giving up on worker %s: %s", record.url, message)
-                    await sync_to_async(record_discovery_failure, thread_sensitive=True)(record.id, message)
-                    await self.arefresh()
-                    return
-                log.info("worker %s not reachable yet; retrying in %.1f s", record.url, pause)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, self.config.worker_startup_check_interval)
-                continue
-            if await sync_to_async(record_discovery, thread_sensitive=True)(record.id, discovery):
-                log.info(
-                    "worker %s ready: runtime %s, model %s", record.url, discovery.runtime_type, discovery.model_id
-                )
-            await self.arefresh()
-            return
+                channel = await layer.new_channel()
+                await layer.group_add(GROUP, channel)
+                while True:
+                    await layer.receive(channel)
+                    self._schedule_refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("registry notice listener failed; retrying", exc_info=True)
+                await asyncio.sleep(1.0)

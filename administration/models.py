@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.db import models
 
 from administration.runtime import RuntimeType
 
-__all__ = ["Worker", "WorkerStatus", "WorkerSource", "WorkerType"]
+__all__ = ["Worker", "WorkerStatus", "WorkerSource", "WorkerType", "JobType", "JobState"]
 
 
 class WorkerStatus(models.TextChoices):
@@ -31,31 +32,58 @@ class WorkerSource(models.TextChoices):
     API = "api", "Admin API"
 
 
+class JobType(models.TextChoices):
+    ADD = "AddWorker", "Add worker"
+    UPDATE = "UpdateWorker", "Update worker"
+    REMOVE = "RemoveWorker", "Remove worker"
+
+
+class JobState(models.TextChoices):
+    NONE = "", "No job"
+    PENDING = "pending", "Pending"
+    PROCESSING = "processing", "Processing"
+    FAILED = "failed", "Failed"
+
+
 class WorkerQuerySet(models.QuerySet["Worker"]):
     def routable(self) -> WorkerQuerySet:
-        return self.filter(status=WorkerStatus.READY)
+        return self.filter(status=WorkerStatus.READY, registered=True)
 
     def from_cli(self) -> WorkerQuerySet:
         return self.filter(source=WorkerSource.CLI)
+
+    def listed(self) -> WorkerQuerySet:
+        """What GET /workers shows: registered workers (not those whose first registration runs)."""
+        return self.filter(registered=True)
 
 
 class Worker(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     url = models.CharField(max_length=2048, unique=True)
-    runtime_type = models.CharField(
-        max_length=32, choices=RuntimeType.choices, default=RuntimeType.UNSPECIFIED
-    )
+    runtime_type = models.CharField(max_length=32, choices=RuntimeType.choices, default=RuntimeType.UNSPECIFIED)
     worker_type = models.CharField(max_length=16, choices=WorkerType.choices, default=WorkerType.REGULAR)
+    connection_mode = models.CharField(max_length=8, default="http")
     model_id = models.CharField(max_length=512, blank=True, default="")
     model_cards = models.JSONField(default=list, blank=True)  # the spec's "models" field
-    labels = models.JSONField(default=dict, blank=True)
+    labels = models.JSONField(default=dict, blank=True)  # discovered labels merged under the operator's
     priority = models.IntegerField(default=50)
     cost = models.FloatField(default=1.0)
+    # The rest of the spec as given: dp_size, zmq_handshake_address, bootstrap_port, kv_connector,
+    # kv_engine_id and the partial blocks health, overload, http_pool, resilience.
+    settings = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=WorkerStatus.choices, default=WorkerStatus.PENDING)
     source = models.CharField(max_length=8, choices=WorkerSource.choices, default=WorkerSource.API)
+    # False while the first registration job runs: such workers are not listed or routed.
+    registered = models.BooleanField(default=False)
     # Write-only: the key the gateway presents to this worker. Never rendered by any read path.
     api_key = models.CharField(max_length=512, blank=True, default="")
     last_error = models.TextField(blank=True, default="")
+    # The latest job on this worker (spec: job_status); generation tells a stale job from the latest.
+    job_type = models.CharField(max_length=16, choices=JobType.choices, blank=True, default="")
+    job_state = models.CharField(max_length=16, choices=JobState.choices, blank=True, default="")
+    job_message = models.TextField(blank=True, default="")
+    job_updated_at = models.DateTimeField(null=True, blank=True)
+    job_generation = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -63,6 +91,17 @@ class Worker(models.Model):
 
     class Meta:
         ordering = ["created_at", "url"]
+        indexes = [models.Index(fields=["registered", "status"])]
 
     def __str__(self) -> str:
         return f"{self.url} ({self.status})"
+
+    def setting(self, key: str, default: Any = None) -> Any:
+        return self.settings.get(key, default)
+
+    def model_ids(self) -> list[str]:
+        """The canonical model id and every alias the worker's cards declare."""
+        ids = [self.model_id] if self.model_id else []
+        for card in self.model_cards:
+            ids.extend([card.get("id", ""), *card.get("aliases", [])])
+        return [model for model in dict.fromkeys(ids) if model]

@@ -1,47 +1,263 @@
-"""Worker registry domain functions (sync, ORM). The admin API, jobs and commands call these."""
+"""Worker registry domain functions (sync, ORM). The admin API, the console, the jobs and the
+manage.py commands call these; none of them decides anything on its own."""
 
 from __future__ import annotations
 
 import uuid
-from typing import Sequence
+from dataclasses import asdict
+from datetime import timedelta
+from typing import Any, Sequence
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
 
-from administration.discovery import Discovery
-from administration.models import Worker, WorkerSource, WorkerStatus
+from administration.jobs import enqueue
+from administration.models import JobState, JobType, Worker, WorkerSource, WorkerStatus
+from administration.worker_spec import SpecRuleError, WorkerSpec
 from inference.routing.registry import WorkerRecord
 
-__all__ = ["sync_cli_workers", "worker_records", "record_discovery", "record_discovery_failure"]
+__all__ = [
+    "WorkerError",
+    "WorkerNotFound",
+    "WorkerAlreadyExists",
+    "WorkerCreateInProgress",
+    "JobQueueUnavailable",
+    "FAILED_JOB_RETENTION",
+    "create_worker",
+    "update_worker",
+    "replace_worker",
+    "remove_worker",
+    "get_worker",
+    "find_worker",
+    "drain_worker",
+    "job_status",
+    "list_workers",
+    "sync_cli_workers",
+    "worker_records",
+]
+
+FAILED_JOB_RETENTION = timedelta(minutes=5)
+
+
+class WorkerError(Exception):
+    code = "INTERNAL_SERVER_ERROR"
+    status = 500
+
+
+class WorkerNotFound(WorkerError):
+    code, status = "WORKER_NOT_FOUND", 404
+
+
+class WorkerAlreadyExists(WorkerError):
+    code, status = "WORKER_ALREADY_EXISTS", 409
+
+
+class WorkerCreateInProgress(WorkerError):
+    code, status = "WORKER_CREATE_IN_PROGRESS", 409
+
+
+class JobQueueUnavailable(WorkerError):
+    code, status = "INTERNAL_SERVER_ERROR", 500
+
+
+def _columns(spec: WorkerSpec) -> dict[str, Any]:
+    settings = {
+        key: value
+        for key, value in asdict(spec).items()
+        if key in ("dp_size", "zmq_handshake_address", "bootstrap_port", "kv_connector", "kv_engine_id")
+        and value is not None
+    }
+    for block in ("health", "overload", "http_pool", "resilience"):
+        value = getattr(spec, block)
+        if value:
+            settings[block] = dict(value)
+    return {
+        "runtime_type": spec.runtime_type,
+        "worker_type": spec.worker_type,
+        "connection_mode": spec.connection_mode,
+        "api_key": spec.api_key or "",
+        "model_cards": list(spec.models),
+        "model_id": spec.models[0]["id"] if spec.models else "",
+        "labels": dict(spec.labels),
+        "priority": spec.priority,
+        "cost": spec.cost,
+        "settings": settings,
+    }
+
+
+def _queue(name: str, worker: Worker, *args: Any, local: bool = False) -> None:
+    try:
+        enqueue(name, str(worker.pk), worker.job_generation, *args, local=local)
+    except Exception as exc:  # broker down or refusing: the spec's 500
+        raise JobQueueUnavailable(f"job queue unavailable: {type(exc).__name__}") from None
+
+
+def create_worker(spec: WorkerSpec, *, source: str = WorkerSource.API) -> Worker:
+    """Reserve an id for ``spec.url`` and queue its registration (POST /workers)."""
+    with transaction.atomic():
+        existing = Worker.objects.select_for_update().filter(url=spec.url).first()
+        if existing is not None:
+            if existing.registered:
+                raise WorkerAlreadyExists(f"Worker {spec.url} already exists with id {existing.pk}")
+            raise WorkerCreateInProgress(
+                f"Worker {spec.url} is being registered; poll /workers/{existing.pk}"
+            )
+        try:
+            worker = Worker.objects.create(
+                url=spec.url,
+                source=source,
+                status=WorkerStatus.PENDING,
+                registered=False,
+                job_type=JobType.ADD,
+                job_state=JobState.PENDING,
+                job_updated_at=timezone.now(),
+                job_generation=1,
+                **_columns(spec),
+            )
+        except IntegrityError:  # a concurrent POST for the same URL won the race
+            raise WorkerCreateInProgress(f"Worker {spec.url} is being registered") from None
+        _queue("register", worker, local=source == WorkerSource.CLI)
+    return worker
+
+
+def _locked(worker_id: uuid.UUID) -> Worker:
+    worker = Worker.objects.select_for_update().filter(pk=worker_id).first()
+    if worker is None:
+        raise WorkerNotFound(f"Worker {worker_id} not found")
+    return worker
+
+
+def _start_job(worker: Worker, job_type: str, **fields: Any) -> Worker:
+    Worker.objects.filter(pk=worker.pk).update(
+        job_type=job_type,
+        job_state=JobState.PENDING,
+        job_message="",
+        job_updated_at=timezone.now(),
+        job_generation=F("job_generation") + 1,
+        **fields,
+    )
+    worker.refresh_from_db()
+    return worker
+
+
+def update_worker(worker_id: uuid.UUID, changes: dict[str, Any]) -> Worker:
+    """PATCH: queue an in-place update of the named fields. The URL cannot change."""
+    with transaction.atomic():
+        worker = _locked(worker_id)
+        if "url" in changes and changes["url"] != worker.url:
+            raise SpecRuleError("the url of a worker cannot change; register a new worker")
+        changes = {key: value for key, value in changes.items() if key != "url"}
+        worker = _start_job(worker, JobType.UPDATE)
+        _queue("update", worker, changes)
+    return worker
+
+
+def replace_worker(worker_id: uuid.UUID, spec: WorkerSpec) -> Worker:
+    """PUT: replace the whole spec (defaults for what it omits) and re-run registration."""
+    with transaction.atomic():
+        worker = _locked(worker_id)
+        if spec.url != worker.url:
+            raise SpecRuleError("PUT cannot change the url of a worker")
+        worker = _start_job(worker, JobType.ADD, **_columns(spec))
+        _queue("register", worker)
+    return worker
+
+
+def remove_worker(worker_id: uuid.UUID) -> Worker:
+    """DELETE: drain (a ready worker) and remove."""
+    with transaction.atomic():
+        worker = _locked(worker_id)
+        worker = _start_job(worker, JobType.REMOVE)
+        _queue("remove", worker, local=worker.source == WorkerSource.CLI)
+    return worker
+
+
+def drain_worker(worker_id: uuid.UUID) -> Worker:
+    """Stop sending new requests to a worker (in-flight ones finish); it stays registered."""
+    from administration.notices import publish_registry_changed
+
+    worker = get_worker(worker_id)
+    if worker.status != WorkerStatus.DRAINING:
+        Worker.objects.filter(pk=worker.pk).update(status=WorkerStatus.DRAINING)
+        worker.refresh_from_db()
+        publish_registry_changed()
+    return worker
+
+
+def find_worker(ref: str) -> Worker:
+    """A worker by id or by URL (commands and the console accept either)."""
+    try:
+        return get_worker(uuid.UUID(ref))
+    except ValueError:
+        worker = Worker.objects.filter(url=ref.rstrip("/")).first()
+        if worker is None:
+            raise WorkerNotFound(f"No worker with id or url {ref}") from None
+        return worker
+
+
+def get_worker(worker_id: uuid.UUID) -> Worker:
+    worker = Worker.objects.filter(pk=worker_id).first()
+    if worker is None:
+        raise WorkerNotFound(f"Worker {worker_id} not found")
+    return worker
+
+
+def list_workers(model: str | None = None) -> list[Worker]:
+    """Registered workers; with ``model``, those serving it (id or alias) and those with no model list."""
+    workers = list(Worker.objects.listed())
+    if model:
+        workers = [w for w in workers if not w.model_ids() or model in w.model_ids()]
+    return workers
+
+
+def job_status(worker: Worker) -> dict[str, Any] | None:
+    """The spec's job_status while a job is queued or running, or for about five minutes after it failed."""
+    if not worker.job_state or worker.job_updated_at is None:
+        return None
+    if worker.job_state == JobState.FAILED and timezone.now() - worker.job_updated_at > FAILED_JOB_RETENTION:
+        return None
+    return {
+        "job_type": worker.job_type,
+        "worker_url": worker.url,
+        "status": worker.job_state,
+        "message": worker.job_message or None,
+        "timestamp": int(worker.job_updated_at.timestamp()),
+    }
 
 
 def sync_cli_workers(urls: Sequence[str]) -> list[Worker]:
-    """Make the stored command-line workers match ``--worker-urls``; they are re-discovered each start.
+    """Make the stored command-line workers match ``--worker-urls`` and register each anew.
 
     Workers registered through the admin API are left alone, even when a flag names the same URL.
     """
+    from administration.worker_spec import parse_worker_spec
+
     with transaction.atomic():
         Worker.objects.from_cli().exclude(url__in=list(urls)).delete()
         workers = []
         for url in urls:
-            worker, created = Worker.objects.get_or_create(
-                url=url, defaults={"source": WorkerSource.CLI, "status": WorkerStatus.PENDING}
-            )
-            if not created and worker.source == WorkerSource.CLI:
-                Worker.objects.filter(pk=worker.pk).update(status=WorkerStatus.PENDING, last_error="")
-                worker.status = WorkerStatus.PENDING
-            workers.append(worker)
+            existing = Worker.objects.select_for_update().filter(url=url).first()
+            if existing is None:
+                workers.append(create_worker(parse_worker_spec({"url": url}), source=WorkerSource.CLI))
+            elif existing.source == WorkerSource.CLI:
+                worker = _start_job(existing, JobType.ADD, status=WorkerStatus.PENDING, registered=False)
+                _queue("register", worker, local=True)
+                workers.append(worker)
+            else:
+                workers.append(existing)
         return workers
 
 
 def worker_records(gateway_api_key: str | None) -> list[WorkerRecord]:
-    """The registry's view of every stored worker. Command-line workers present the gateway's
+    """The registry's view of every registered worker. Command-line workers present the gateway's
     --api-key to the worker; API-registered workers present only their own key."""
     records = []
-    for worker in Worker.objects.all():
+    for worker in Worker.objects.listed():
         key = worker.api_key or (gateway_api_key if worker.source == WorkerSource.CLI else None)
         records.append(
             WorkerRecord(
-                id=str(worker.id),
+                id=str(worker.pk),
                 url=worker.url,
                 model_id=worker.model_id or None,
                 runtime_type=worker.runtime_type,
@@ -50,18 +266,3 @@ def worker_records(gateway_api_key: str | None) -> list[WorkerRecord]:
             )
         )
     return records
-
-
-def record_discovery(worker_id: uuid.UUID | str, discovery: Discovery) -> bool:
-    """Store what discovery found and make the worker ready. False if the worker is gone."""
-    updated = Worker.objects.filter(pk=worker_id, status=WorkerStatus.PENDING).update(
-        runtime_type=discovery.runtime_type,
-        model_id=discovery.model_id or "",
-        status=WorkerStatus.READY,
-        last_error="",
-    )
-    return updated == 1
-
-
-def record_discovery_failure(worker_id: uuid.UUID | str, message: str) -> None:
-    Worker.objects.filter(pk=worker_id).update(status=WorkerStatus.FAILED, last_error=message[:2000])

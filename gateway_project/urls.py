@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 
+from administration.api.workers import WorkersView, WorkerView
 from inference import errors
 
 admin.site.site_header = "Inference gateway"
@@ -13,6 +14,8 @@ admin.site.site_title = "Inference gateway"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("workers", WorkersView.as_view()),
+    path("workers/<str:worker_id>", WorkerView.as_view()),
 ]
 
 

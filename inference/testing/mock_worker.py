@@ -18,7 +18,10 @@ Introspection, behind the same API key as the rest (/_mock requests are not reco
   (lowercase names), json, raw}``; ``?path=`` filters; in-process: ``mock_state(app).requests``;
 * ``DELETE /_mock/requests`` clears the log; ``DELETE /_mock/stats`` resets the log and counters;
 * ``GET /_mock/stats``: ``{requests, streams_started, streams_completed, streams_disconnected,
-  streams_aborted, in_flight}``.
+  streams_aborted, in_flight}``;
+* ``POST /_mock/faults`` ``{"health_status": 503, "status": 500, "hang": true}`` (any subset): fail
+  health probes, answer every inference POST with that status, or hang every inference POST;
+  ``DELETE /_mock/faults`` clears them; ``POST /_mock/exit`` kills the process at once.
 
 A stream whose client went away before it finished counts as ``streams_disconnected``; one cut by
 ``fail_after`` as ``streams_aborted``.
@@ -91,6 +94,13 @@ class MockWorkerState:
     streams_disconnected: int = 0
     streams_aborted: int = 0
     in_flight: int = 0
+    # Process-wide faults set through /_mock/faults (tests of health checks, breakers, retries).
+    health_status: int = 200
+    fault_status: int | None = None
+    fault_hang: bool = False
+
+    def faults(self) -> dict[str, Any]:
+        return {"health_status": self.health_status, "status": self.fault_status, "hang": self.fault_hang}
 
     def stats(self) -> dict[str, int]:
         return {
@@ -244,6 +254,15 @@ def _middleware(config: MockWorkerConfig, state: MockWorkerState) -> _Middleware
                 )
             if api_key is not None and path != "/health" and not authorized(request):
                 return _error(401, "Invalid or missing API key")
+            if recorded:
+                if path in ("/health", "/health_generate"):
+                    if state.health_status != 200:
+                        return _error(state.health_status, "unhealthy (set through /_mock/faults)")
+                elif request.method == "POST":
+                    if state.fault_hang:
+                        await asyncio.sleep(3600)
+                    if state.fault_status is not None:
+                        return _error(state.fault_status, "failing on command (set through /_mock/faults)")
             if bad_json:
                 return _error(400, "Malformed JSON in request body")
             return await handler(request)
@@ -419,7 +438,38 @@ def _introspection_routes(state: MockWorkerState) -> list[web.RouteDef]:
         state.reset()
         return _json(state.stats())
 
+    async def set_faults(request: web.Request) -> web.Response:
+        try:
+            given = await request.json()
+        except ValueError:
+            return _error(400, "Malformed JSON in request body")
+        if not isinstance(given, dict):
+            return _error(400, "faults must be an object")
+        if "health_status" in given:
+            state.health_status = int(given["health_status"])
+        if "status" in given:
+            state.fault_status = None if given["status"] is None else int(given["status"])
+        if "hang" in given:
+            state.fault_hang = bool(given["hang"])
+        return _json(state.faults())
+
+    async def get_faults(_request: web.Request) -> web.Response:
+        return _json(state.faults())
+
+    async def clear_faults(_request: web.Request) -> web.Response:
+        state.health_status, state.fault_status, state.fault_hang = 200, None, False
+        return _json(state.faults())
+
+    async def exit_now(_request: web.Request) -> web.Response:
+        # Die on command, like a crashed engine: no graceful shutdown, open connections drop.
+        asyncio.get_running_loop().call_later(0.05, os._exit, 1)
+        return _json({"exiting": True})
+
     return [
+        web.post("/_mock/faults", set_faults),
+        web.delete("/_mock/faults", clear_faults),
+        web.get("/_mock/faults", get_faults),
+        web.post("/_mock/exit", exit_now),
         web.get("/_mock/requests", requests),
         web.delete("/_mock/requests", clear_requests),
         web.get("/_mock/stats", stats),

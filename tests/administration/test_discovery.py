@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 
 import httpx
@@ -12,7 +13,7 @@ from administration.discovery import WorkerUnreachable, discover_http_worker
 from administration.fleet import Fleet
 from administration.models import Worker, WorkerSource, WorkerStatus
 from administration.runtime import normalize_runtime_type
-from inference.config import GatewayConfig
+from inference.config import GatewayConfig, install_config
 from inference.routing.registry import REGISTRY
 
 
@@ -22,30 +23,30 @@ from inference.routing.registry import REGISTRY
 )
 async def test_runtime_is_detected(start_worker, owned_by: str, runtime: str) -> None:
     worker = await start_worker(model="llama-3", owned_by=owned_by)
-    async with httpx.AsyncClient() as client:
-        found = await discover_http_worker(client, worker.url, None)
+    with httpx.Client() as client:
+        found = await asyncio.to_thread(discover_http_worker, client, worker.url, None)
     assert found.runtime_type == runtime
     assert found.model_id == "llama-3"
 
 
 async def test_configured_runtime_is_kept(start_worker) -> None:
     worker = await start_worker(owned_by="vllm")
-    async with httpx.AsyncClient() as client:
-        found = await discover_http_worker(client, worker.url, None, runtime_type="trtllm")
+    with httpx.Client() as client:
+        found = await asyncio.to_thread(discover_http_worker, client, worker.url, None, "trtllm")
     assert found.runtime_type == "trtllm"
 
 
 async def test_discovery_presents_the_worker_key(start_worker) -> None:
     worker = await start_worker(api_key="sk-w")
-    async with httpx.AsyncClient() as client:
-        found = await discover_http_worker(client, worker.url, "sk-w")
+    with httpx.Client() as client:
+        found = await asyncio.to_thread(discover_http_worker, client, worker.url, "sk-w")
     assert found.model_id == worker.model
 
 
-async def test_unreachable_worker_raises() -> None:
-    async with httpx.AsyncClient() as client:
+def test_unreachable_worker_raises() -> None:
+    with httpx.Client() as client:
         with pytest.raises(WorkerUnreachable):
-            await discover_http_worker(client, "http://127.0.0.1:9", None)
+            discover_http_worker(client, "http://127.0.0.1:9", None)
 
 
 @pytest.mark.parametrize(
@@ -68,15 +69,34 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+async def _until(check, timeout: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+@pytest.fixture
+def fleet_config(settings):
+    config = GatewayConfig(worker_startup_check_interval=0.5, health_check_interval_secs=0.2)
+    install_config(config, export=False)
+    yield config
+    install_config(GatewayConfig(), export=False)
+
+
 @pytest.mark.django_db(transaction=True)
-async def test_worker_that_comes_up_later_becomes_routable(start_worker) -> None:
+async def test_worker_that_comes_up_later_becomes_routable(fleet_config) -> None:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    fleet = Fleet(GatewayConfig(worker_urls=(url,), worker_startup_check_interval=0.5))
+    config = dataclasses.replace(fleet_config, worker_urls=(url,))
+    install_config(config, export=False)
+    fleet = Fleet(config)
+    runner = None
     try:
         snapshot = await fleet.astart()
-        assert [h.record.status for h in snapshot.workers] == ["pending"]
-        assert not REGISTRY.snapshot.routable
+        assert not snapshot.routable
         await asyncio.sleep(0.3)
         from aiohttp import web
 
@@ -85,28 +105,28 @@ async def test_worker_that_comes_up_later_becomes_routable(start_worker) -> None
         runner = web.AppRunner(build_app(MockWorkerConfig(model="late-model", owned_by="vllm")))
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        try:
-            for _ in range(100):
-                if REGISTRY.snapshot.routable:
-                    break
-                await asyncio.sleep(0.05)
-            assert REGISTRY.snapshot.routable_models == ("late-model",)
-            stored = await Worker.objects.aget(url=url)
-            assert (stored.status, stored.runtime_type, stored.model_id, stored.source) == (
-                WorkerStatus.READY, "vllm", "late-model", WorkerSource.CLI
-            )
-        finally:
-            await runner.cleanup()
+
+        async def routable() -> bool:
+            return bool(REGISTRY.snapshot.routable)
+
+        await _until(routable)
+        assert REGISTRY.snapshot.routable_models == ("late-model",)
+        stored = await Worker.objects.aget(url=url)
+        assert (stored.status, stored.runtime_type, stored.model_id, stored.source, stored.registered) == (
+            WorkerStatus.READY, "vllm", "late-model", WorkerSource.CLI, True
+        )
     finally:
         await fleet.astop()
+        if runner is not None:
+            await runner.cleanup()
         REGISTRY.publish([], {})
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_stale_cli_workers_are_removed_and_api_workers_kept(worker) -> None:
-    await Worker.objects.acreate(url="http://old-cli:1", source=WorkerSource.CLI)
-    await Worker.objects.acreate(url="http://api-added:1", source=WorkerSource.API, status=WorkerStatus.READY, model_id="x")
-    fleet = Fleet(GatewayConfig(worker_urls=(worker.url,)))
+async def test_stale_cli_workers_are_removed_and_api_workers_kept(worker, fleet_config) -> None:
+    await Worker.objects.acreate(url="http://old-cli:1", source=WorkerSource.CLI, registered=True)
+    await Worker.objects.acreate(url="http://api-added:1", source=WorkerSource.API, status=WorkerStatus.READY, model_id="x", registered=True)
+    fleet = Fleet(dataclasses.replace(fleet_config, worker_urls=(worker.url,)))
     try:
         await fleet.astart()
         urls = sorted([w.url async for w in Worker.objects.all()])
@@ -117,18 +137,18 @@ async def test_stale_cli_workers_are_removed_and_api_workers_kept(worker) -> Non
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_worker_that_never_answers_is_marked_failed() -> None:
+async def test_cli_worker_that_never_answers_is_released(fleet_config) -> None:
     url = f"http://127.0.0.1:{_free_port()}"
-    fleet = Fleet(GatewayConfig(worker_urls=(url,), worker_startup_timeout_secs=0.6, worker_startup_check_interval=0.2))
+    config = dataclasses.replace(fleet_config, worker_urls=(url,), worker_startup_timeout_secs=0.6, worker_startup_check_interval=0.2)
+    install_config(config, export=False)
+    fleet = Fleet(config)
     try:
         await fleet.astart()
-        for _ in range(60):
-            stored = await Worker.objects.aget(url=url)
-            if stored.status == WorkerStatus.FAILED:
-                break
-            await asyncio.sleep(0.05)
-        assert stored.status == WorkerStatus.FAILED
-        assert "did not answer" in stored.last_error
+
+        async def gone() -> bool:
+            return not await Worker.objects.filter(url=url).aexists()
+
+        await _until(gone)
     finally:
         await fleet.astop()
         REGISTRY.publish([], {})

@@ -1,0 +1,183 @@
+"""/workers (spec 3, Workers): DRF adapters over administration/workers.py.
+
+Bodies are parsed here, not by DRF's parsers, so a body that does not parse gets the spec's
+plain-text answers: 415 without Content-Type application/json, 400 for malformed JSON, 422 for a
+missing url, a wrong type or an unknown enum value. Other errors use ``{"error": msg, "code": CODE}``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from django.http import HttpResponse
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from administration.api.auth import ControlPlaneAuthentication, IsControlPlaneAdmin
+from administration.models import Worker, WorkerType
+from administration.worker_spec import SpecRuleError, SpecTypeError, parse_worker_patch, parse_worker_spec
+from administration.workers import (
+    WorkerError,
+    create_worker,
+    get_worker,
+    job_status,
+    list_workers,
+    remove_worker,
+    replace_worker,
+    update_worker,
+)
+from inference.config import current_config
+from inference.routing.registry import REGISTRY
+
+__all__ = ["WorkersView", "WorkerView", "worker_object"]
+
+_DESERIALIZE = "Failed to deserialize the JSON body into the target type"
+_SETTING_KEYS = ("dp_size", "zmq_handshake_address", "bootstrap_port", "kv_connector", "kv_engine_id", "overload")
+
+
+class BodyError(Exception):
+    def __init__(self, status: int, text: str) -> None:
+        self.status = status
+        self.text = text
+
+
+def _plain(status: int, text: str) -> HttpResponse:
+    return HttpResponse(text, status=status, content_type="text/plain; charset=utf-8")
+
+
+def _error(status: int, code: str, message: str) -> Response:
+    return Response({"error": message, "code": code}, status=status)
+
+
+def _json_body(request: Request) -> Any:
+    content_type = (request.content_type or "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise BodyError(415, "Expected request with `Content-Type: application/json`")
+    try:
+        return json.loads(request.body or b"")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BodyError(400, f"Failed to parse the request body as JSON: {exc}") from None
+
+
+def _worker_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise SpecRuleError(f"Invalid worker_id: {raw} is not a UUID") from None
+
+
+def _pd_pairing(worker: Worker) -> str | None:
+    if worker.worker_type not in (WorkerType.PREFILL, WorkerType.DECODE):
+        return None
+    explicit = worker.labels.get("pairing_protocol")
+    if explicit:
+        return str(explicit)
+    transport = "grpc" if worker.url.startswith(("grpc://", "grpcs://")) else "http"
+    layout = f"dp{worker.setting('dp_size')}" if worker.setting("dp_size") else "single"
+    return f"{worker.runtime_type}/{transport}/{layout}"
+
+
+def worker_object(worker: Worker) -> dict[str, Any]:
+    """The worker as GET answers it: the spec's fields (never api_key) plus live state."""
+    load = 0
+    for handle in REGISTRY.snapshot.workers:
+        if handle.id == str(worker.pk):
+            load = handle.load.in_flight
+            break
+    body: dict[str, Any] = {
+        "id": str(worker.pk),
+        "url": worker.url,
+        "runtime_type": worker.runtime_type,
+        "worker_type": worker.worker_type,
+        "connection_mode": worker.connection_mode,
+        "models": worker.model_cards,
+        "labels": worker.labels,
+        "priority": worker.priority,
+        "cost": worker.cost,
+        "is_healthy": worker.status == "ready",
+        "status": worker.status,
+        "load": load,
+        "http2": False,
+        "max_connection_attempts": current_config().retry_max_retries + 1,
+    }
+    if worker.model_id:
+        body["model_id"] = worker.model_id
+    for key in _SETTING_KEYS:
+        value = worker.setting(key)
+        if value is not None:
+            body[key] = value
+    pairing = _pd_pairing(worker)
+    if pairing is not None:
+        body["pd_pairing"] = pairing
+    status = job_status(worker)
+    if status is not None:
+        body["job_status"] = status
+    return body
+
+
+class _ControlPlaneView(APIView):
+    authentication_classes = [ControlPlaneAuthentication]
+    permission_classes = [IsControlPlaneAdmin]
+
+    def handle_exception(self, exc: Exception) -> Response | HttpResponse:  # type: ignore[override]  # plain-text answers
+        if isinstance(exc, BodyError):
+            return _plain(exc.status, exc.text)
+        if isinstance(exc, SpecTypeError):
+            return _plain(422, f"{_DESERIALIZE}: {exc}")
+        if isinstance(exc, SpecRuleError):
+            return _error(400, "BAD_REQUEST", str(exc))
+        if isinstance(exc, WorkerError):
+            return _error(exc.status, exc.code, str(exc))
+        return super().handle_exception(exc)
+
+
+class WorkersView(_ControlPlaneView):
+    def get(self, request: Request) -> Response:
+        workers = list_workers(request.query_params.get("model") or None)
+        stats = {
+            "prefill_count": sum(1 for w in workers if w.worker_type == WorkerType.PREFILL),
+            "decode_count": sum(1 for w in workers if w.worker_type == WorkerType.DECODE),
+            "regular_count": sum(1 for w in workers if w.worker_type == WorkerType.REGULAR),
+        }
+        return Response({"workers": [worker_object(w) for w in workers], "total": len(workers), "stats": stats})
+
+    def post(self, request: Request) -> Response:
+        spec = parse_worker_spec(_json_body(request))
+        worker = create_worker(spec)
+        location = f"/workers/{worker.pk}"
+        body = {
+            "status": "accepted",
+            "worker_id": str(worker.pk),
+            "url": worker.url,
+            "location": location,
+            "message": "Worker registration queued; poll the location for its status",
+        }
+        return Response(body, status=202, headers={"Location": location})
+
+
+class WorkerView(_ControlPlaneView):
+    def get(self, request: Request, worker_id: str) -> Response:
+        return Response(worker_object(get_worker(_worker_id(worker_id))))
+
+    def patch(self, request: Request, worker_id: str) -> Response:
+        changes = parse_worker_patch(_json_body(request))
+        key = _worker_id(worker_id)
+        worker = update_worker(key, changes)
+        return _accepted(worker, "Worker update queued")
+
+    def put(self, request: Request, worker_id: str) -> Response:
+        spec = parse_worker_spec(_json_body(request))
+        key = _worker_id(worker_id)
+        worker = replace_worker(key, spec)
+        return _accepted(worker, "Worker replacement queued; registration runs again")
+
+    def delete(self, request: Request, worker_id: str) -> Response:
+        worker = remove_worker(_worker_id(worker_id))
+        return _accepted(worker, "Worker removal queued; a ready worker drains first")
+
+
+def _accepted(worker: Worker, message: str) -> Response:
+    return Response({"status": "accepted", "worker_id": str(worker.pk), "message": message}, status=202)

@@ -1,0 +1,117 @@
+"""Health checks (spec 3, Worker status): pending → ready → not_ready → ready.
+
+One asyncio task per checked worker probes ``GET {url}{endpoint}``. ``success_threshold``
+consecutive successes make a pending or not_ready worker ready; ``failure_threshold`` consecutive
+failures make a ready worker not_ready. A pending worker is probed every second until it is ready,
+then every ``check_interval_secs``. Transitions are conditional UPDATEs, so several gateway
+processes probing the same worker agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, replace
+from typing import Awaitable, Callable
+
+import httpx
+from asgiref.sync import sync_to_async
+
+from administration.models import Worker, WorkerStatus
+
+__all__ = ["HealthTarget", "HealthChecker", "transition"]
+
+log = logging.getLogger(__name__)
+
+_PENDING_PROBE_SECS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class HealthTarget:
+    worker_id: str
+    url: str
+    api_key: str | None
+    status: str
+    endpoint: str
+    timeout_secs: float
+    interval_secs: float
+    success_threshold: int
+    failure_threshold: int
+
+
+def transition(worker_id: str, old: str, new: str) -> bool:
+    """Move a worker from ``old`` to ``new``; False when its status was no longer ``old``."""
+    return Worker.objects.filter(pk=worker_id, status=old, registered=True).update(status=new) == 1
+
+
+class HealthChecker:
+    def __init__(self, on_change: Callable[[], Awaitable[object]]) -> None:
+        self._on_change = on_change
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._targets: dict[str, HealthTarget] = {}
+        self._client: httpx.AsyncClient | None = None
+
+    def reconcile(self, targets: list[HealthTarget]) -> None:
+        """Probe exactly these workers from now on (called after every registry refresh)."""
+        wanted = {target.worker_id: target for target in targets}
+        for worker_id in list(self._tasks):
+            if worker_id not in wanted:
+                self._tasks.pop(worker_id).cancel()
+                self._targets.pop(worker_id, None)
+        for worker_id, target in wanted.items():
+            current = self._targets.get(worker_id)
+            self._targets[worker_id] = target
+            same = current is not None and (current.url, current.interval_secs, current.endpoint) == (
+                target.url, target.interval_secs, target.endpoint
+            )
+            task = self._tasks.get(worker_id)
+            if task is None or task.done() or not same:
+                if task is not None:
+                    task.cancel()
+                self._tasks[worker_id] = asyncio.ensure_future(self._probe_loop(worker_id))
+
+    async def aclose(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(trust_env=False, follow_redirects=False)
+        return self._client
+
+    async def probe(self, target: HealthTarget) -> bool:
+        headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+        try:
+            response = await self._http().get(target.url + target.endpoint, headers=headers, timeout=target.timeout_secs)
+        except httpx.HTTPError:
+            return False
+        return response.is_success
+
+    async def _probe_loop(self, worker_id: str) -> None:
+        successes = failures = 0
+        while True:
+            target = self._targets.get(worker_id)
+            if target is None:
+                return
+            healthy = await self.probe(target)
+            successes, failures = (successes + 1, 0) if healthy else (0, failures + 1)
+            status = self._targets[worker_id].status if worker_id in self._targets else target.status
+            new = None
+            if status in (WorkerStatus.PENDING, WorkerStatus.NOT_READY) and successes >= target.success_threshold:
+                new = WorkerStatus.READY
+            elif status == WorkerStatus.READY and failures >= target.failure_threshold:
+                new = WorkerStatus.NOT_READY
+            if new is not None and await sync_to_async(transition, thread_sensitive=False)(worker_id, status, new):
+                level = logging.WARNING if new == WorkerStatus.NOT_READY else logging.INFO
+                log.log(level, "worker %s: %s -> %s", target.url, status, new)
+                self._targets[worker_id] = replace(target, status=new)
+                successes = failures = 0
+                await self._on_change()
+            pause = target.interval_secs if status == WorkerStatus.READY or new == WorkerStatus.READY else _PENDING_PROBE_SECS
+            await asyncio.sleep(min(pause, target.interval_secs))

@@ -1,0 +1,208 @@
+"""Worker jobs (spec 3, Worker status): register, update, remove. Sync; run by Celery or on a job thread.
+
+Every job carries the worker's ``job_generation`` from when it was queued. Each write is a
+conditional UPDATE on that generation, so a job for a worker deleted or replaced since it was queued
+fails instead of overwriting newer state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+import httpx
+from django.utils import timezone
+
+from administration.discovery import Discovery, WorkerUnreachable, discover_http_worker
+from administration.models import JobState, JobType, Worker, WorkerStatus
+from administration.notices import publish_registry_changed
+from administration.runtime import RuntimeType
+from inference.config import current_config
+
+__all__ = ["run_registration", "run_update", "run_removal", "RegistrationFailed"]
+
+log = logging.getLogger(__name__)
+
+_PROBE_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
+_FIRST_RETRY_SECS = 0.5
+
+
+class RegistrationFailed(Exception):
+    """Registration cannot succeed (the reason is the message)."""
+
+
+def _current(worker_id: uuid.UUID | str, generation: int) -> Worker | None:
+    return Worker.objects.filter(pk=worker_id, job_generation=generation).first()
+
+
+def _set_job(worker_id: uuid.UUID | str, generation: int, state: str, message: str = "", **fields: Any) -> bool:
+    updated = Worker.objects.filter(pk=worker_id, job_generation=generation).update(
+        job_state=state, job_message=message, job_updated_at=timezone.now(), **fields
+    )
+    return updated == 1
+
+
+def _check_spec(worker: Worker) -> None:
+    """Rules the spec checks in the background job, after 202."""
+    overload = worker.setting("overload", {})
+    waiting = overload.get("waiting_requests")
+    if waiting is not None and waiting < 1:
+        raise RegistrationFailed("overload.waiting_requests must be at least 1")
+    usage = overload.get("token_usage")
+    if usage is not None and not 0.0 < usage <= 1.0:
+        raise RegistrationFailed("overload.token_usage must be in (0.0, 1.0]")
+    if worker.url.startswith(("grpc://", "grpcs://")):
+        raise RegistrationFailed("gRPC workers are not supported by this gateway yet")
+    if worker.url.startswith("ipc://"):
+        raise RegistrationFailed("ZMQ (ipc://) workers are not supported by this gateway yet")
+    if worker.setting("http_pool", {}).get("http2") is True:
+        raise RegistrationFailed("http_pool.http2 true: this gateway speaks HTTP/1.1 to workers")
+
+
+def _discover(worker: Worker, generation: int) -> Discovery:
+    """Probe until the worker answers, every startup check interval, until the startup timeout."""
+    config = current_config()
+    deadline = time.monotonic() + config.worker_startup_timeout_secs
+    pause = _FIRST_RETRY_SECS
+    with httpx.Client(timeout=_PROBE_TIMEOUT, trust_env=False) as client:
+        while True:
+            try:
+                return discover_http_worker(client, worker.url, worker.api_key or _cli_key(worker), worker.runtime_type)
+            except WorkerUnreachable as exc:
+                if time.monotonic() + pause > deadline:
+                    raise RegistrationFailed(
+                        f"worker did not answer within {config.worker_startup_timeout_secs:g} s ({exc})"
+                    ) from None
+                if _current(worker.pk, generation) is None:
+                    raise RegistrationFailed("worker was removed or replaced during registration") from None
+                time.sleep(pause)
+                pause = min(pause * 2, config.worker_startup_check_interval)
+
+
+def _cli_key(worker: Worker) -> str | None:
+    return current_config().api_key if worker.source == "cli" else None
+
+
+def _model_id(worker: Worker, discovery: Discovery | None) -> str:
+    if worker.model_cards:
+        return str(worker.model_cards[0]["id"])
+    labels = worker.labels
+    for key in ("served_model_name", "model_id", "model_path"):
+        if labels.get(key):
+            return str(labels[key])
+    if discovery is not None and discovery.model_id:
+        return discovery.model_id
+    return ""
+
+
+def run_registration(worker_id: str, generation: int) -> None:
+    """AddWorker: probe, detect the runtime and models, merge labels; pending until health passes."""
+    worker = _current(worker_id, generation)
+    if worker is None:
+        log.info("registration of %s skipped: superseded", worker_id)
+        return
+    _set_job(worker_id, generation, JobState.PROCESSING)
+    first_registration = not worker.registered
+    try:
+        _check_spec(worker)
+        discovery: Discovery | None = None
+        if worker.runtime_type != RuntimeType.EXTERNAL:
+            discovery = _discover(worker, generation)
+    except RegistrationFailed as exc:
+        _fail_registration(worker, generation, str(exc), first_registration)
+        return
+    labels = {**(discovery.labels if discovery else {}), **worker.labels}
+    runtime_type = discovery.runtime_type if discovery else worker.runtime_type
+    worker.labels = labels
+    model_id = _model_id(worker, discovery)
+    health_off = worker.runtime_type == RuntimeType.EXTERNAL or _health_disabled(worker)
+    status = WorkerStatus.READY if health_off else WorkerStatus.PENDING
+    if not _set_job(
+        worker_id, generation, JobState.NONE,
+        runtime_type=runtime_type, model_id=model_id, labels=labels, registered=True, status=status, last_error="",
+    ):
+        log.info("registration of %s finished after the worker changed; result dropped", worker.url)
+        return
+    log.info("worker %s registered: runtime %s, model %s, status %s", worker.url, runtime_type, model_id or "(any)", status)
+    publish_registry_changed()
+
+
+def _health_disabled(worker: Worker) -> bool:
+    given = worker.setting("health", {}).get("disable_health_check")
+    return bool(current_config().disable_health_check if given is None else given)
+
+
+def _fail_registration(worker: Worker, generation: int, message: str, first_registration: bool) -> None:
+    log.error("registration of worker %s failed: %s", worker.url, message)
+    if first_registration:
+        # The reserved id is released: GET answers 404; the reason is in the log.
+        Worker.objects.filter(pk=worker.pk, job_generation=generation).delete()
+    else:
+        _set_job(worker.pk, generation, JobState.FAILED, message, last_error=message)
+    publish_registry_changed()
+
+
+def run_update(worker_id: str, generation: int, changes: dict[str, Any]) -> None:
+    """UpdateWorker (PATCH): apply the changed fields in place."""
+    worker = _current(worker_id, generation)
+    if worker is None:
+        return
+    _set_job(worker_id, generation, JobState.PROCESSING)
+    try:
+        fields = _update_fields(worker, changes)
+    except RegistrationFailed as exc:
+        _set_job(worker_id, generation, JobState.FAILED, str(exc))
+        return
+    if _set_job(worker_id, generation, JobState.NONE, **fields):
+        publish_registry_changed()
+
+
+_COLUMN_FIELDS = ("runtime_type", "worker_type", "connection_mode", "priority", "cost")
+_SETTING_FIELDS = ("dp_size", "zmq_handshake_address", "bootstrap_port", "kv_connector", "kv_engine_id")
+_BLOCKS = ("health", "http_pool", "resilience")
+
+
+def _update_fields(worker: Worker, changes: dict[str, Any]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    settings = dict(worker.settings)
+    for key, value in changes.items():
+        if key in _COLUMN_FIELDS:
+            fields[key] = value
+        elif key == "api_key":
+            fields["api_key"] = value or ""
+        elif key == "labels":
+            fields["labels"] = {**worker.labels, **value}
+        elif key == "models":
+            fields["model_cards"] = list(value)
+            if value:
+                fields["model_id"] = value[0]["id"]
+        elif key in _SETTING_FIELDS:
+            settings[key] = value
+        elif key in _BLOCKS:
+            settings[key] = {**settings.get(key, {}), **value}
+    fields["settings"] = settings
+    return fields
+
+
+def run_removal(worker_id: str, generation: int) -> None:
+    """RemoveWorker: a ready worker drains for drain_settle_secs first; any other status goes at once."""
+    worker = _current(worker_id, generation)
+    if worker is None:
+        return
+    _set_job(worker_id, generation, JobState.PROCESSING)
+    if worker.status == WorkerStatus.READY and worker.registered:
+        settle = worker.setting("health", {}).get("drain_settle_secs")
+        settle = current_config().drain_settle_secs if settle is None else settle
+        if settle > 0:
+            Worker.objects.filter(pk=worker_id, job_generation=generation).update(status=WorkerStatus.DRAINING)
+            publish_registry_changed()
+            time.sleep(settle)
+    deleted, _ = Worker.objects.filter(pk=worker_id, job_generation=generation).delete()
+    if deleted:
+        log.info("worker %s removed", worker.url)
+    publish_registry_changed()
+
+
+JOB_TYPES = {"register": JobType.ADD, "update": JobType.UPDATE, "remove": JobType.REMOVE}

@@ -1,0 +1,16 @@
+"""Celery tasks: thin adapters over the job functions in administration/registration.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+
+from administration.jobs import run_job
+
+__all__ = ["run_job_task"]
+
+
+@shared_task(name="administration.run_job", ignore_result=True, acks_late=True)
+def run_job_task(name: str, *args: Any) -> None:
+    run_job(name, *args)
