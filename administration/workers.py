@@ -28,6 +28,7 @@ __all__ = [
     "update_worker",
     "replace_worker",
     "remove_worker",
+    "reregister_worker",
     "get_worker",
     "find_worker",
     "drain_worker",
@@ -161,6 +162,15 @@ def replace_worker(worker_id: uuid.UUID, spec: WorkerSpec) -> Worker:
             raise SpecRuleError("PUT cannot change the url of a worker")
         worker = _start_job(worker, JobType.ADD, **_columns(spec))
         _queue("register", worker)
+    return worker
+
+
+def reregister_worker(worker_id: uuid.UUID) -> Worker:
+    """Run the registration job again with the stored spec (probe, detect, then health checks)."""
+    with transaction.atomic():
+        worker = _locked(worker_id)
+        worker = _start_job(worker, JobType.ADD, status=WorkerStatus.PENDING)
+        _queue("register", worker, local=worker.source == WorkerSource.CLI)
     return worker
 
 

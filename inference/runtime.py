@@ -1,4 +1,4 @@
-"""Per-process data-plane state, built once from the config: keys, policy, registry, backends."""
+"""Per-process data-plane state, built once from the config: keys, policies, registry, backends."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from inference.auth import KeyRing
 from inference.backends.base import Backend
 from inference.backends.http import HttpBackend
 from inference.config import GatewayConfig, current_config
-from inference.routing.policies import SelectionPolicy, make_policy
+from inference.routing.policies import PolicySet
 from inference.routing.registry import REGISTRY, WorkerRegistry
 
 __all__ = ["Runtime", "runtime", "reset_runtime"]
@@ -18,7 +18,7 @@ __all__ = ["Runtime", "runtime", "reset_runtime"]
 class Runtime:
     config: GatewayConfig
     keys: KeyRing
-    policy: SelectionPolicy
+    policies: PolicySet
     registry: WorkerRegistry
     backends: dict[str, Backend]
 
@@ -27,7 +27,7 @@ class Runtime:
         return cls(
             config=config,
             keys=KeyRing(config.api_key, config.tenant_api_keys),
-            policy=make_policy(config.policy),
+            policies=PolicySet.from_config(config),
             registry=REGISTRY,
             backends={"http": HttpBackend(config.request_timeout_secs)},
         )

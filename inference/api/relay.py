@@ -78,7 +78,11 @@ class RelayRoute:
             scope["gateway.identity"] = identity
             raw = await read_body(scope, receive, rt.config.max_payload_size)
             checked = self.validate(parse_json_object(raw))
-            decision = select_worker(rt.registry.snapshot, checked.model or None, rt.policy)
+            key = header(scope, b"x-gw-routing-key")
+            decision = select_worker(
+                rt.registry.snapshot, checked.model or None, rt.policies,
+                routing_key=key.decode("latin-1") if key else None, body=checked.body,
+            )
             body = checked.body
             modified = checked.modified
             if decision.model is not None and decision.model != checked.model:

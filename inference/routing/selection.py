@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 from inference import errors
-from inference.routing.policies import SelectionPolicy
+from inference.routing.policies import PolicySet, SelectionRequest
 from inference.routing.registry import RegistrySnapshot, WorkerHandle
+from inference.routing.request_text import request_text
 
 __all__ = ["RoutingDecision", "select_worker"]
 
@@ -17,21 +19,34 @@ class RoutingDecision:
     model: str | None  # canonical model id, None when the request named no model
 
 
-def select_worker(snapshot: RegistrySnapshot, model: str | None, policy: SelectionPolicy) -> RoutingDecision:
-    """Pick a ready worker for ``model`` (an id or alias; None means any worker).
+def select_worker(
+    snapshot: RegistrySnapshot,
+    model: str | None,
+    policies: PolicySet,
+    routing_key: str | None = None,
+    body: Mapping[str, Any] | None = None,
+) -> RoutingDecision:
+    """Pick a ready worker for ``model`` (an id or alias; None means any worker) with the model's
+    policy. ``routing_key`` is the x-gw-routing-key header; ``body`` the parsed request, read for its
+    text only when the policy matches on text (cache_aware).
 
     Raises 404 model_not_found when no worker serves or may serve the model, 503 when workers for it
     exist but none is ready.
     """
+    policies.observe(snapshot)
     if model is None:
         candidates = snapshot.routable
         if not candidates:
             raise errors.no_healthy_workers(None)
-        return RoutingDecision(policy.select(candidates, ""), None)
-    canonical = snapshot.aliases.get(model, model)
-    candidates = snapshot.routable_by_model.get(canonical) or snapshot.routable_any_model
-    if candidates:
-        return RoutingDecision(policy.select(candidates, canonical), canonical)
-    if canonical in snapshot.known_models or snapshot.undiscovered:
-        raise errors.no_healthy_workers(canonical)
-    raise errors.model_not_found(model)
+        canonical = None
+    else:
+        canonical = snapshot.aliases.get(model, model)
+        candidates = snapshot.routable_by_model.get(canonical) or snapshot.routable_any_model
+        if not candidates:
+            if canonical in snapshot.known_models or snapshot.undiscovered:
+                raise errors.no_healthy_workers(canonical)
+            raise errors.model_not_found(model)
+    policy = policies.for_model(canonical or "")
+    text = request_text(body) if policy.needs_text else None
+    worker = policy.select(candidates, SelectionRequest(canonical or "", routing_key, text))
+    return RoutingDecision(worker, canonical)

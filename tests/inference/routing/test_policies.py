@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from inference import errors
-from inference.routing.policies import LeastLoad, PowerOfTwo, RandomChoice, RoundRobin, make_policy
+from inference.routing.policies import LeastLoad, PolicySet, PowerOfTwo, RandomChoice, RoundRobin, make_policy
 from inference.routing.registry import WorkerRecord, WorkerRegistry
 from inference.routing.selection import select_worker
 
@@ -20,29 +20,29 @@ def publish(*specs: tuple[str, str | None, str], aliases: dict[str, str] | None 
 
 def test_round_robin_cycles_per_model() -> None:
     _, snap = publish(("http://a", "m", "ready"), ("http://b", "m", "ready"), ("http://c", "m", "ready"))
-    policy = RoundRobin()
+    policy = PolicySet(RoundRobin())
     picked = [select_worker(snap, "m", policy).worker.url for _ in range(6)]
     assert picked == ["http://a", "http://b", "http://c"] * 2
 
 
 def test_random_uses_every_worker() -> None:
     _, snap = publish(("http://a", "m", "ready"), ("http://b", "m", "ready"))
-    seen = Counter(select_worker(snap, "m", RandomChoice()).worker.url for _ in range(200))
+    seen = Counter(select_worker(snap, "m", PolicySet(RandomChoice())).worker.url for _ in range(200))
     assert set(seen) == {"http://a", "http://b"}
 
 
 def test_least_load_prefers_fewest_in_flight() -> None:
     _, snap = publish(("http://a", "m", "ready"), ("http://b", "m", "ready"))
     snap.workers[0].load.in_flight = 3
-    assert select_worker(snap, "m", LeastLoad()).worker.url == "http://b"
+    assert select_worker(snap, "m", PolicySet(LeastLoad())).worker.url == "http://b"
     snap.workers[1].load.in_flight = 5
-    assert select_worker(snap, "m", LeastLoad()).worker.url == "http://a"
+    assert select_worker(snap, "m", PolicySet(LeastLoad())).worker.url == "http://a"
 
 
 def test_power_of_two_never_picks_the_busier_of_two() -> None:
     _, snap = publish(("http://a", "m", "ready"), ("http://b", "m", "ready"))
     snap.workers[0].load.in_flight = 10
-    assert {select_worker(snap, "m", PowerOfTwo()).worker.url for _ in range(50)} == {"http://b"}
+    assert {select_worker(snap, "m", PolicySet(PowerOfTwo())).worker.url for _ in range(50)} == {"http://b"}
 
 
 def test_load_survives_snapshot_rebuilds() -> None:
@@ -54,45 +54,45 @@ def test_load_survives_snapshot_rebuilds() -> None:
 
 def test_alias_resolves_to_canonical_model() -> None:
     _, snap = publish(("http://a", "llama", "ready"), aliases={"fast": "llama"})
-    decision = select_worker(snap, "fast", RoundRobin())
+    decision = select_worker(snap, "fast", PolicySet(RoundRobin()))
     assert decision.model == "llama" and decision.worker.url == "http://a"
 
 
 def test_not_ready_workers_are_skipped() -> None:
     _, snap = publish(("http://a", "m", "pending"), ("http://b", "m", "ready"))
-    assert {select_worker(snap, "m", RoundRobin()).worker.url for _ in range(4)} == {"http://b"}
+    assert {select_worker(snap, "m", PolicySet(RoundRobin())).worker.url for _ in range(4)} == {"http://b"}
 
 
 def test_unknown_model_is_404_and_known_unready_is_503() -> None:
     _, snap = publish(("http://a", "m", "pending"))
     with pytest.raises(errors.GatewayError) as unready:
-        select_worker(snap, "m", RoundRobin())
+        select_worker(snap, "m", PolicySet(RoundRobin()))
     assert unready.value.status == 503
     with pytest.raises(errors.GatewayError) as unknown:
-        select_worker(snap, "other", RoundRobin())
+        select_worker(snap, "other", PolicySet(RoundRobin()))
     assert unknown.value.status == 404 and unknown.value.code == "model_not_found"
 
 
 def test_undiscovered_worker_makes_unknown_models_503() -> None:
     _, snap = publish(("http://a", None, "pending"))
     with pytest.raises(errors.GatewayError) as exc:
-        select_worker(snap, "anything", RoundRobin())
+        select_worker(snap, "anything", PolicySet(RoundRobin()))
     assert exc.value.status == 503
 
 
 def test_worker_without_model_list_serves_any_model() -> None:
     _, snap = publish(("http://a", None, "ready"))
-    assert select_worker(snap, "whatever", RoundRobin()).worker.url == "http://a"
+    assert select_worker(snap, "whatever", PolicySet(RoundRobin())).worker.url == "http://a"
 
 
 def test_no_model_means_any_ready_worker() -> None:
     _, snap = publish(("http://a", "m1", "ready"), ("http://b", "m2", "ready"))
-    policy = RoundRobin()
+    policy = PolicySet(RoundRobin())
     assert {select_worker(snap, None, policy).worker.url for _ in range(4)} == {"http://a", "http://b"}
 
 
-def test_make_policy_knows_the_four_policies() -> None:
-    for name in ("round_robin", "random", "power_of_two", "least_load"):
+def test_make_policy_knows_every_policy() -> None:
+    for name in ("round_robin", "random", "power_of_two", "least_load", "cache_aware", "consistent_hashing", "manual"):
         assert make_policy(name).name == name
     with pytest.raises(ValueError):
         make_policy("cache_aware_typo")
