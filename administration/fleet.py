@@ -12,9 +12,9 @@ import asyncio
 import logging
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from administration.db import arun_db
 from administration.health import HealthChecker, HealthTarget
 from administration.models import Worker, WorkerStatus
 from administration.notices import GROUP, add_local_listener, remove_local_listener
@@ -86,7 +86,7 @@ class Fleet:
         """Sync --worker-urls into the store, publish the first snapshot, start background work."""
         self._loop = asyncio.get_running_loop()
         add_local_listener(self.notify)
-        await sync_to_async(sync_cli_workers, thread_sensitive=True)(self.config.worker_urls)
+        await arun_db(sync_cli_workers, self.config.worker_urls)
         snapshot = await self.arefresh()
         self._tasks.append(asyncio.ensure_future(self._periodic_refresh()))
         if getattr(settings, "REDIS_URL", None):
@@ -103,7 +103,7 @@ class Fleet:
         await self.health.aclose()
 
     async def arefresh(self) -> RegistrySnapshot:
-        state = await sync_to_async(load_fleet_state, thread_sensitive=True)(self.config)
+        state = await arun_db(load_fleet_state, self.config)
         snapshot = REGISTRY.publish(state.records, state.aliases)
         self.health.reconcile(state.health)
         return snapshot

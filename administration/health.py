@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
 import httpx
-from asgiref.sync import sync_to_async
 
+from administration.db import arun_db
 from administration.models import Worker, WorkerStatus
 
 __all__ = ["HealthTarget", "HealthChecker", "transition"]
@@ -107,7 +107,7 @@ class HealthChecker:
                 new = WorkerStatus.READY
             elif status == WorkerStatus.READY and failures >= target.failure_threshold:
                 new = WorkerStatus.NOT_READY
-            if new is not None and await sync_to_async(transition, thread_sensitive=False)(worker_id, status, new):
+            if new is not None and await arun_db(transition, worker_id, status, new):
                 level = logging.WARNING if new == WorkerStatus.NOT_READY else logging.INFO
                 log.log(level, "worker %s: %s -> %s", target.url, status, new)
                 self._targets[worker_id] = replace(target, status=new)

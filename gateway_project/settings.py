@@ -117,6 +117,10 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "UNAUTHENTICATED_USER": None,
+    # Control-plane routes: a control-plane key or admin JWT, else the shared --api-key rules.
+    "DEFAULT_AUTHENTICATION_CLASSES": ["administration.api.auth.ControlPlaneAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["administration.api.auth.IsControlPlaneAdmin"],
+    "EXCEPTION_HANDLER": "administration.api.errors.exception_handler",
 }
 
 LOG_LEVEL = (env_str("GW_LOG_LEVEL", "info") or "info").upper()

@@ -91,8 +91,18 @@ def e2e_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def spawn(tmp_path: Path, e2e_database_url: str) -> Iterator[Callable[..., Process]]:
     started: list[Process] = []
 
-    def start(name: str, args: list[str], port: int, ready_path: str = "/health", wait: bool = True) -> Process:
+    def start(
+        name: str,
+        args: list[str],
+        port: int | None,
+        ready_path: str = "/health",
+        wait: bool = True,
+        env: dict[str, str] | None = None,
+        argv: list[str] | None = None,
+    ) -> Process:
+        """Start ``manage.py ARGS`` (or ``argv`` as given) with the suite's store; wait for ``ready_path``."""
         log_path = tmp_path / f"{name}.log"
+        extra = env or {}
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": os.environ.get("HOME", "/root"),
@@ -100,14 +110,14 @@ def spawn(tmp_path: Path, e2e_database_url: str) -> Iterator[Callable[..., Proce
             "DATABASE_URL": e2e_database_url,
             "GW_DATA_DIR": str(tmp_path / "data"),
             "PYTHONUNBUFFERED": "1",
+            **extra,
         }
+        command = argv or [sys.executable, "manage.py", *args]
         with open(log_path, "wb") as log:
-            popen = subprocess.Popen(
-                [sys.executable, "manage.py", *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-            )
+            popen = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         process = Process(name, popen, f"http://127.0.0.1:{port}", log_path, env)
         started.append(process)
-        if wait:
+        if wait and port is not None:
             _wait_until(lambda: httpx.get(process.url + ready_path, timeout=2).status_code == 200, 60, ready_path, process)
         return process
 
@@ -133,10 +143,10 @@ def server(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def start_gateway(spawn: Callable[..., Process], server: str) -> Callable[..., Process]:
-    def start(*flags: str, wait_ready: bool = True) -> Process:
+    def start(*flags: str, wait_ready: bool = True, env: dict[str, str] | None = None) -> Process:
         port = free_port()
         args = ["rungateway", "--host", "127.0.0.1", "--port", str(port), "--server", server, *flags]
-        process = spawn(f"gateway-{server}", args, port, ready_path="/readiness" if wait_ready else "/liveness")
-        return process
+        name = f"gateway-{server}-{port}"
+        return spawn(name, args, port, ready_path="/readiness" if wait_ready else "/liveness", env=env)
 
     return start
