@@ -59,7 +59,7 @@ def _health_target(worker: Worker, config: GatewayConfig, api_key: str | None) -
 
 def load_fleet_state(config: GatewayConfig) -> FleetState:
     """One read of the stored workers: registry records, aliases and health-check targets."""
-    records = worker_records(config.api_key)
+    records = worker_records(config)
     aliases = dict(config.model_aliases)
     targets = []
     by_id = {record.id: record for record in records}

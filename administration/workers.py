@@ -15,6 +15,8 @@ from django.utils import timezone
 from administration.jobs import enqueue
 from administration.models import JobState, JobType, Worker, WorkerSource, WorkerStatus
 from administration.worker_spec import SpecRuleError, WorkerSpec
+from inference.config import GatewayConfig
+from inference.routing.breaker import DEFAULT_CAPACITY, DEFAULT_RETRYABLE, Resilience
 from inference.routing.registry import WorkerRecord
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "list_workers",
     "sync_cli_workers",
     "worker_records",
+    "resilience_of",
 ]
 
 FAILED_JOB_RETENTION = timedelta(minutes=5)
@@ -259,12 +262,26 @@ def sync_cli_workers(urls: Sequence[str]) -> list[Worker]:
         return workers
 
 
-def worker_records(gateway_api_key: str | None) -> list[WorkerRecord]:
+def resilience_of(worker: Worker, config: GatewayConfig) -> Resilience:
+    """The worker's resilience block with the gateway's --cb-* defaults filled in."""
+    block: dict[str, Any] = worker.setting("resilience", {})
+    defaults = Resilience.from_config(config)
+    return Resilience(
+        failure_threshold=max(1, int(block.get("cb_failure_threshold", defaults.failure_threshold))),
+        success_threshold=max(1, int(block.get("cb_success_threshold", defaults.success_threshold))),
+        timeout_secs=float(block.get("cb_timeout_secs", defaults.timeout_secs)),
+        enabled=defaults.enabled,
+        retryable_statuses=frozenset(block.get("retryable_status_codes", DEFAULT_RETRYABLE)),
+        capacity_statuses=frozenset(block.get("capacity_status_codes", DEFAULT_CAPACITY)),
+    )
+
+
+def worker_records(config: GatewayConfig) -> list[WorkerRecord]:
     """The registry's view of every registered worker. Command-line workers present the gateway's
     --api-key to the worker; API-registered workers present only their own key."""
     records = []
     for worker in Worker.objects.listed():
-        key = worker.api_key or (gateway_api_key if worker.source == WorkerSource.CLI else None)
+        key = worker.api_key or (config.api_key if worker.source == WorkerSource.CLI else None)
         records.append(
             WorkerRecord(
                 id=str(worker.pk),
@@ -273,6 +290,7 @@ def worker_records(gateway_api_key: str | None) -> list[WorkerRecord]:
                 runtime_type=worker.runtime_type,
                 status=worker.status,
                 api_key=key or None,
+                resilience=resilience_of(worker, config),
             )
         )
     return records

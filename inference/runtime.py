@@ -1,4 +1,4 @@
-"""Per-process data-plane state, built once from the config: keys, policies, registry, backends."""
+"""Per-process data-plane state, built once from the config: keys, policies, registry, backends, retries."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from inference.backends.http import HttpBackend
 from inference.config import GatewayConfig, current_config
 from inference.routing.policies import PolicySet
 from inference.routing.registry import REGISTRY, WorkerRegistry
+from inference.routing.retry import RetryPolicy
 
 __all__ = ["Runtime", "runtime", "reset_runtime"]
 
@@ -21,6 +22,7 @@ class Runtime:
     policies: PolicySet
     registry: WorkerRegistry
     backends: dict[str, Backend]
+    retry: RetryPolicy
 
     @classmethod
     def build(cls, config: GatewayConfig) -> Runtime:
@@ -30,6 +32,7 @@ class Runtime:
             policies=PolicySet.from_config(config),
             registry=REGISTRY,
             backends={"http": HttpBackend(config.request_timeout_secs)},
+            retry=RetryPolicy.from_config(config),
         )
 
     async def aclose(self) -> None:

@@ -3,6 +3,7 @@ actors (an owner tenant, a teammate, a stranger) for auth and ownership checks."
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Iterable
@@ -14,6 +15,7 @@ from aiohttp import web
 from gateway_project.asgi import application
 from gateway_project.lifespan import LIFECYCLE
 from inference.config import GatewayConfig, install_config
+from inference.routing.breaker import Resilience
 from inference.routing.registry import REGISTRY, WorkerRecord
 from inference.runtime import reset_runtime
 from inference.testing.mock_worker import MockWorkerConfig, MockWorkerState, build_app, mock_state
@@ -113,7 +115,10 @@ async def make_gateway() -> AsyncIterator[GatewayFactory]:
         gateway_config = GatewayConfig(**config)  # type: ignore[arg-type]
         install_config(gateway_config, export=False)
         reset_runtime(gateway_config)
-        REGISTRY.publish(list(records), dict(gateway_config.model_aliases))
+        resilience = Resilience.from_config(gateway_config)
+        REGISTRY.publish(
+            [dataclasses.replace(r, resilience=resilience) for r in records], dict(gateway_config.model_aliases)
+        )
         LIFECYCLE.started = True
         client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=application), base_url="http://gateway", timeout=30

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import orjson
@@ -26,9 +27,12 @@ from inference.api.asgi_io import (
     send_error,
     send_unauthorized,
 )
-from inference.backends.base import RelayRequest
+from inference.auth import Identity
+from inference.backends.base import RelayRequest, UpstreamFailure
 from inference.errors import GatewayError
-from inference.runtime import runtime
+from inference.routing.registry import WorkerHandle
+from inference.routing.retry import RETRY_STATUSES
+from inference.runtime import Runtime, runtime
 from inference.schemas.base import ValidatedRequest
 from inference.routing.selection import select_worker
 
@@ -79,9 +83,9 @@ class RelayRoute:
             raw = await read_body(scope, receive, rt.config.max_payload_size)
             checked = self.validate(parse_json_object(raw))
             key = header(scope, b"x-gw-routing-key")
+            routing_key = key.decode("latin-1") if key else None
             decision = select_worker(
-                rt.registry.snapshot, checked.model or None, rt.policies,
-                routing_key=key.decode("latin-1") if key else None, body=checked.body,
+                rt.registry.snapshot, checked.model or None, rt.policies, routing_key=routing_key, body=checked.body
             )
             body = checked.body
             modified = checked.modified
@@ -94,15 +98,20 @@ class RelayRoute:
             return
         except ClientDisconnected:
             return
-        worker = decision.worker
-        request = RelayRequest(
-            worker, self.upstream_path, payload, checked.stream, request_id, forwarded_headers(scope), identity
+        attempt = Attempt(
+            model=checked.model or None,
+            routing_key=routing_key,
+            body=checked.body,
+            payload=payload,
+            stream=checked.stream,
+            request_id=request_id,
+            headers=forwarded_headers(scope),
+            identity=identity,
         )
         watch = DisconnectWatch(receive)
-        worker.load.in_flight += 1
         try:
             try:
-                await rt.backends[worker.record.transport].relay(request, send, watch.stop)
+                await self._dispatch(rt, attempt, decision.worker, send, watch)
             except GatewayError as error:
                 watch.stop()
                 await send_error(send, error, request_id)
@@ -113,7 +122,71 @@ class RelayRoute:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            log.info("client disconnected; upstream request to %s closed", worker.url)
+            log.info("client disconnected; upstream request closed (request %s)", request_id.decode())
         finally:
             watch.stop()
-            worker.load.in_flight -= 1
+
+    async def _dispatch(self, rt: Runtime, attempt: Attempt, worker: WorkerHandle, send: Send, watch: DisconnectWatch) -> None:
+        """Send to ``worker``; on a retryable outcome and while nothing reached the client, try the
+        next worker the policy picks (never one already tried) after a backoff."""
+        tried: list[str] = []
+        retries = 0
+        while True:
+            tried.append(worker.id)
+            breaker = worker.load.breaker
+            backend = rt.backends[worker.record.transport]
+            request = attempt.request_for(worker, self.upstream_path)
+            worker.load.in_flight += 1
+            try:
+                try:
+                    upstream = await backend.open(request)
+                    if upstream.status in RETRY_STATUSES:
+                        following = self._next_worker(rt, attempt, tried, retries)
+                        if following is not None:
+                            breaker.record_status(upstream.status)
+                            await backend.discard(upstream)
+                            log.info("worker %s answered %d; retrying on %s", worker.url, upstream.status, following.url)
+                            worker, retries = following, retries + 1
+                            await asyncio.sleep(rt.retry.backoff_secs(retries))
+                            continue
+                    clean = await backend.forward(upstream, request, send, watch.stop)
+                    breaker.record(not clean or breaker.config.counts_as_failure(upstream.status))
+                    return
+                except UpstreamFailure as failure:
+                    breaker.record(True)
+                    following = self._next_worker(rt, attempt, tried, retries)
+                    if following is None:
+                        raise failure.to_error() from None
+                    log.info("worker %s failed (%s); retrying on %s", worker.url, failure.detail, following.url)
+                    worker, retries = following, retries + 1
+                    await asyncio.sleep(rt.retry.backoff_secs(retries))
+            finally:
+                request.worker.load.in_flight -= 1  # the worker of this attempt
+
+    def _next_worker(self, rt: Runtime, attempt: Attempt, tried: list[str], retries: int) -> WorkerHandle | None:
+        if not rt.retry.allows(retries, len(attempt.payload)):
+            return None
+        try:
+            return select_worker(
+                rt.registry.snapshot, attempt.model, rt.policies,
+                routing_key=attempt.routing_key, body=attempt.body, exclude=frozenset(tried),
+            ).worker
+        except GatewayError:
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What stays the same across retries of one request."""
+
+    model: str | None
+    routing_key: str | None
+    body: dict[str, Any]
+    payload: bytes
+    stream: bool
+    request_id: bytes
+    headers: tuple[tuple[str, str], ...]
+    identity: Identity
+
+    def request_for(self, worker: WorkerHandle, path: str) -> RelayRequest:
+        return RelayRequest(worker, path, self.payload, self.stream, self.request_id, self.headers, self.identity)

@@ -1,8 +1,8 @@
 """HTTP workers: relay the request with aiohttp and the worker's answer back, streaming as it arrives.
 
 One ClientSession per event loop (created lazily: daphne sends no lifespan events), whose connector
-pools connections per worker host. Closing the response context on cancellation closes the
-upstream connection, which is how a client disconnect reaches the worker.
+pools connections per worker host. Closing the response on cancellation closes the upstream
+connection, which is how a client disconnect reaches the worker.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import logging
 import aiohttp
 import orjson
 
-from inference import errors
 from inference.api.asgi_io import SSE_HEADERS, Send
-from inference.backends.base import Backend, FinalHook, RelayRequest
+from inference.backends.base import Backend, FinalHook, RelayRequest, Upstream, UpstreamFailure
 
 __all__ = ["HttpBackend"]
 
@@ -23,7 +22,6 @@ log = logging.getLogger(__name__)
 
 _DONE = b"data: [DONE]\n\n"
 _DONE_MARK = b"[DONE]"
-_PASS_RESPONSE_HEADERS = ("content-type",)
 _CONNECT_TIMEOUT_SECS = 10.0
 
 
@@ -69,71 +67,73 @@ class HttpBackend(Backend):
             headers["Accept"] = "text/event-stream"
         return headers
 
-    async def relay(self, request: RelayRequest, send: Send, before_final: FinalHook) -> None:
-        url = request.worker.url + request.path
+    def _failure(self, exc: BaseException) -> UpstreamFailure:
+        if isinstance(exc, asyncio.TimeoutError):
+            return UpstreamFailure("timeout", "timed out", self._request_timeout_secs)
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            return UpstreamFailure("connect", f"cannot connect to {exc.host}:{exc.port}")
+        return UpstreamFailure("broken", type(exc).__name__)
+
+    async def open(self, request: RelayRequest) -> Upstream:
         try:
-            response_cm = self.session().post(url, data=request.body, headers=self._headers(request))
-            response = await response_cm.__aenter__()
-        except asyncio.TimeoutError:
-            raise errors.upstream_timeout(self._request_timeout_secs) from None
-        except aiohttp.ClientError as exc:
-            raise errors.upstream_unavailable(_describe(exc)) from None
+            response = await self.session().post(
+                request.worker.url + request.path, data=request.body, headers=self._headers(request)
+            )
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise self._failure(exc) from None
+        return Upstream(response.status, response.headers.get("Content-Type", ""), response)
+
+    async def discard(self, upstream: Upstream) -> None:
+        upstream.handle.close()
+
+    async def forward(self, upstream: Upstream, request: RelayRequest, send: Send, before_final: FinalHook) -> bool:
+        response: aiohttp.ClientResponse = upstream.handle
         try:
-            content_type = response.headers.get("Content-Type", "")
-            if request.stream and response.status == 200 and content_type.startswith("text/event-stream"):
-                await self._relay_stream(response, request, send, before_final)
-            else:
-                await self._relay_whole(response, request, send, before_final)
-        except BaseException as exc:
+            if request.stream and upstream.status == 200 and upstream.content_type.startswith("text/event-stream"):
+                return await self._relay_stream(response, request, send, before_final)
+            await self._relay_whole(upstream, response, request, send, before_final)
+            return True
+        except BaseException:
             # Cancelled (client gone) or failed: drop the upstream connection instead of reusing it.
             response.close()
-            await response_cm.__aexit__(type(exc), exc, exc.__traceback__)
             raise
-        else:
-            await response_cm.__aexit__(None, None, None)
+        finally:
+            response.release()
 
     async def _relay_whole(
-        self, response: aiohttp.ClientResponse, request: RelayRequest, send: Send, before_final: FinalHook
+        self, upstream: Upstream, response: aiohttp.ClientResponse, request: RelayRequest, send: Send, before_final: FinalHook
     ) -> None:
         try:
             body = await response.read()
-        except asyncio.TimeoutError:
-            raise errors.upstream_timeout(self._request_timeout_secs) from None
-        except aiohttp.ClientError as exc:
-            raise errors.upstream_unavailable(_describe(exc)) from None
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise self._failure(exc) from None
         headers = [(b"x-request-id", request.request_id)]
-        for name in _PASS_RESPONSE_HEADERS:
-            value = response.headers.get(name)
-            if value is not None:
-                headers.append((name.encode(), value.encode("latin-1")))
-        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        if upstream.content_type:
+            headers.append((b"content-type", upstream.content_type.encode("latin-1")))
+        await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
         before_final()
         await send({"type": "http.response.body", "body": body})
 
     async def _relay_stream(
         self, response: aiohttp.ClientResponse, request: RelayRequest, send: Send, before_final: FinalHook
-    ) -> None:
+    ) -> bool:
         headers = [*SSE_HEADERS, (b"x-request-id", request.request_id)]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         tail = b""
+        clean = True
         try:
             async for chunk in response.content.iter_any():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 tail = (tail + chunk)[-24:] if len(chunk) < 24 else chunk[-24:]
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             # The response has started: report the failure in-band, then end the stream.
-            log.warning("upstream stream from %s failed: %s", request.worker.url, _describe(exc))
-            event = {"error": {"message": f"Worker stream failed: {_describe(exc)}", "type": "internal_error"}}
+            failure = self._failure(exc)
+            log.warning("upstream stream from %s failed: %s", request.worker.url, failure.detail)
+            event = {"error": {"message": f"Worker stream failed: {failure.detail}", "type": "internal_error"}}
             tail = b""
+            clean = False
             await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(event) + b"\n\n", "more_body": True})
         before_final()
         final = b"" if _DONE_MARK in tail else _DONE
         await send({"type": "http.response.body", "body": final})
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.TimeoutError):
-        return "timed out"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"cannot connect to {exc.host}:{exc.port}"
-    return type(exc).__name__
+        return clean

@@ -11,14 +11,18 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
+from inference.routing.breaker import CircuitBreaker, Resilience
+
 __all__ = ["WorkerLoad", "WorkerRecord", "WorkerHandle", "RegistrySnapshot", "WorkerRegistry", "REGISTRY"]
 
 
 @dataclass(slots=True)
 class WorkerLoad:
-    """Mutable live state of one worker, shared by every snapshot that contains it."""
+    """Mutable live state of one worker, shared by every snapshot that contains it: requests in
+    flight and the circuit breaker."""
 
     in_flight: int = 0
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +36,7 @@ class WorkerRecord:
     status: str
     api_key: str | None = field(default=None, repr=False)
     transport: str = "http"
+    resilience: Resilience = field(default_factory=Resilience)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +105,7 @@ class WorkerRegistry:
         undiscovered = 0
         for record in records:
             load = self._loads.get(record.id) or WorkerLoad()
+            load.breaker.config = record.resilience
             loads[record.id] = load
             handle = WorkerHandle(record, load)
             handles.append(handle)

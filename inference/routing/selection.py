@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from inference import errors
+from inference.routing.breaker import BreakerState
 from inference.routing.policies import PolicySet, SelectionRequest
 from inference.routing.registry import RegistrySnapshot, WorkerHandle
 from inference.routing.request_text import request_text
@@ -25,15 +27,18 @@ def select_worker(
     policies: PolicySet,
     routing_key: str | None = None,
     body: Mapping[str, Any] | None = None,
+    exclude: frozenset[str] = frozenset(),
 ) -> RoutingDecision:
     """Pick a ready worker for ``model`` (an id or alias; None means any worker) with the model's
     policy. ``routing_key`` is the x-gw-routing-key header; ``body`` the parsed request, read for its
     text only when the policy matches on text (cache_aware).
 
+    Workers in ``exclude`` (already tried) and workers whose circuit breaker is open are skipped.
     Raises 404 model_not_found when no worker serves or may serve the model, 503 when workers for it
-    exist but none is ready.
+    exist but none is ready or usable.
     """
     policies.observe(snapshot)
+    candidates: Sequence[WorkerHandle]
     if model is None:
         candidates = snapshot.routable
         if not candidates:
@@ -46,7 +51,22 @@ def select_worker(
             if canonical in snapshot.known_models or snapshot.undiscovered:
                 raise errors.no_healthy_workers(canonical)
             raise errors.model_not_found(model)
+    candidates = _usable(candidates, exclude)
+    if not candidates:
+        raise errors.no_healthy_workers(canonical)
     policy = policies.for_model(canonical or "")
     text = request_text(body) if policy.needs_text else None
     worker = policy.select(candidates, SelectionRequest(canonical or "", routing_key, text))
     return RoutingDecision(worker, canonical)
+
+
+def _usable(candidates: Sequence[WorkerHandle], exclude: frozenset[str]) -> Sequence[WorkerHandle]:
+    """Candidates not yet tried whose breaker lets traffic through (the common case costs one scan)."""
+    if not exclude:
+        for handle in candidates:
+            if handle.load.breaker.state is not BreakerState.CLOSED:
+                break
+        else:
+            return candidates
+    now = time.monotonic()
+    return tuple(h for h in candidates if h.id not in exclude and h.load.breaker.allows(now))

@@ -19,8 +19,9 @@ Introspection, behind the same API key as the rest (/_mock requests are not reco
 * ``DELETE /_mock/requests`` clears the log; ``DELETE /_mock/stats`` resets the log and counters;
 * ``GET /_mock/stats``: ``{requests, streams_started, streams_completed, streams_disconnected,
   streams_aborted, in_flight}``;
-* ``POST /_mock/faults`` ``{"health_status": 503, "status": 500, "hang": true}`` (any subset): fail
-  health probes, answer every inference POST with that status, or hang every inference POST;
+* ``POST /_mock/faults`` ``{"health_status": 503, "status": 500, "hang": true, "drop": true}`` (any
+  subset): fail health probes, answer every inference POST with that status, hang every inference
+  POST, or close its connection without an answer;
   ``DELETE /_mock/faults`` clears them; ``POST /_mock/exit`` kills the process at once.
 
 A stream whose client went away before it finished counts as ``streams_disconnected``; one cut by
@@ -98,9 +99,15 @@ class MockWorkerState:
     health_status: int = 200
     fault_status: int | None = None
     fault_hang: bool = False
+    fault_drop: bool = False
 
     def faults(self) -> dict[str, Any]:
-        return {"health_status": self.health_status, "status": self.fault_status, "hang": self.fault_hang}
+        return {
+            "health_status": self.health_status,
+            "status": self.fault_status,
+            "hang": self.fault_hang,
+            "drop": self.fault_drop,
+        }
 
     def stats(self) -> dict[str, int]:
         return {
@@ -261,6 +268,9 @@ def _middleware(config: MockWorkerConfig, state: MockWorkerState) -> _Middleware
                 elif request.method == "POST":
                     if state.fault_hang:
                         await asyncio.sleep(3600)
+                    if state.fault_drop:
+                        _abort(request)
+                        raise web.HTTPServiceUnavailable()  # never sent: the connection is closed
                     if state.fault_status is not None:
                         return _error(state.fault_status, "failing on command (set through /_mock/faults)")
             if bad_json:
@@ -451,13 +461,15 @@ def _introspection_routes(state: MockWorkerState) -> list[web.RouteDef]:
             state.fault_status = None if given["status"] is None else int(given["status"])
         if "hang" in given:
             state.fault_hang = bool(given["hang"])
+        if "drop" in given:
+            state.fault_drop = bool(given["drop"])
         return _json(state.faults())
 
     async def get_faults(_request: web.Request) -> web.Response:
         return _json(state.faults())
 
     async def clear_faults(_request: web.Request) -> web.Response:
-        state.health_status, state.fault_status, state.fault_hang = 200, None, False
+        state.health_status, state.fault_status, state.fault_hang, state.fault_drop = 200, None, False, False
         return _json(state.faults())
 
     async def exit_now(_request: web.Request) -> web.Response:

@@ -96,13 +96,13 @@ async def test_the_request_carries_the_tenant_identity(secured, monkeypatch) -> 
     from inference.backends.http import HttpBackend
 
     seen = []
-    original = HttpBackend.relay
+    original = HttpBackend.open
 
-    async def spy(self, request, send, before_final):
+    async def spy(self, request):
         seen.append(request.identity)
-        await original(self, request, send, before_final)
+        return await original(self, request)
 
-    monkeypatch.setattr(HttpBackend, "relay", spy)
+    monkeypatch.setattr(HttpBackend, "open", spy)
     await secured.post("/v1/chat/completions", json=CHAT, headers=CHARLIE.headers)
     await secured.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {SHARED_KEY}"})
     assert [(i.kind, i.tenant_id) for i in seen] == [("tenant", "globex"), ("shared", None)]
