@@ -10,9 +10,11 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
 
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-django_app = get_asgi_application()
+# The admin console's CSS and JS are served from the installed apps (no collectstatic step).
+django_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from typing import Any, cast  # noqa: E402
 

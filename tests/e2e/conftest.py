@@ -87,8 +87,27 @@ def e2e_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def _clear_workers(database_url: str) -> None:
+    """Each test starts with no stored workers (earlier tests' workers are gone processes)."""
+    if database_url.startswith("sqlite:///"):
+        import sqlite3
+
+        path = database_url.removeprefix("sqlite:///")
+        if not Path(path).exists():
+            return
+        with sqlite3.connect(path) as conn:
+            if conn.execute("SELECT name FROM sqlite_master WHERE name='administration_worker'").fetchone():
+                conn.execute("DELETE FROM administration_worker")
+        return
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM administration_worker")
+
+
 @pytest.fixture
 def spawn(tmp_path: Path, e2e_database_url: str) -> Iterator[Callable[..., Process]]:
+    _clear_workers(e2e_database_url)
     started: list[Process] = []
 
     def start(
