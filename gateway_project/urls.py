@@ -11,6 +11,7 @@ from inference import errors
 
 admin.site.site_header = "Inference gateway"
 admin.site.site_title = "Inference gateway"
+admin.site.site_url = None  # no public site to link to
 
 urlpatterns = [
     path("admin/", admin.site.urls),

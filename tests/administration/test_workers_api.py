@@ -147,18 +147,16 @@ async def test_list_filters_by_model_and_counts_types(api, fleet, start_worker) 
 
 
 async def test_duplicate_url_answers_409(api, fleet, worker) -> None:
-    first = await post(api, {"url": worker.url})
-    in_progress = await post(api, {"url": worker.url})
+    not_up_yet = free_url()  # registration keeps probing it for the startup timeout
+    first = await post(api, {"url": not_up_yet})
+    in_progress = await post(api, {"url": not_up_yet})
     assert in_progress.status_code == 409 and in_progress.json()["code"] == "WORKER_CREATE_IN_PROGRESS"
     assert first.json()["worker_id"] in in_progress.json()["error"]
 
-    async def registered() -> bool:
-        return (await api.get("/workers")).json()["total"] == 1
-
-    await until(registered)
+    registered = await register(api, {"url": worker.url})
     again = await post(api, {"url": worker.url})
     assert again.status_code == 409 and again.json()["code"] == "WORKER_ALREADY_EXISTS"
-    assert first.json()["worker_id"] in again.json()["error"]
+    assert registered["id"] in again.json()["error"]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,309 @@
+"""The admin console for workers (staff login at /admin/).
+
+An adapter like the /workers API: each page or action parses its input, calls one function of
+administration/workers.py and renders the result. The stored spec is read-only here (edits go
+through PUT/PATCH /workers/{id}); the api_key is write-only and never rendered.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import TYPE_CHECKING, Any, cast
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
+from django.utils.decorators import method_decorator
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.views.decorators.debug import sensitive_post_parameters
+from django.views.decorators.http import require_POST
+
+from administration.console import WorkerAddForm, job_summary, live_state, stored_spec
+from administration.models import Worker
+from administration.workers import (
+    WorkerError,
+    create_worker,
+    drain_worker,
+    remove_worker,
+    reregister_worker,
+)
+
+__all__ = ["WorkerAdmin"]
+
+_EMPTY = "—"
+_ADD_FIELDSETS = [
+    (None, {"fields": ["url", "model_id", "runtime_type", "worker_type"]}),
+    ("Credentials and labels", {"fields": ["api_key", "labels"]}),
+    ("Scheduling hints", {"fields": ["priority", "cost"]}),
+]
+# action: (domain function, message to the operator, audit-log entry)
+_ACTIONS = {
+    "drain": (drain_worker, "Draining {url}: no new requests are sent to it.", "Drained from the console."),
+    "remove": (remove_worker, "Removal of {url} queued (a ready worker drains first).", "Removal queued from the console."),
+    "reregister": (reregister_worker, "Registration of {url} queued again.", "Registration re-run from the console."),
+}
+
+
+if TYPE_CHECKING:
+    _WorkerModelAdmin = admin.ModelAdmin[Worker]
+else:  # ModelAdmin is generic only in django-stubs
+    _WorkerModelAdmin = admin.ModelAdmin
+
+
+def _badge(kind: str, value: str, label: str) -> SafeString:
+    return format_html('<span class="gw-badge gw-{}-{}">{}</span>', kind, value or "none", label)
+
+
+@admin.register(Worker)
+class WorkerAdmin(_WorkerModelAdmin):
+    list_display = [
+        "worker_url",
+        "status_badge",
+        "is_healthy",
+        "model_column",
+        "runtime",
+        "type_column",
+        "source_column",
+        "load",
+        "breaker",
+        "job",
+    ]
+    list_display_links = ["worker_url"]
+    list_filter = ["status", "runtime_type", "worker_type", "source"]
+    search_fields = ["url", "model_id"]
+    search_help_text = "Search by URL or model id."
+    actions = ["drain_selected", "remove_selected", "reregister_selected"]
+    empty_value_display = _EMPTY
+    readonly_fields = [
+        "worker_url",
+        "status_badge",
+        "is_healthy",
+        "model_column",
+        "runtime_type",
+        "worker_type",
+        "connection_mode",
+        "source",
+        "registered",
+        "priority",
+        "cost",
+        "load",
+        "breaker",
+        "job",
+        "last_error",
+        "spec_json",
+        "created_at",
+        "updated_at",
+    ]
+    fieldsets = [
+        (None, {"fields": ["worker_url", ("status_badge", "is_healthy"), "model_column", ("runtime_type", "worker_type"),
+                           ("connection_mode", "source"), "registered", ("priority", "cost")]}),
+        ("Live state (this gateway process)", {"fields": [("load", "breaker")]}),
+        ("Job", {"fields": ["job", "last_error"]}),
+        ("Stored spec", {
+            "fields": ["spec_json"],
+            "description": "Read-only here: change it with PATCH or PUT /workers/{id} (the api_key is write-only "
+                           "and never shown).",
+        }),
+        ("Timestamps", {"fields": [("created_at", "updated_at")], "classes": ["collapse"]}),
+    ]
+
+    # --- permissions: the spec is read-only here; removal is the Remove action, never a row delete --
+
+    def has_change_permission(self, request: HttpRequest, obj: Worker | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Worker | None = None) -> bool:
+        return False
+
+    def has_manage_permission(self, request: HttpRequest, obj: Worker | None = None) -> bool:
+        """Drain, remove and re-register: what the model's change permission grants."""
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+    # --- columns -------------------------------------------------------------------------------------
+
+    @admin.display(description="URL", ordering="url")
+    def worker_url(self, worker: Worker) -> str:
+        return worker.url
+
+    @admin.display(description="Status", ordering="status")
+    def status_badge(self, worker: Worker) -> SafeString:
+        return _badge("status", worker.status, worker.get_status_display())
+
+    @admin.display(description="Healthy", boolean=True)
+    def is_healthy(self, worker: Worker) -> bool:
+        return worker.status == "ready"
+
+    @admin.display(description="Model", ordering="model_id")
+    def model_column(self, worker: Worker) -> SafeString | str:
+        if not worker.model_id:
+            return _EMPTY
+        return format_html('<span class="gw-model" title="{}">{}</span>', worker.model_id, worker.model_id)
+
+    @admin.display(description="Runtime", ordering="runtime_type")
+    def runtime(self, worker: Worker) -> SafeString:
+        return format_html('<span title="{}">{}</span>', worker.get_runtime_type_display(), worker.runtime_type)
+
+    @admin.display(description="Type", ordering="worker_type")
+    def type_column(self, worker: Worker) -> str:
+        return worker.worker_type
+
+    @admin.display(description="Source", ordering="source")
+    def source_column(self, worker: Worker) -> SafeString:
+        return format_html('<span title="{}">{}</span>', worker.get_source_display(), worker.source.upper())
+
+    @admin.display(description="Load")
+    def load(self, worker: Worker) -> SafeString | str:
+        live = live_state(worker)
+        if live.load is None:
+            return _EMPTY
+        return format_html('<span title="requests in flight from this gateway process">{}</span>', live.load)
+
+    @admin.display(description="Circuit breaker")
+    def breaker(self, worker: Worker) -> SafeString | str:
+        live = live_state(worker)
+        if live.breaker_state is None:
+            return _EMPTY
+        return _badge("breaker", live.breaker_state, live.breaker_state.replace("_", "-"))
+
+    @admin.display(description="Job")
+    def job(self, worker: Worker) -> SafeString | str:
+        summary = job_summary(worker)
+        if summary is None:
+            return _EMPTY
+        message = (
+            format_html('<div class="gw-job-message" title="{}">{}</div>', summary.message, summary.message)
+            if summary.message
+            else ""
+        )
+        return format_html(
+            '<span class="gw-job-type">{}</span> {} <span class="gw-job-age">{}</span>{}',
+            summary.job_type,
+            _badge("job", summary.state, summary.state),
+            summary.age,
+            message,
+        )
+
+    @admin.display(description="Spec (JSON)")
+    def spec_json(self, worker: Worker) -> SafeString:
+        return format_html('<pre class="gw-spec">{}</pre>', json.dumps(stored_spec(worker), indent=2, sort_keys=True))
+
+    # --- add: the form parses a spec, create_worker queues the registration job ----------------------
+
+    @method_decorator(sensitive_post_parameters("api_key"))
+    def add_view(self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        form = WorkerAddForm(request.POST if request.method == "POST" else None)
+        if request.method == "POST" and form.is_valid() and form.spec is not None:
+            try:
+                worker = create_worker(form.spec)
+            except WorkerError as exc:
+                form.add_error("url" if exc.status == 409 else None, str(exc))
+            else:
+                self.log_addition(request, worker, [{"added": {}}])
+                self.message_user(request, f"Worker {worker.url} added; its registration job is queued.", messages.SUCCESS)
+                return HttpResponseRedirect(reverse("admin:administration_worker_changelist"))
+        # The admin's form helpers take any Form; django-stubs types them for ModelForm only.
+        admin_form = helpers.AdminForm(cast(Any, form), _ADD_FIELDSETS, {}, model_admin=self)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Add worker",
+            "subtitle": None,
+            "adminform": admin_form,
+            "object_id": None,
+            "original": None,
+            "is_popup": False,
+            "to_field": None,
+            "media": self.media + admin_form.media,
+            "inline_admin_formsets": [],
+            "errors": helpers.AdminErrorList(cast(Any, form), []),
+            "preserved_filters": self.get_preserved_filters(request),
+            "show_save_and_continue": False,
+            "show_save_and_add_another": False,
+            **(extra_context or {}),
+        }
+        return self.render_change_form(request, context, add=True, form_url=form_url)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {"can_manage": self.has_manage_permission(request), **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, context)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        # The list is a wide table next to the filters: it gets the page width (breadcrumbs navigate).
+        context = {"refresh_seconds": 5, "is_nav_sidebar_enabled": False, **(extra_context or {})}
+        return super().changelist_view(request, context)
+
+    # --- actions: on the list and as buttons on the detail page --------------------------------------
+
+    def _run(self, request: HttpRequest, action: str, workers: list[Worker]) -> None:
+        function, done, audit = _ACTIONS[action]
+        for worker in workers:
+            try:
+                function(worker.pk)
+            except WorkerError as exc:
+                self.message_user(request, f"{worker.url}: {exc}", messages.ERROR)
+                continue
+            self.log_change(request, worker, audit)
+            self.message_user(request, done.format(url=worker.url), messages.SUCCESS)
+
+    @admin.action(description="Drain selected workers", permissions=["manage"])
+    def drain_selected(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
+        self._run(request, "drain", list(queryset))
+
+    @admin.action(description="Remove selected workers (drain, then remove)", permissions=["manage"])
+    def remove_selected(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
+        self._run(request, "remove", list(queryset))
+
+    @admin.action(description="Re-run registration of selected workers", permissions=["manage"])
+    def reregister_selected(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
+        self._run(request, "reregister", list(queryset))
+
+    def get_urls(self) -> list[URLPattern]:
+        info = self.opts.app_label, self.opts.model_name
+        own = [
+            path(
+                f"<uuid:worker_id>/{action}/",
+                self.admin_site.admin_view(self._action_view(action)),
+                name="%s_%s_" % info + action,
+            )
+            for action in _ACTIONS
+        ]
+        return own + super().get_urls()
+
+    def _action_view(self, action: str) -> Any:
+        @require_POST
+        def view(request: HttpRequest, worker_id: uuid.UUID) -> HttpResponse:
+            if not self.has_manage_permission(request):
+                raise PermissionDenied
+            worker = Worker.objects.filter(pk=worker_id).first()
+            if worker is None:
+                self.message_user(request, f"Worker {worker_id} not found.", messages.ERROR)
+            else:
+                self._run(request, action, [worker])
+            if action == "remove" or worker is None:
+                return HttpResponseRedirect(reverse("admin:administration_worker_changelist"))
+            return HttpResponseRedirect(reverse("admin:administration_worker_change", args=[worker.pk]))
+
+        return view
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Worker | None = None,
+    ) -> HttpResponse:
+        context.setdefault("action_urls", {
+            action: reverse(f"admin:administration_worker_{action}", args=[obj.pk]) for action in _ACTIONS
+        } if obj is not None else {})
+        return super().render_change_form(request, context, add, change, form_url, obj)

@@ -1,0 +1,228 @@
+"""What the admin console shows about workers and the form it adds them with.
+
+Read side: live state from this process's registry snapshot (load, circuit breaker), the job
+status, and the stored spec as JSON (never the api_key). Write side: :class:`WorkerAddForm` turns
+the form's fields into a spec body and parses it with :func:`parse_worker_spec`, so the console
+refuses exactly what POST /workers refuses. Nothing here calls the network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django import forms
+from django.contrib.admin import widgets
+from django.utils import timezone
+
+from administration.models import Worker, WorkerType
+from administration.runtime import RuntimeType
+from administration.worker_spec import SpecRuleError, SpecTypeError, WorkerSpec, parse_worker_spec
+from administration.workers import job_status
+from inference.routing.registry import REGISTRY, RegistrySnapshot, WorkerHandle
+
+__all__ = [
+    "LiveState",
+    "JobSummary",
+    "WorkerAddForm",
+    "live_state",
+    "job_summary",
+    "stored_spec",
+    "parse_labels",
+    "format_age",
+]
+
+# Breaker state shown for a worker the registry knows whose handle carries no breaker yet.
+DEFAULT_BREAKER_STATE = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class LiveState:
+    """A worker as this gateway process's registry snapshot sees it (None: not in the snapshot)."""
+
+    in_snapshot: bool
+    load: int | None
+    breaker_state: str | None
+
+
+_NOT_LIVE = LiveState(in_snapshot=False, load=None, breaker_state=None)
+_index: tuple[RegistrySnapshot, dict[str, WorkerHandle]] | None = None
+
+
+def _handles() -> dict[str, WorkerHandle]:
+    """Handles by worker id, rebuilt only when the snapshot changes (one dict per list page)."""
+    global _index
+    snapshot = REGISTRY.snapshot
+    cached = _index
+    if cached is None or cached[0] is not snapshot:
+        cached = (snapshot, {handle.id: handle for handle in snapshot.workers})
+        _index = cached
+    return cached[1]
+
+
+def _breaker_state(handle: WorkerHandle) -> str:
+    """``handle.breaker_state`` when the handle has one, else the state of the breaker kept with the
+    live load (``handle.load.breaker.state``), else closed (no breaker on this worker)."""
+    state: Any = getattr(handle, "breaker_state", None)
+    if callable(state):
+        state = state()
+    if state is None:
+        state = getattr(getattr(handle.load, "breaker", None), "state", None)
+    if state is None:
+        return DEFAULT_BREAKER_STATE
+    return str(getattr(state, "value", state))
+
+
+def live_state(worker: Worker) -> LiveState:
+    handle = _handles().get(str(worker.pk))
+    if handle is None:
+        return _NOT_LIVE
+    return LiveState(in_snapshot=True, load=handle.load.in_flight, breaker_state=_breaker_state(handle))
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    job_type: str
+    state: str
+    message: str | None
+    updated_at: datetime
+
+    @property
+    def age(self) -> str:
+        return format_age(self.updated_at)
+
+
+def job_summary(worker: Worker) -> JobSummary | None:
+    """The spec's job_status (queued, running, or failed within the retention) as the console shows it."""
+    status = job_status(worker)
+    if status is None or worker.job_updated_at is None:
+        return None
+    return JobSummary(
+        job_type=status["job_type"], state=status["status"], message=status["message"], updated_at=worker.job_updated_at
+    )
+
+
+def format_age(moment: datetime, now: datetime | None = None) -> str:
+    seconds = max(0, int(((now or timezone.now()) - moment).total_seconds()))
+    if seconds < 60:
+        return f"{seconds} s ago"
+    if seconds < 3600:
+        return f"{seconds // 60} min ago"
+    if seconds < 86400:
+        return f"{seconds // 3600} h ago"
+    return f"{seconds // 86400} d ago"
+
+
+def stored_spec(worker: Worker) -> dict[str, Any]:
+    """The worker's stored spec as a PUT body would carry it, without api_key (write-only)."""
+    spec: dict[str, Any] = {
+        "url": worker.url,
+        "runtime_type": worker.runtime_type,
+        "worker_type": worker.worker_type,
+        "connection_mode": worker.connection_mode,
+        "models": worker.model_cards,
+        "labels": worker.labels,
+        "priority": worker.priority,
+        "cost": worker.cost,
+    }
+    spec.update({key: value for key, value in worker.settings.items() if key != "api_key"})
+    return spec
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """``key=value`` lines (blank lines skipped) into a labels object. Raises ValueError."""
+    labels: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"line {number}: expected key=value, got {line!r}")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+class WorkerAddForm(forms.Form):
+    """The console's POST /workers. ``spec`` is set once the form is valid."""
+
+    url = forms.CharField(
+        label="URL",
+        max_length=2048,
+        widget=widgets.AdminTextInputWidget(attrs={"placeholder": "http://10.0.0.5:8000", "autocomplete": "off"}),
+        help_text="http://, https://, grpc://, grpcs:// or ipc://path. One registration per URL.",
+    )
+    model_id = forms.CharField(
+        label="Model id",
+        required=False,
+        max_length=512,
+        widget=widgets.AdminTextInputWidget(attrs={"autocomplete": "off"}),
+        help_text="Optional. Empty: the model the engine reports.",
+    )
+    runtime_type = forms.ChoiceField(
+        label="Runtime type", choices=RuntimeType.choices, initial=RuntimeType.UNSPECIFIED
+    )
+    worker_type = forms.ChoiceField(label="Worker type", choices=WorkerType.choices, initial=WorkerType.REGULAR)
+    api_key = forms.CharField(
+        label="API key",
+        required=False,
+        strip=False,
+        max_length=512,
+        widget=forms.PasswordInput(render_value=False, attrs={"class": "vTextField", "autocomplete": "new-password"}),
+        help_text="Optional, write-only: the key the gateway presents to the worker. It is never shown again.",
+    )
+    labels = forms.CharField(
+        label="Labels",
+        required=False,
+        widget=widgets.AdminTextareaWidget(attrs={"rows": 4, "placeholder": "region=eu\nrealtime=true"}),
+        help_text="One key=value per line; merged over the labels the worker reports.",
+    )
+    priority = forms.IntegerField(label="Priority", initial=50, widget=widgets.AdminIntegerFieldWidget())
+    cost = forms.FloatField(label="Cost", initial=1.0, widget=widgets.AdminTextInputWidget(attrs={"class": "vIntegerField"}))
+
+    _SPEC_FIELDS = ("url", "runtime_type", "worker_type", "api_key", "labels", "priority", "cost")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spec: WorkerSpec | None = None
+
+    def clean_labels(self) -> dict[str, str]:
+        try:
+            return parse_labels(self.cleaned_data.get("labels") or "")
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        body: dict[str, Any] = {
+            "url": data["url"].strip(),
+            "runtime_type": data["runtime_type"],
+            "worker_type": data["worker_type"],
+            "labels": data["labels"],
+            "priority": data["priority"],
+            "cost": data["cost"],
+        }
+        if data.get("model_id", "").strip():
+            body["models"] = [{"id": data["model_id"].strip()}]
+        if data.get("api_key"):
+            body["api_key"] = data["api_key"]
+        try:
+            self.spec = parse_worker_spec(body)
+        except (SpecTypeError, SpecRuleError) as exc:
+            self.add_error(self._field_of(exc), str(exc))
+        return data
+
+    def _field_of(self, exc: Exception) -> str | None:
+        """The form field a spec error names (rule errors are about the URL)."""
+        if isinstance(exc, SpecRuleError):
+            return "url"
+        message = str(exc)
+        if message.startswith("models"):
+            return "model_id"
+        for name in self._SPEC_FIELDS:
+            if message.startswith(name):
+                return name
+        return None
