@@ -7,6 +7,7 @@ way the worker registry is loaded before any request is routed.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 
 from administration.fleet import Fleet
@@ -41,6 +42,10 @@ class GatewayLifecycle:
                 "gateway started: %d worker(s) registered, policy %s", len(snapshot.workers), config.policy
             )
             self.started = True
+            # Everything alive now (settings, apps, migrations, templates) lives as long as the
+            # process: keep it out of the collector's full passes, which otherwise stall requests.
+            gc.collect()
+            gc.freeze()
 
     async def astop(self) -> None:
         if self.fleet is not None:

@@ -12,6 +12,7 @@ import logging
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from inference.api.asgi_io import SSE_HEADERS, Send
 from inference.backends.base import Backend, FinalHook, RelayRequest, Upstream, UpstreamFailure
@@ -34,6 +35,7 @@ class HttpBackend(Backend):
         )
         self._request_timeout_secs = request_timeout_secs
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self._urls: dict[tuple[str, str], URL] = {}
 
     def session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -42,6 +44,7 @@ class HttpBackend(Backend):
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=500, keepalive_timeout=30, enable_cleanup_closed=True)
             session = aiohttp.ClientSession(
                 connector=connector,
+                cookie_jar=aiohttp.DummyCookieJar(),  # a relay keeps no cookies
                 timeout=self._timeout,
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding"),
@@ -74,10 +77,19 @@ class HttpBackend(Backend):
             return UpstreamFailure("connect", f"cannot connect to {exc.host}:{exc.port}")
         return UpstreamFailure("broken", type(exc).__name__)
 
+    def _url(self, base: str, path: str) -> URL:
+        """The worker URL for a route, parsed once (URL parsing is a visible share of a relay)."""
+        url = self._urls.get((base, path))
+        if url is None:
+            if len(self._urls) > 4096:
+                self._urls.clear()
+            url = self._urls[(base, path)] = URL(base + path)
+        return url
+
     async def open(self, request: RelayRequest) -> Upstream:
         try:
             response = await self.session().post(
-                request.worker.url + request.path, data=request.body, headers=self._headers(request)
+                self._url(request.worker.url, request.path), data=request.body, headers=self._headers(request)
             )
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise self._failure(exc) from None

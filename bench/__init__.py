@@ -1,0 +1,1 @@
+"""The gateway benchmark (see bench/README.md); run it with ``make bench``."""

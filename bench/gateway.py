@@ -1,0 +1,119 @@
+"""Our processes under test: the gateway (uvicorn or daphne) and the project's mock streaming worker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from bench.nginx import MODEL
+from bench.procs import LOOPBACK, ManagedProcess, ProcessGroup, child_env, http_get, pinned
+
+__all__ = ["REPO", "PYTHON", "gateway_argv", "mock_worker_argv", "start_gateway", "start_mock_worker"]
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
+MANAGE = str(REPO / "manage.py")
+START_TIMEOUT_S = 60.0
+
+
+def gateway_argv(port: int, worker_url: str, server: str, api_key: str | None = None) -> list[str]:
+    argv = [
+        PYTHON,
+        MANAGE,
+        "rungateway",
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--worker-urls",
+        worker_url,
+        "--server",
+        server,
+        "--log-level",
+        "warning",
+        "--worker-startup-check-interval",
+        "1",
+    ]
+    if api_key:
+        argv += ["--api-key", api_key]
+    return argv
+
+
+def start_gateway(
+    group: ProcessGroup,
+    name: str,
+    *,
+    port: int,
+    worker_url: str,
+    server: str,
+    core: int | str,
+    data_dir: Path,
+    wrap: Sequence[str] = (),
+) -> ManagedProcess:
+    """The gateway pinned to ``core``, with its SQLite file in ``data_dir``; waits for /readiness 200.
+
+    ``wrap`` goes between taskset and the interpreter's arguments (e.g. ``-m cProfile -o FILE``).
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    argv = gateway_argv(port, worker_url, server)
+    if wrap:
+        argv = [argv[0], *wrap, *argv[1:]]
+    env = child_env({"GW_DATA_DIR": str(data_dir), "DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
+    proc = group.start(name, pinned(core, argv), env=env, cwd=REPO)
+    url = f"http://{LOOPBACK}:{port}/readiness"
+    proc.wait_ready(lambda: http_get(url)[0] == 200, timeout=START_TIMEOUT_S)
+    return proc
+
+
+def _has_runmockworker() -> bool:
+    if not (REPO / "inference" / "management" / "commands" / "runmockworker.py").exists():
+        return False
+    done = subprocess.run(
+        [PYTHON, MANAGE, "help", "runmockworker"],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+def mock_worker_argv(port: int, tokens: int, delay_ms: float) -> list[str]:
+    """``manage.py runmockworker ...``; until that command lands, the module's own entry point."""
+    if _has_runmockworker():
+        return [
+            PYTHON,
+            MANAGE,
+            "runmockworker",
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(port),
+            "--model",
+            MODEL,
+            "--tokens",
+            str(tokens),
+            "--delay-ms",
+            f"{delay_ms:g}",
+        ]
+    code = (
+        "from inference.testing.mock_worker import MockWorkerConfig, run_mock_worker; "
+        f"run_mock_worker(MockWorkerConfig(model={MODEL!r}, tokens={tokens}, delay_ms={delay_ms!r}), "
+        f"{LOOPBACK!r}, {port})"
+    )
+    return [PYTHON, "-c", code]
+
+
+def start_mock_worker(
+    group: ProcessGroup, *, port: int, tokens: int, delay_ms: float, core: int | str
+) -> ManagedProcess:
+    if not (REPO / "inference" / "testing" / "mock_worker.py").exists():
+        raise FileNotFoundError("inference/testing/mock_worker.py is missing")
+    env = child_env({"DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
+    proc = group.start("mockworker", pinned(core, mock_worker_argv(port, tokens, delay_ms)), env=env, cwd=REPO)
+    url = f"http://{LOOPBACK}:{port}/v1/models"
+    proc.wait_ready(lambda: http_get(url)[0] == 200, timeout=START_TIMEOUT_S)
+    return proc

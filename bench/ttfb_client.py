@@ -1,0 +1,134 @@
+"""Streaming client: N concurrent streaming chat requests at once, repeated for several rounds.
+
+Run as its own process (the benchmark pins it with taskset) and prints one JSON object, a list
+with one entry per ``--url``:
+``[{"url": ..., "ttfb_ms": [...], "headers_ms": [...], "total_ms": [...], "errors": n, "error_samples": [...]}]``.
+TTFB is the time from sending the request to the first body bytes (the first SSE event);
+``headers_ms`` is the time to the response headers. With several ``--url`` the rounds alternate
+between them (A, B, A, B, ...), so a baseline and a target see the same machine noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+import aiohttp
+
+LOOPBACK_PREFIX = "http://127.0.0.1:"
+
+
+def _body(model: str) -> bytes:
+    return json.dumps(
+        {
+            "model": model,
+            "messages": [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "Count slowly from one to one hundred."},
+            ],
+            "stream": True,
+            "max_tokens": 64,
+        }
+    ).encode()
+
+
+async def _one(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]) -> dict[str, Any]:
+    start = time.perf_counter()
+    async with session.post(url, data=body, headers=headers) as response:
+        got_headers = time.perf_counter()
+        if response.status != 200:
+            text = (await response.read())[:200].decode(errors="replace")
+            raise RuntimeError(f"HTTP {response.status}: {text}")
+        first = await response.content.readany()
+        first_at = time.perf_counter()
+        tail = first
+        while chunk := await response.content.readany():
+            tail = (tail + chunk)[-64:]
+    done = time.perf_counter()
+    if not first.startswith(b"data:") or b"[DONE]" not in tail:
+        raise RuntimeError(f"not a complete SSE stream (first {first[:40]!r}, tail {tail[-20:]!r})")
+    return {
+        "ttfb_ms": (first_at - start) * 1000,
+        "headers_ms": (got_headers - start) * 1000,
+        "total_ms": (done - start) * 1000,
+    }
+
+
+async def run(
+    urls: list[str], model: str, streams: int, rounds: int, warmup: int, timeout: float, key: str | None
+) -> list[dict[str, Any]]:
+    for url in urls:
+        if not url.startswith(LOOPBACK_PREFIX):
+            raise SystemExit(f"refusing non-loopback URL {url!r}")
+    body = _body(model)
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    outs = [
+        {"url": url, "ttfb_ms": [], "headers_ms": [], "total_ms": [], "errors": 0, "error_samples": []}
+        for url in urls
+    ]
+    client_timeout = aiohttp.ClientTimeout(total=timeout)
+    sessions = [
+        aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=streams, limit_per_host=streams),
+            timeout=client_timeout,
+            trust_env=False,
+        )
+        for _ in urls
+    ]
+    try:
+        for index in range(warmup + rounds):
+            for url, session, out in zip(urls, sessions, outs):
+                results = await asyncio.gather(
+                    *(_one(session, url, body, headers) for _ in range(streams)), return_exceptions=True
+                )
+                if index >= warmup:
+                    _collect(out, results)
+    finally:
+        for session in sessions:
+            await session.close()
+    return outs
+
+
+def _collect(out: dict[str, Any], results: list[Any]) -> None:
+    for result in results:
+        if isinstance(result, BaseException):
+            out["errors"] += 1
+            if len(out["error_samples"]) < 3:
+                out["error_samples"].append(f"{type(result).__name__}: {result}")
+        else:
+            for name in ("ttfb_ms", "headers_ms", "total_ms"):
+                out[name].append(round(result[name], 4))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--url", action="append", required=True, help="URL of /v1/chat/completions on 127.0.0.1 (repeatable)"
+    )
+    parser.add_argument("--model", default="bench-model")
+    parser.add_argument("--streams", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--warmup-rounds", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=30.0, help="per-request timeout, seconds")
+    parser.add_argument("--api-key", default=None)
+    args = parser.parse_args(argv)
+    coro = run(args.url, args.model, args.streams, args.rounds, args.warmup_rounds, args.timeout, args.api_key)
+    try:
+        import uvloop  # noqa: PLC0415 - optional, lowers the client's own overhead
+
+        result = uvloop.run(coro)
+    except ImportError:
+        result = asyncio.run(coro)
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
