@@ -98,6 +98,23 @@ class GatewayConfig:
     retry_backoff_multiplier: float = 1.5
     retry_jitter_factor: float = 0.2
     disable_retries: bool = False
+    # Admission and traffic control (0 means no limit)
+    max_concurrent_requests: int = 0
+    queue_size: int = 100
+    queue_timeout_secs: float = 60.0
+    multimodal_max_inflight_bytes: int = 0
+    default_tenant_rate_limit: int = 0  # requests per minute per tenant key
+    tenant_rate_limits: tuple[tuple[str, str], ...] = ()  # (tenant_id, requests per minute)
+    # Load monitor and worker overload protection
+    load_monitor_interval: float = 10.0
+    worker_overload_protection: bool = False
+    worker_overload_waiting_requests: int = 0  # 0: not used unless a worker's overload block sets it
+    worker_overload_token_usage: float = 0.9
+    # Observability
+    prometheus_host: str = "0.0.0.0"
+    prometheus_port: int = 29000
+    prometheus_duration_buckets: tuple[float, ...] = ()
+    health_check_port: int = 0  # 0: probes only on the main listener
 
     @property
     def auth_enabled(self) -> bool:
@@ -165,6 +182,12 @@ def _text(text: str) -> str:
 def _path(text: str) -> str:
     if not text.startswith("/"):
         raise argparse.ArgumentTypeError(f"must start with '/', got {text!r}")
+    return text
+
+
+def _digits(text: str) -> str:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
     return text
 
 
@@ -288,6 +311,22 @@ FLAGS: tuple[Flag, ...] = (
     Flag("retry_backoff_multiplier", _positive_float, "backoff growth per retry"),
     Flag("retry_jitter_factor", _fraction, "random share of the backoff (0-1)"),
     Flag("disable_retries", _bool, "never retry", kind="switch"),
+    Flag("max_concurrent_requests", _count, "inference requests served at once (0: no limit)"),
+    Flag("queue_size", _count, "requests waiting for a permit, FIFO (0: no queue)"),
+    Flag("queue_timeout_secs", _positive_float, "longest wait in the admission queue"),
+    Flag("multimodal_max_inflight_bytes", _count, "media bytes in flight across requests (0: no limit)"),
+    Flag("default_tenant_rate_limit", _count, "requests per minute for each tenant key (0: no limit)"),
+    Flag("tenant_rate_limits", _pair("=", "tenant=requests_per_minute", _digits), "rate limit of one tenant, repeatable",
+         kind="append", option="--tenant-rate-limit", metavar="TENANT=RPM"),
+    Flag("load_monitor_interval", _positive_float, "seconds between worker load polls"),
+    Flag("worker_overload_protection", _bool, "shed workers whose load report crosses the thresholds", kind="switch"),
+    Flag("worker_overload_waiting_requests", _count, "waiting requests at which a worker leaves routing (0: unset)"),
+    Flag("worker_overload_token_usage", _fraction, "KV token usage at which a worker leaves routing"),
+    Flag("prometheus_host", _text, "metrics listener address"),
+    Flag("prometheus_port", _port, "metrics listener port"),
+    Flag("prometheus_duration_buckets", _positive_float, "histogram buckets for durations (seconds)", kind="list",
+         metavar="SECONDS"),
+    Flag("health_check_port", _count, "a separate listener for the probes (0: none)"),
 )
 
 
