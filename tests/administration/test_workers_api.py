@@ -55,6 +55,15 @@ async def until(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> 
     raise AssertionError("condition not reached in time")
 
 
+async def snapshot_reaches(check: Callable[[], bool]) -> None:
+    """The registry snapshot follows the stored state a moment after it (an async refresh)."""
+
+    async def reached() -> bool:
+        return check()
+
+    await until(reached)
+
+
 async def post(api: AsyncClient, body: Any, **extra: Any):
     return await api.post("/workers", body, content_type="application/json", **extra)
 
@@ -95,7 +104,7 @@ async def test_post_registers_a_worker_that_becomes_ready(api, fleet, worker) ->
     assert got["labels"]["zone"] == "a" and got["labels"]["served_model_name"] == "mock-model"
     assert (got["priority"], got["cost"], got["worker_type"], got["load"]) == (50, 1.0, "regular", 0)
     assert "api_key" not in got and "sk-worker-secret" not in str(got)
-    assert REGISTRY.snapshot.routable_models == ("mock-model",)
+    await snapshot_reaches(lambda: REGISTRY.snapshot.routable_models == ("mock-model",))
 
 
 async def test_pending_worker_is_not_listed_until_registered(api, fleet) -> None:
@@ -293,7 +302,7 @@ async def test_delete_drains_a_ready_worker_then_removes_it(api, fleet, worker) 
         return (await api.get(f"/workers/{got['id']}")).json().get("status") == "draining"
 
     await until(draining)
-    assert not REGISTRY.snapshot.routable or all(h.id != got["id"] for h in REGISTRY.snapshot.routable)
+    await snapshot_reaches(lambda: all(h.id != got["id"] for h in REGISTRY.snapshot.routable))
 
     async def removed() -> bool:
         return (await api.get(f"/workers/{got['id']}")).status_code == 404
@@ -322,14 +331,14 @@ async def test_health_checks_move_a_worker_through_its_states(api, fleet, start_
         return (await api.get(f"/workers/{got['id']}")).json()["status"] == "not_ready"
 
     await until(not_ready)
-    assert not REGISTRY.snapshot.routable
+    await snapshot_reaches(lambda: not REGISTRY.snapshot.routable)
     target.state.health_status = 200
 
     async def ready() -> bool:
         return (await api.get(f"/workers/{got['id']}")).json()["status"] == "ready"
 
     await until(ready)
-    assert REGISTRY.snapshot.routable
+    await snapshot_reaches(lambda: bool(REGISTRY.snapshot.routable))
 
 
 async def test_disable_health_check_makes_the_worker_ready_at_once(api, fleet, worker) -> None:
@@ -339,6 +348,7 @@ async def test_disable_health_check_makes_the_worker_ready_at_once(api, fleet, w
 
 async def test_added_worker_is_routed_by_the_data_plane(api, fleet, worker, make_gateway) -> None:
     await register(api, {"url": worker.url, "models": [{"id": "served", "aliases": ["nick"]}]})
+    await snapshot_reaches(lambda: REGISTRY.snapshot.routable_models == ("served",))
     client = make_gateway(list(h.record for h in REGISTRY.snapshot.workers), model_aliases=(("nick", "served"),))
     response = await client.post("/v1/chat/completions", json={"model": "nick", "messages": [{"role": "user", "content": "x"}]})
     assert response.status_code == 200
