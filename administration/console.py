@@ -19,7 +19,7 @@ from django.utils import timezone
 from administration.models import Worker, WorkerType
 from administration.runtime import RuntimeType
 from administration.worker_spec import SpecRuleError, SpecTypeError, WorkerSpec, parse_worker_spec
-from administration.workers import job_status
+from administration.workers import job_status, spec_fields
 from inference.routing.registry import REGISTRY, RegistrySnapshot, WorkerHandle
 
 __all__ = [
@@ -116,16 +116,7 @@ def format_age(moment: datetime, now: datetime | None = None) -> str:
 
 def stored_spec(worker: Worker) -> dict[str, Any]:
     """The worker's stored spec as a PUT body would carry it, without api_key (write-only)."""
-    spec: dict[str, Any] = {
-        "url": worker.url,
-        "runtime_type": worker.runtime_type,
-        "worker_type": worker.worker_type,
-        "connection_mode": worker.connection_mode,
-        "models": worker.model_cards,
-        "labels": worker.labels,
-        "priority": worker.priority,
-        "cost": worker.cost,
-    }
+    spec = spec_fields(worker)
     spec.update({key: value for key, value in worker.settings.items() if key != "api_key"})
     return spec
 

@@ -35,6 +35,7 @@ __all__ = [
     "find_worker",
     "drain_worker",
     "job_status",
+    "spec_fields",
     "list_workers",
     "sync_cli_workers",
     "worker_records",
@@ -222,6 +223,20 @@ def list_workers(model: str | None = None) -> list[Worker]:
     if model:
         workers = [w for w in workers if not w.model_ids() or model in w.model_ids()]
     return workers
+
+
+def spec_fields(worker: Worker) -> dict[str, Any]:
+    """The stored spec's top-level fields as the API shows them (never api_key)."""
+    return {
+        "url": worker.url,
+        "runtime_type": worker.runtime_type,
+        "worker_type": worker.worker_type,
+        "connection_mode": worker.connection_mode,
+        "models": worker.model_cards,
+        "labels": worker.labels,
+        "priority": worker.priority,
+        "cost": worker.cost,
+    }
 
 
 def job_status(worker: Worker) -> dict[str, Any] | None:
