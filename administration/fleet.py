@@ -3,7 +3,8 @@
 On start it syncs --worker-urls into the store (their registration jobs run in this process), then
 keeps the data plane's registry snapshot current: it rebuilds it from the database when a job in
 this process says so, when a notice arrives over the Channels layer (jobs in Celery workers or
-other gateway processes), and every few seconds as a safety net. It also runs the health checks.
+other gateway processes), and every few seconds as a safety net. It also runs the health checks
+and the load monitor (engine load reports and overload protection, administration/loads.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from django.conf import settings
 
 from administration.db import arun_db
 from administration.health import HealthChecker, HealthTarget
+from administration.loads import LoadMonitor, LoadTarget
 from administration.models import Worker, WorkerStatus
 from administration.notices import GROUP, add_local_listener, remove_local_listener
 from administration.runtime import RuntimeType
@@ -31,10 +33,17 @@ REFRESH_SECS = 5.0
 
 
 class FleetState:
-    def __init__(self, records: list[WorkerRecord], aliases: dict[str, str], health: list[HealthTarget]) -> None:
+    def __init__(
+        self,
+        records: list[WorkerRecord],
+        aliases: dict[str, str],
+        health: list[HealthTarget],
+        loads: list[LoadTarget] | None = None,
+    ) -> None:
         self.records = records
         self.aliases = aliases
         self.health = health
+        self.loads = loads or []
 
 
 def _health_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> HealthTarget | None:
@@ -57,26 +66,56 @@ def _health_target(worker: Worker, config: GatewayConfig, api_key: str | None) -
     )
 
 
+def _load_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> LoadTarget | None:
+    """Ready self-hosted HTTP workers are polled for load; the overload block (either field turns
+    protection on) falls back to the --worker-overload-* flags."""
+    if worker.status != WorkerStatus.READY or worker.runtime_type == RuntimeType.EXTERNAL:
+        return None
+    if not worker.url.startswith(("http://", "https://")):
+        return None
+    block: dict[str, Any] = worker.setting("overload", {}) or {}
+    waiting: int | None = None
+    usage: float | None = None
+    if block.get("waiting_requests") or block.get("token_usage") or config.worker_overload_protection:
+        waiting = block.get("waiting_requests") or config.worker_overload_waiting_requests or None
+        usage = block.get("token_usage") or (config.worker_overload_token_usage if config.worker_overload_protection else None)
+    return LoadTarget(
+        worker_id=str(worker.pk),
+        url=worker.url,
+        api_key=api_key,
+        worker_type=worker.worker_type,
+        runtime_type=worker.runtime_type,
+        waiting_requests=None if waiting is None else int(waiting),
+        token_usage=None if usage is None else float(usage),
+    )
+
+
 def load_fleet_state(config: GatewayConfig) -> FleetState:
-    """One read of the stored workers: registry records, aliases and health-check targets."""
+    """One read of the stored workers: registry records, aliases, health-check and load targets."""
     records = worker_records(config)
     aliases = dict(config.model_aliases)
     targets = []
+    loads = []
     by_id = {record.id: record for record in records}
     for worker in Worker.objects.listed():
         for card in worker.model_cards:
             for alias in card.get("aliases", []):
                 aliases.setdefault(alias, card["id"])
-        target = _health_target(worker, config, by_id[str(worker.pk)].api_key)
+        record = by_id[str(worker.pk)]
+        target = _health_target(worker, config, record.api_key)
         if target is not None:
             targets.append(target)
-    return FleetState(records, aliases, targets)
+        load_target = _load_target(worker, config, record.api_key)
+        if load_target is not None:
+            loads.append(load_target)
+    return FleetState(records, aliases, targets, loads)
 
 
 class Fleet:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.health = HealthChecker(self.arefresh)
+        self.loads = LoadMonitor(config.load_monitor_interval)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._refreshing: asyncio.Task[None] | None = None
@@ -88,6 +127,7 @@ class Fleet:
         add_local_listener(self.notify)
         await arun_db(sync_cli_workers, self.config.worker_urls)
         snapshot = await self.arefresh()
+        self.loads.start()
         self._tasks.append(asyncio.ensure_future(self._periodic_refresh()))
         if getattr(settings, "REDIS_URL", None):
             self._tasks.append(asyncio.ensure_future(self._listen()))
@@ -101,11 +141,13 @@ class Fleet:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
         await self.health.aclose()
+        await self.loads.aclose()
 
     async def arefresh(self) -> RegistrySnapshot:
         state = await arun_db(load_fleet_state, self.config)
         snapshot = REGISTRY.publish(state.records, state.aliases)
         self.health.reconcile(state.health)
+        self.loads.reconcile(state.loads)
         return snapshot
 
     def notify(self) -> None:

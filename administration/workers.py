@@ -306,6 +306,7 @@ def worker_records(config: GatewayConfig) -> list[WorkerRecord]:
                 status=worker.status,
                 api_key=key or None,
                 resilience=resilience_of(worker, config),
+                worker_type=worker.worker_type,
             )
         )
     return records

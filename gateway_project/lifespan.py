@@ -12,6 +12,7 @@ import logging
 
 from administration.fleet import Fleet
 from inference.api.asgi_io import ASGIApp, Receive, Scope, Send
+from inference.api.fleet_routes import aclose_http_client
 from inference.config import current_config
 from inference.runtime import reset_runtime, runtime
 
@@ -51,6 +52,7 @@ class GatewayLifecycle:
         if self.fleet is not None:
             await self.fleet.astop()
         await runtime().aclose()
+        await aclose_http_client()
         self.started = False
 
     async def lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 
+from administration.api.fleet import flush_cache_view, get_loads_view, start_profile_view, stop_profile_view
 from administration.api.workers import WorkersView, WorkerView
 from inference import errors
 
@@ -17,6 +18,10 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("workers", WorkersView.as_view()),
     path("workers/<str:worker_id>", WorkerView.as_view()),
+    path("flush_cache", flush_cache_view),
+    path("get_loads", get_loads_view),
+    path("start_profile", start_profile_view),
+    path("stop_profile", stop_profile_view),
 ]
 
 

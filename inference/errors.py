@@ -7,6 +7,7 @@ ASGI layer turns it into a response with :func:`error_body` / :func:`error_heade
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import Any
 
@@ -27,6 +28,12 @@ __all__ = [
     "upstream_unavailable",
     "upstream_timeout",
     "internal_error",
+    "admission_queue_full",
+    "admission_queue_timeout",
+    "rate_limit_exceeded",
+    "multimodal_payload_too_large",
+    "multimodal_inflight_budget",
+    "worker_overload_shed",
 ]
 
 # Error type per status where the spec names one; other statuses use the snake-cased status text.
@@ -58,6 +65,12 @@ class ErrorCode(str, Enum):
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     INTERNAL_ERROR = "internal_error"
+    ADMISSION_QUEUE_FULL = "admission_queue_full"
+    ADMISSION_QUEUE_TIMEOUT = "admission_queue_timeout"
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
+    MULTIMODAL_PAYLOAD_TOO_LARGE = "multimodal_payload_too_large"
+    MULTIMODAL_INFLIGHT_BUDGET = "multimodal_inflight_budget"
+    WORKER_OVERLOAD_SHED = "worker_overload_protection_shed"
 
 
 class GatewayError(Exception):
@@ -156,3 +169,45 @@ def upstream_timeout(seconds: float) -> GatewayError:
 
 def internal_error(message: str = "Internal server error") -> GatewayError:
     return GatewayError(500, ErrorCode.INTERNAL_ERROR, message)
+
+
+
+def admission_queue_full() -> GatewayError:
+    return GatewayError(429, ErrorCode.ADMISSION_QUEUE_FULL, "Too many requests: the admission queue is full")
+
+
+def admission_queue_timeout(seconds: float) -> GatewayError:
+    return GatewayError(
+        503, ErrorCode.ADMISSION_QUEUE_TIMEOUT, f"Request waited more than {seconds:g} seconds in the admission queue"
+    )
+
+
+def rate_limit_exceeded(headers: tuple[tuple[bytes, bytes], ...]) -> GatewayError:
+    """429 for a tenant over its requests-per-minute budget; ``headers`` carry Retry-After and X-RateLimit-*."""
+    return GatewayError(429, ErrorCode.RATE_LIMIT_EXCEEDED, "Rate limit exceeded for this API key", headers=headers)
+
+
+def multimodal_payload_too_large(size: int, limit: int) -> GatewayError:
+    return GatewayError(
+        413,
+        ErrorCode.MULTIMODAL_PAYLOAD_TOO_LARGE,
+        f"Inline media of about {size} bytes exceeds the in-flight media budget of {limit} bytes",
+    )
+
+
+def multimodal_inflight_budget() -> GatewayError:
+    return GatewayError(
+        429, ErrorCode.MULTIMODAL_INFLIGHT_BUDGET, "Too many requests: the in-flight media budget is full"
+    )
+
+
+def worker_overload_shed(retry_after_secs: float) -> GatewayError:
+    """503 when every worker that could take the request is overloaded; Retry-After is the time until
+    the next load report (the load-monitor interval), rounded up to whole seconds. Not retried."""
+    retry_after = max(1, math.ceil(retry_after_secs))
+    return GatewayError(
+        503,
+        ErrorCode.WORKER_OVERLOAD_SHED,
+        "All workers for this request are overloaded; retry later",
+        headers=((b"retry-after", str(retry_after).encode()),),
+    )

@@ -1,9 +1,13 @@
-"""Per-process data-plane state, built once from the config: keys, policies, registry, backends, retries."""
+"""Per-process data-plane state, built once from the config: keys, policies, registry, backends, retries,
+and admission (permits, media budget, rate limiter)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.conf import settings
+
+from inference.admission import MediaBudget, PermitPool, RateLimiter, build_rate_limiter
 from inference.auth import KeyRing
 from inference.backends.base import Backend
 from inference.backends.http import HttpBackend
@@ -23,6 +27,10 @@ class Runtime:
     registry: WorkerRegistry
     backends: dict[str, Backend]
     retry: RetryPolicy
+    # Traffic control; each is None when its limit is 0 (the default), so the hot path only checks.
+    permits: PermitPool | None = None
+    media: MediaBudget | None = None
+    rate_limiter: RateLimiter | None = None
 
     @classmethod
     def build(cls, config: GatewayConfig) -> Runtime:
@@ -33,11 +41,22 @@ class Runtime:
             registry=REGISTRY,
             backends={"http": HttpBackend(config.request_timeout_secs)},
             retry=RetryPolicy.from_config(config),
+            permits=(
+                PermitPool(config.max_concurrent_requests, config.queue_size, config.queue_timeout_secs)
+                if config.max_concurrent_requests > 0
+                else None
+            ),
+            media=MediaBudget(config.multimodal_max_inflight_bytes) if config.multimodal_max_inflight_bytes > 0 else None,
+            rate_limiter=build_rate_limiter(
+                config.default_tenant_rate_limit, config.tenant_rate_limits, getattr(settings, "REDIS_URL", None)
+            ),
         )
 
     async def aclose(self) -> None:
         for backend in self.backends.values():
             await backend.close()
+        if self.rate_limiter is not None:
+            await self.rate_limiter.aclose()
 
 
 _runtime: Runtime | None = None

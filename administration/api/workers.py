@@ -27,6 +27,7 @@ from administration.workers import (
     list_workers,
     remove_worker,
     replace_worker,
+    spec_fields,
     update_worker,
 )
 from inference.config import current_config
@@ -83,20 +84,14 @@ def _pd_pairing(worker: Worker) -> str | None:
 def worker_object(worker: Worker) -> dict[str, Any]:
     """The worker as GET answers it: the spec's fields (never api_key) plus live state."""
     load = 0
+    engine_load = None
     for handle in REGISTRY.snapshot.workers:
         if handle.id == str(worker.pk):
-            load = handle.load.in_flight
+            load, engine_load = handle.load.in_flight, handle.load.engine_load
             break
     body: dict[str, Any] = {
         "id": str(worker.pk),
-        "url": worker.url,
-        "runtime_type": worker.runtime_type,
-        "worker_type": worker.worker_type,
-        "connection_mode": worker.connection_mode,
-        "models": worker.model_cards,
-        "labels": worker.labels,
-        "priority": worker.priority,
-        "cost": worker.cost,
+        **spec_fields(worker),
         "is_healthy": worker.status == "ready",
         "status": worker.status,
         "load": load,
@@ -105,6 +100,8 @@ def worker_object(worker: Worker) -> dict[str, Any]:
     }
     if worker.model_id:
         body["model_id"] = worker.model_id
+    if engine_load is not None:
+        body["engine_load"] = list(engine_load)
     for key in _SETTING_KEYS:
         value = worker.setting(key)
         if value is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any, Callable
 
 import orjson
@@ -70,8 +71,10 @@ class RelayRoute:
         self.validate: Validator = validate or _model_and_stream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        clock = ResponseClock(perf_counter())
         rt = runtime()
         request_id = request_id_for(scope)
+        media_bytes = 0
         try:
             if scope["method"] != "POST":
                 raise errors.method_not_allowed(scope["method"], scope["path"], "POST")
@@ -80,38 +83,35 @@ class RelayRoute:
                 await send_unauthorized(send, request_id)
                 return
             scope["gateway.identity"] = identity
+            if rt.rate_limiter is not None and identity.tenant_id is not None and identity.kind == "tenant":
+                limited = await rt.rate_limiter.hit(identity.tenant_id)
+                if limited is not None:
+                    if not limited.allowed:
+                        raise errors.rate_limit_exceeded(limited.headers())
+                    clock.headers = limited.headers()
             raw = await read_body(scope, receive, rt.config.max_payload_size)
             checked = self.validate(parse_json_object(raw))
-            key = header(scope, b"x-gw-routing-key")
-            routing_key = key.decode("latin-1") if key else None
-            decision = select_worker(
-                rt.registry.snapshot, checked.model or None, rt.policies, routing_key=routing_key, body=checked.body
-            )
-            body = checked.body
-            modified = checked.modified
-            if decision.model is not None and decision.model != checked.model:
-                body["model"] = decision.model
-                modified = True
-            payload = orjson.dumps(body) if modified else raw
+            if rt.media is not None:
+                media_bytes = rt.media.measure(checked.body)
         except GatewayError as error:
             await send_error(send, error, request_id)
             return
         except ClientDisconnected:
             return
-        attempt = Attempt(
-            model=checked.model or None,
-            routing_key=routing_key,
-            body=checked.body,
-            payload=payload,
-            stream=checked.stream,
-            request_id=request_id,
-            headers=forwarded_headers(scope),
-            identity=identity,
-        )
         watch = DisconnectWatch(receive)
+        permits, media = rt.permits, rt.media
+        held_permit = False
+        held_media = False
         try:
             try:
-                await self._dispatch(rt, attempt, decision.worker, send, watch)
+                if permits is not None:
+                    await permits.acquire()
+                    held_permit = True
+                if media_bytes and media is not None:
+                    await media.reserve(media_bytes)
+                    held_media = True
+                attempt, worker = self._prepare(rt, scope, checked, raw, request_id, identity, clock)
+                await self._dispatch(rt, attempt, worker, send, watch)
             except GatewayError as error:
                 watch.stop()
                 await send_error(send, error, request_id)
@@ -125,6 +125,38 @@ class RelayRoute:
             log.info("client disconnected; upstream request closed (request %s)", request_id.decode())
         finally:
             watch.stop()
+            if held_permit and permits is not None:
+                permits.release()
+            if held_media and media is not None:
+                media.release(media_bytes)
+
+    def _prepare(
+        self, rt: Runtime, scope: Scope, checked: ValidatedRequest, raw: bytes, request_id: bytes,
+        identity: Identity, clock: ResponseClock,
+    ) -> tuple[Attempt, WorkerHandle]:
+        """Pick the worker and build what stays the same across retries."""
+        key = header(scope, b"x-gw-routing-key")
+        routing_key = key.decode("latin-1") if key else None
+        decision = select_worker(
+            rt.registry.snapshot, checked.model or None, rt.policies, routing_key=routing_key, body=checked.body
+        )
+        body = checked.body
+        modified = checked.modified
+        if decision.model is not None and decision.model != checked.model:
+            body["model"] = decision.model
+            modified = True
+        attempt = Attempt(
+            model=checked.model or None,
+            routing_key=routing_key,
+            body=checked.body,
+            payload=orjson.dumps(body) if modified else raw,
+            stream=checked.stream,
+            request_id=request_id,
+            headers=forwarded_headers(scope),
+            identity=identity,
+            clock=clock,
+        )
+        return attempt, decision.worker
 
     async def _dispatch(self, rt: Runtime, attempt: Attempt, worker: WorkerHandle, send: Send, watch: DisconnectWatch) -> None:
         """Send to ``worker``; on a retryable outcome and while nothing reached the client, try the
@@ -132,6 +164,8 @@ class RelayRoute:
         tried: list[str] = []
         retries = 0
         while True:
+            if retries:  # back off before the next attempt, holding no worker's in-flight slot
+                await asyncio.sleep(rt.retry.backoff_secs(retries))
             tried.append(worker.id)
             breaker = worker.load.breaker
             backend = rt.backends[worker.record.transport]
@@ -139,7 +173,11 @@ class RelayRoute:
             worker.load.in_flight += 1
             try:
                 try:
-                    upstream = await backend.open(request)
+                    opening = perf_counter()
+                    try:
+                        upstream = await backend.open(request)
+                    finally:
+                        attempt.clock.upstream_secs += perf_counter() - opening
                     if upstream.status in RETRY_STATUSES:
                         following = self._next_worker(rt, attempt, tried, retries)
                         if following is not None:
@@ -147,7 +185,6 @@ class RelayRoute:
                             await backend.discard(upstream)
                             log.info("worker %s answered %d; retrying on %s", worker.url, upstream.status, following.url)
                             worker, retries = following, retries + 1
-                            await asyncio.sleep(rt.retry.backoff_secs(retries))
                             continue
                     clean = await backend.forward(upstream, request, send, watch.stop)
                     breaker.record(not clean or breaker.config.counts_as_failure(upstream.status))
@@ -159,7 +196,6 @@ class RelayRoute:
                         raise failure.to_error() from None
                     log.info("worker %s failed (%s); retrying on %s", worker.url, failure.detail, following.url)
                     worker, retries = following, retries + 1
-                    await asyncio.sleep(rt.retry.backoff_secs(retries))
             finally:
                 request.worker.load.in_flight -= 1  # the worker of this attempt
 
@@ -187,6 +223,27 @@ class Attempt:
     request_id: bytes
     headers: tuple[tuple[str, str], ...]
     identity: Identity
+    clock: ResponseClock
 
     def request_for(self, worker: WorkerHandle, path: str) -> RelayRequest:
-        return RelayRequest(worker, path, self.payload, self.stream, self.request_id, self.headers, self.identity)
+        return RelayRequest(
+            worker, path, self.payload, self.stream, self.request_id, self.headers, self.identity, self.clock.on_start
+        )
+
+
+class ResponseClock:
+    """Times one request for ``x-gw-overhead-ms`` (time in the gateway minus time waiting on the
+    upstream, up to the response start) and carries the other gateway headers for the response."""
+
+    __slots__ = ("started", "upstream_secs", "headers")
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.upstream_secs = 0.0
+        self.headers: tuple[tuple[bytes, bytes], ...] = ()
+
+    def on_start(self, headers: list[tuple[bytes, bytes]], upstream_secs: float) -> None:
+        overhead = perf_counter() - self.started - self.upstream_secs - upstream_secs
+        headers.append((b"x-gw-overhead-ms", b"%.3f" % (max(overhead, 0.0) * 1000.0)))
+        if self.headers:
+            headers.extend(self.headers)

@@ -7,7 +7,7 @@ from typing import Any, cast
 from django.urls import URLPattern, path
 
 from inference.api.asgi_io import ASGIApp
-
+from inference.api.fleet_routes import engine_metrics, get_model_info, get_server_info, health_generate, loads
 from inference.api.models import list_models
 from inference.api.probes import liveness, readiness
 from inference.api.relay import RelayRoute
@@ -41,6 +41,11 @@ def data_plane_routes() -> list[URLPattern]:
         asgi_route("health", liveness),
         asgi_route("liveness", liveness),
         asgi_route("readiness", readiness),
+        asgi_route("health_generate", health_generate),
+        asgi_route("engine_metrics", engine_metrics),
+        asgi_route("loads", loads),
+        asgi_route("get_model_info", get_model_info),
+        asgi_route("get_server_info", get_server_info),
     ]
     routes.extend(asgi_route(route.lstrip("/"), RelayRoute(route)) for route in RELAYED_PATHS)
     return routes

@@ -17,9 +17,12 @@ from inference.auth import Identity
 from inference.errors import GatewayError
 from inference.routing.registry import WorkerHandle
 
-__all__ = ["RelayRequest", "Upstream", "UpstreamFailure", "Backend", "FinalHook"]
+__all__ = ["RelayRequest", "Upstream", "UpstreamFailure", "Backend", "FinalHook", "StartHook"]
 
 FinalHook = Callable[[], None]
+# Called with the response-start headers right before they are sent, and the seconds the backend
+# spent waiting on the upstream since ``open`` returned (e.g. reading a whole body); it may append.
+StartHook = Callable[[list[tuple[bytes, bytes]], float], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,7 @@ class RelayRequest:
     request_id: bytes
     headers: tuple[tuple[str, str], ...]  # client headers forwarded as they are (tracing, routing key)
     identity: Identity  # who called: shared key, tenant, or anonymous (never the key itself)
+    on_start: StartHook | None = None  # the gateway's own response headers (overhead, rate limit)
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from time import perf_counter
 
 import aiohttp
 import orjson
@@ -115,6 +116,7 @@ class HttpBackend(Backend):
     async def _relay_whole(
         self, upstream: Upstream, response: aiohttp.ClientResponse, request: RelayRequest, send: Send, before_final: FinalHook
     ) -> None:
+        reading = perf_counter()
         try:
             body = await response.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -122,6 +124,8 @@ class HttpBackend(Backend):
         headers = [(b"x-request-id", request.request_id)]
         if upstream.content_type:
             headers.append((b"content-type", upstream.content_type.encode("latin-1")))
+        if request.on_start is not None:
+            request.on_start(headers, perf_counter() - reading)
         await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
         before_final()
         await send({"type": "http.response.body", "body": body})
@@ -130,6 +134,8 @@ class HttpBackend(Backend):
         self, response: aiohttp.ClientResponse, request: RelayRequest, send: Send, before_final: FinalHook
     ) -> bool:
         headers = [*SSE_HEADERS, (b"x-request-id", request.request_id)]
+        if request.on_start is not None:
+            request.on_start(headers, 0.0)
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         tail = b""
         clean = True

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from inference.routing.breaker import CircuitBreaker, Resilience
 
@@ -19,10 +19,13 @@ __all__ = ["WorkerLoad", "WorkerRecord", "WorkerHandle", "RegistrySnapshot", "Wo
 @dataclass(slots=True)
 class WorkerLoad:
     """Mutable live state of one worker, shared by every snapshot that contains it: requests in
-    flight and the circuit breaker."""
+    flight, the circuit breaker, and what the load monitor last learned (its load report entries,
+    one per data-parallel rank, and whether that report put the worker over its overload thresholds)."""
 
     in_flight: int = 0
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    engine_load: tuple[dict[str, Any], ...] | None = None
+    overloaded: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,7 @@ class WorkerRecord:
     api_key: str | None = field(default=None, repr=False)
     transport: str = "http"
     resilience: Resilience = field(default_factory=Resilience)
+    worker_type: str = "regular"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,12 @@ class WorkerRegistry:
     def __init__(self) -> None:
         self.snapshot = RegistrySnapshot()
         self._loads: dict[str, WorkerLoad] = {}
+        # Wall-clock time (Unix seconds) of the load monitor's last completed poll; None before it.
+        self.loads_polled_at: float | None = None
+
+    def load_of(self, worker_id: str) -> WorkerLoad | None:
+        """The live state of a worker in the current snapshot (None once it left the registry)."""
+        return self._loads.get(worker_id)
 
     def publish(self, records: Iterable[WorkerRecord], aliases: Mapping[str, str]) -> RegistrySnapshot:
         handles: list[WorkerHandle] = []

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from inference import errors
+from inference.config import current_config
 from inference.routing.breaker import BreakerState
 from inference.routing.policies import PolicySet, SelectionRequest
 from inference.routing.registry import RegistrySnapshot, WorkerHandle
@@ -33,9 +34,11 @@ def select_worker(
     policy. ``routing_key`` is the x-gw-routing-key header; ``body`` the parsed request, read for its
     text only when the policy matches on text (cache_aware).
 
-    Workers in ``exclude`` (already tried) and workers whose circuit breaker is open are skipped.
-    Raises 404 model_not_found when no worker serves or may serve the model, 503 when workers for it
-    exist but none is ready or usable.
+    Workers in ``exclude`` (already tried), workers whose circuit breaker is open and workers the
+    load monitor found overloaded are skipped. Raises 404 model_not_found when no worker serves or
+    may serve the model, 503 when workers for it exist but none is ready or usable, and 503
+    worker_overload_protection_shed (Retry-After: the load-monitor interval) when every worker left
+    is overloaded.
     """
     policies.observe(snapshot)
     candidates: Sequence[WorkerHandle]
@@ -51,9 +54,12 @@ def select_worker(
             if canonical in snapshot.known_models or snapshot.undiscovered:
                 raise errors.no_healthy_workers(canonical)
             raise errors.model_not_found(model)
-    candidates = _usable(candidates, exclude)
-    if not candidates:
+    usable = _usable(candidates, exclude)
+    if not usable:
+        if any(h.load.overloaded and h.id not in exclude for h in candidates):
+            raise errors.worker_overload_shed(current_config().load_monitor_interval)
         raise errors.no_healthy_workers(canonical)
+    candidates = usable
     policy = policies.for_model(canonical or "")
     text = request_text(body) if policy.needs_text else None
     worker = policy.select(candidates, SelectionRequest(canonical or "", routing_key, text))
@@ -61,12 +67,15 @@ def select_worker(
 
 
 def _usable(candidates: Sequence[WorkerHandle], exclude: frozenset[str]) -> Sequence[WorkerHandle]:
-    """Candidates not yet tried whose breaker lets traffic through (the common case costs one scan)."""
+    """Candidates not yet tried, not overloaded, whose breaker lets traffic through (the common case
+    costs one scan)."""
     if not exclude:
         for handle in candidates:
-            if handle.load.breaker.state is not BreakerState.CLOSED:
+            if handle.load.overloaded or handle.load.breaker.state is not BreakerState.CLOSED:
                 break
         else:
             return candidates
     now = time.monotonic()
-    return tuple(h for h in candidates if h.id not in exclude and h.load.breaker.allows(now))
+    return tuple(
+        h for h in candidates if h.id not in exclude and not h.load.overloaded and h.load.breaker.allows(now)
+    )

@@ -22,7 +22,17 @@ Introspection, behind the same API key as the rest (/_mock requests are not reco
 * ``POST /_mock/faults`` ``{"health_status": 503, "status": 500, "hang": true, "drop": true}`` (any
   subset): fail health probes, answer every inference POST with that status, hang every inference
   POST, or close its connection without an answer;
-  ``DELETE /_mock/faults`` clears them; ``POST /_mock/exit`` kills the process at once.
+  ``DELETE /_mock/faults`` clears them; ``POST /_mock/exit`` kills the process at once;
+  the faults ``load_status``, ``metrics_status``, ``flush_status`` and ``profile_status`` make
+  ``/get_load``, ``/metrics``, ``/flush_cache`` and ``/start_profile`` / ``/stop_profile`` answer
+  with that status;
+* ``POST /_mock/load`` ``{"ranks": [{"num_waiting_reqs": 5, "token_usage": 0.5, ...}, ...]}`` (or one
+  rank's object) sets the engine load reported by ``/get_load`` (SGLang) and ``/metrics``, one entry
+  per data-parallel rank; in-process: ``mock_state(app).engine_loads``.
+
+Engine load and operations routes: ``GET /get_load`` (SGLang workers only: a JSON list with one
+object per dp rank), ``GET /metrics`` (Prometheus text; ``sglang:*`` or ``vllm:*`` gauges),
+``POST /flush_cache``, ``POST /start_profile``, ``POST /stop_profile``.
 
 A stream whose client went away before it finished counts as ``streams_disconnected``; one cut by
 ``fail_after`` as ``streams_aborted``.
@@ -57,6 +67,8 @@ __all__ = [
 MOCK_VERSION = "0.0.0-mock"
 REQUEST_LOG_SIZE = 100
 _MAX_N = 128
+_MAX_TOTAL_TOKENS = 100_000
+_FAULT_STATUSES = ("load_status", "metrics_status", "flush_status", "profile_status")
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -100,6 +112,12 @@ class MockWorkerState:
     fault_status: int | None = None
     fault_hang: bool = False
     fault_drop: bool = False
+    load_status: int | None = None
+    metrics_status: int | None = None
+    flush_status: int | None = None
+    profile_status: int | None = None
+    # Engine load per data-parallel rank (fields of an SGLang load entry; missing ones default to 0).
+    engine_loads: list[dict[str, Any]] = field(default_factory=lambda: [{}])
 
     def faults(self) -> dict[str, Any]:
         return {
@@ -107,7 +125,34 @@ class MockWorkerState:
             "status": self.fault_status,
             "hang": self.fault_hang,
             "drop": self.fault_drop,
+            "load_status": self.load_status,
+            "metrics_status": self.metrics_status,
+            "flush_status": self.flush_status,
+            "profile_status": self.profile_status,
         }
+
+    def rank_loads(self) -> list[dict[str, Any]]:
+        """The engine load of every dp rank, with the defaults filled in."""
+        ranks = []
+        for rank, given in enumerate(self.engine_loads or [{}]):
+            entry: dict[str, Any] = {
+                "dp_rank": rank,
+                "num_running_reqs": 0,
+                "num_waiting_reqs": 0,
+                "num_used_tokens": 0,
+                "max_total_num_tokens": _MAX_TOTAL_TOKENS,
+                "token_usage": 0.0,
+                "gen_throughput": 0.0,
+                "cache_hit_rate": 0.0,
+                "max_running_requests": 256,
+            }
+            entry.update(given)
+            if "token_usage" not in given and entry["max_total_num_tokens"]:
+                entry["token_usage"] = entry["num_used_tokens"] / entry["max_total_num_tokens"]
+            entry["num_reqs"] = entry["num_running_reqs"] + entry["num_waiting_reqs"]
+            entry["num_tokens"] = entry["num_used_tokens"]
+            ranks.append(entry)
+        return ranks
 
     def stats(self) -> dict[str, int]:
         return {
@@ -406,6 +451,28 @@ def _routes(config: MockWorkerConfig) -> list[web.RouteDef]:
         ]
         return await _respond(request, ctl, tokens, results)
 
+    def fault(status: int | None, what: str) -> None:
+        if status is not None:
+            raise mr.MockError(status, f"{what} failing on command (set through /_mock/faults)")
+
+    async def get_load(request: web.Request) -> web.Response:
+        state = request.app[_STATE]
+        fault(state.load_status, "get_load")
+        return _json(state.rank_loads())
+
+    async def metrics(request: web.Request) -> web.Response:
+        state = request.app[_STATE]
+        fault(state.metrics_status, "metrics")
+        return web.Response(text=_metrics_text(config, state), content_type="text/plain")
+
+    async def flush_cache(request: web.Request) -> web.Response:
+        fault(request.app[_STATE].flush_status, "flush_cache")
+        return web.Response(text="Cache flushed.")
+
+    async def profile(request: web.Request) -> web.Response:
+        fault(request.app[_STATE].profile_status, "profile")
+        return web.Response(text=f"{request.path.strip('/')} done.")
+
     tokenize = simple(lambda body, _model: mr.tokenize_payload(body, config.max_model_len))
     detokenize = simple(lambda body, _model: mr.detokenize_payload(body))
     rerank = simple(mr.rerank_payload)
@@ -418,6 +485,11 @@ def _routes(config: MockWorkerConfig) -> list[web.RouteDef]:
         web.get("/get_server_info", server_info_handler),
         web.get("/server_info", server_info_handler),
         web.get("/version", static({"version": MOCK_VERSION} if vllm else None)),
+        *([web.get("/get_load", get_load)] if sglang else []),
+        web.get("/metrics", metrics),
+        web.post("/flush_cache", flush_cache),
+        web.post("/start_profile", profile),
+        web.post("/stop_profile", profile),
         web.post("/v1/chat/completions", chat),
         web.post("/v1/completions", completions),
         web.post("/v1/embeddings", simple(mr.embeddings_payload)),
@@ -463,13 +535,29 @@ def _introspection_routes(state: MockWorkerState) -> list[web.RouteDef]:
             state.fault_hang = bool(given["hang"])
         if "drop" in given:
             state.fault_drop = bool(given["drop"])
+        for name in _FAULT_STATUSES:
+            if name in given:
+                setattr(state, name, None if given[name] is None else int(given[name]))
         return _json(state.faults())
+
+    async def set_load(request: web.Request) -> web.Response:
+        try:
+            given = await request.json()
+        except ValueError:
+            return _error(400, "Malformed JSON in request body")
+        ranks = given.get("ranks") if isinstance(given, dict) and "ranks" in given else [given]
+        if not isinstance(ranks, list) or not ranks or not all(isinstance(r, dict) for r in ranks):
+            return _error(400, "load must be an object or {ranks: [objects]}")
+        state.engine_loads = ranks
+        return _json(state.rank_loads())
 
     async def get_faults(_request: web.Request) -> web.Response:
         return _json(state.faults())
 
     async def clear_faults(_request: web.Request) -> web.Response:
         state.health_status, state.fault_status, state.fault_hang, state.fault_drop = 200, None, False, False
+        for name in _FAULT_STATUSES:
+            setattr(state, name, None)
         return _json(state.faults())
 
     async def exit_now(_request: web.Request) -> web.Response:
@@ -482,11 +570,44 @@ def _introspection_routes(state: MockWorkerState) -> list[web.RouteDef]:
         web.delete("/_mock/faults", clear_faults),
         web.get("/_mock/faults", get_faults),
         web.post("/_mock/exit", exit_now),
+        web.post("/_mock/load", set_load),
         web.get("/_mock/requests", requests),
         web.delete("/_mock/requests", clear_requests),
         web.get("/_mock/stats", stats),
         web.delete("/_mock/stats", reset),
     ]
+
+
+def _metrics_text(config: MockWorkerConfig, state: MockWorkerState) -> str:
+    """The engine's Prometheus exposition: SGLang or vLLM gauge names (with colons), one sample per
+    dp rank, plus a counter."""
+    prefix = "vllm" if config.runtime == "vllm" else "sglang"
+    gauges: tuple[tuple[str, str, str], ...]
+    if prefix == "vllm":
+        gauges = (
+            ("num_requests_running", "num_running_reqs", "Number of requests in model execution batches."),
+            ("num_requests_waiting", "num_waiting_reqs", "Number of requests waiting to be processed."),
+            ("kv_cache_usage_perc", "token_usage", "KV-cache usage. 1 means 100 percent usage."),
+        )
+    else:
+        gauges = (
+            ("num_requests_running", "num_running_reqs", "The number of running requests."),
+            ("num_queue_reqs", "num_waiting_reqs", "The number of requests in the waiting queue."),
+            ("token_usage", "token_usage", "The token usage."),
+            ("gen_throughput", "gen_throughput", "The generation throughput (token/s)."),
+        )
+    ranks = state.rank_loads()
+    lines = []
+    for name, key, help_text in gauges:
+        lines.append(f"# HELP {prefix}:{name} {help_text}")
+        lines.append(f"# TYPE {prefix}:{name} gauge")
+        for entry in ranks:
+            labels = f'model_name="{config.model}",dp_rank="{entry["dp_rank"]}"'
+            lines.append(f"{prefix}:{name}{{{labels}}} {float(entry[key])}")
+    lines.append(f"# HELP {prefix}:mock_requests_total Requests the mock worker received.")
+    lines.append(f"# TYPE {prefix}:mock_requests_total counter")
+    lines.append(f'{prefix}:mock_requests_total{{model_name="{config.model}"}} {float(state.total_requests)}')
+    return "\n".join(lines) + "\n"
 
 
 def build_app(config: MockWorkerConfig) -> web.Application:

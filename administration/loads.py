@@ -1,0 +1,335 @@
+"""The load monitor (spec 3, Load report entry and the overload block).
+
+Every --load-monitor-interval seconds it asks each ready self-hosted HTTP worker for its engine load:
+SGLang's ``GET /get_load`` (one JSON object per data-parallel rank), or, where that route is missing
+or fails, the engine's Prometheus ``GET /metrics`` gauges (vLLM's or SGLang's names). Each answer
+becomes the spec's load report entries, kept on the worker's live state in the registry
+(``WorkerLoad.engine_load``) so /loads and the worker objects read a cached snapshot without calling
+a worker. A worker whose report crosses its overload thresholds (waiting requests summed across dp
+ranks, or mean KV token usage) is marked ``overloaded`` and leaves routing; it returns once a report
+is below both. A failed poll drops the worker's report (it is left out of /loads) and keeps its
+overload state until a report says otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence, TypedDict
+
+import httpx
+
+from inference.routing.registry import REGISTRY, WorkerRegistry
+
+__all__ = [
+    "LoadTarget",
+    "LoadEntry",
+    "LoadMonitor",
+    "entries_from_get_load",
+    "entries_from_metrics",
+    "is_overloaded",
+]
+
+log = logging.getLogger(__name__)
+
+_MAX_POLL_TIMEOUT_SECS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadTarget:
+    """One worker to poll, with its overload thresholds (None: that threshold is off)."""
+
+    worker_id: str
+    url: str
+    api_key: str | None
+    worker_type: str
+    runtime_type: str
+    waiting_requests: int | None = None
+    token_usage: float | None = None
+
+    @property
+    def protected(self) -> bool:
+        return self.waiting_requests is not None or self.token_usage is not None
+
+
+class _LoadEntryRequired(TypedDict):
+    worker: str
+    worker_type: str
+    dp_rank: int
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_waiting_uncached_tokens: int
+    num_total_reqs: int
+    num_used_tokens: int
+    max_total_num_tokens: int
+    token_usage: float
+    gen_throughput: float
+    cache_hit_rate: float
+    utilization: float
+    max_running_requests: int
+
+
+class LoadEntry(_LoadEntryRequired, total=False):
+    """One data-parallel rank of one worker (spec 3, Load report entry)."""
+
+    memory: dict[str, Any]
+    queues: dict[str, Any]
+    kv_transfer_latency_ms: float
+    kv_transfer_speed_gb_s: float
+    prefill_queue_reqs: int
+    decode_queue_reqs: int
+    disagg_mode: str
+
+
+_OPTIONAL_FIELDS = (
+    "memory",
+    "queues",
+    "kv_transfer_latency_ms",
+    "kv_transfer_speed_gb_s",
+    "prefill_queue_reqs",
+    "decode_queue_reqs",
+    "disagg_mode",
+)
+
+
+def _int(value: Any) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0
+    return int(number) if math.isfinite(number) else 0
+
+
+def _float(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return number if math.isfinite(number) else 0.0
+
+
+def _entry(
+    target: LoadTarget,
+    dp_rank: int,
+    running: int,
+    waiting: int,
+    used_tokens: int,
+    max_tokens: int,
+    token_usage: float | None,
+    raw: dict[str, Any],
+) -> LoadEntry:
+    usage = token_usage if token_usage is not None else (used_tokens / max_tokens if max_tokens else 0.0)
+    max_running = _int(raw.get("max_running_requests"))
+    utilization = raw.get("utilization")
+    entry: LoadEntry = {
+        "worker": target.url,
+        "worker_type": target.worker_type,
+        "dp_rank": dp_rank,
+        "num_running_reqs": running,
+        "num_waiting_reqs": waiting,
+        "num_waiting_uncached_tokens": _int(raw.get("num_waiting_uncached_tokens")),
+        "num_total_reqs": running + waiting,
+        "num_used_tokens": used_tokens,
+        "max_total_num_tokens": max_tokens,
+        "token_usage": min(1.0, max(0.0, usage)),
+        "gen_throughput": _float(raw.get("gen_throughput")),
+        "cache_hit_rate": _float(raw.get("cache_hit_rate")),
+        "utilization": _float(utilization) if utilization is not None else (running / max_running if max_running else 0.0),
+        "max_running_requests": max_running,
+    }
+    for key in _OPTIONAL_FIELDS:
+        if raw.get(key) is not None:
+            entry[key] = raw[key]  # type: ignore[literal-required]
+    return entry
+
+
+def entries_from_get_load(target: LoadTarget, payload: Any) -> list[LoadEntry]:
+    """Entries from SGLang's /get_load: a list of per-rank objects (``num_reqs`` counts running and
+    waiting requests, ``num_tokens`` the used tokens), an object with ``loads``, or one object."""
+    if isinstance(payload, dict):
+        payload = payload.get("loads", [payload])
+    if not isinstance(payload, list):
+        raise ValueError("load report is not a list of objects")
+    entries = []
+    for index, raw in enumerate(payload):
+        if not isinstance(raw, dict):
+            raise ValueError("load report is not a list of objects")
+        waiting = _int(raw.get("num_waiting_reqs"))
+        if "num_running_reqs" in raw:
+            running = _int(raw["num_running_reqs"])
+        else:
+            running = max(0, _int(raw.get("num_reqs")) - waiting)
+        used = _int(raw.get("num_used_tokens", raw.get("num_tokens")))
+        usage = raw.get("token_usage")
+        entries.append(
+            _entry(
+                target,
+                _int(raw.get("dp_rank", index)),
+                running,
+                waiting,
+                used,
+                _int(raw.get("max_total_num_tokens")),
+                None if usage is None else _float(usage),
+                raw,
+            )
+        )
+    return entries
+
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+# Prometheus gauge name -> load field, for the engines that have no /get_load.
+_METRIC_FIELDS = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "usage",
+    "vllm:gpu_cache_usage_perc": "usage",
+    "sglang:num_running_reqs": "running",
+    "sglang:num_requests_running": "running",
+    "sglang:num_queue_reqs": "waiting",
+    "sglang:token_usage": "usage",
+    "sglang:gen_throughput": "gen_throughput",
+    "sglang:cache_hit_rate": "cache_hit_rate",
+}
+
+
+def entries_from_metrics(target: LoadTarget, text: str) -> list[LoadEntry]:
+    """Entries from an engine's Prometheus gauges, one per ``dp_rank`` label value (rank 0 without
+    one); samples of one rank are summed (several engines or models behind one server)."""
+    ranks: dict[int, dict[str, float]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None or match.group(1) not in _METRIC_FIELDS:
+            continue
+        labels = dict(_LABEL.findall(match.group(3) or ""))
+        rank = ranks.setdefault(_int(labels.get("dp_rank", 0)), {})
+        key = _METRIC_FIELDS[match.group(1)]
+        rank[key] = rank.get(key, 0.0) + _float(match.group(4))
+    if not ranks:
+        raise ValueError("no load gauges in the metrics")
+    return [
+        _entry(
+            target,
+            rank,
+            _int(values.get("running")),
+            _int(values.get("waiting")),
+            0,
+            0,
+            values.get("usage", 0.0),
+            {"gen_throughput": values.get("gen_throughput"), "cache_hit_rate": values.get("cache_hit_rate")},
+        )
+        for rank, values in sorted(ranks.items())
+    ]
+
+
+def is_overloaded(target: LoadTarget, entries: Sequence[LoadEntry]) -> bool:
+    """At or above a threshold: waiting requests summed across ranks, or mean token usage."""
+    if not target.protected or not entries:
+        return False
+    waiting = sum(entry["num_waiting_reqs"] for entry in entries)
+    usage = sum(entry["token_usage"] for entry in entries) / len(entries)
+    if target.waiting_requests is not None and waiting >= target.waiting_requests:
+        return True
+    return target.token_usage is not None and usage >= target.token_usage
+
+
+class LoadMonitor:
+    """Polls the targets every ``interval`` seconds (all of them in parallel) and publishes each
+    worker's report on its live state in ``registry``."""
+
+    def __init__(self, interval: float, registry: WorkerRegistry = REGISTRY) -> None:
+        self.interval = interval
+        self.registry = registry
+        self._targets: dict[str, LoadTarget] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def targets(self) -> tuple[LoadTarget, ...]:
+        return tuple(self._targets.values())
+
+    def reconcile(self, targets: Sequence[LoadTarget]) -> None:
+        """Poll exactly these workers from now on; a worker that left is back to no report."""
+        wanted = {target.worker_id: target for target in targets}
+        for worker_id in self._targets.keys() - wanted.keys():
+            load = self.registry.load_of(worker_id)
+            if load is not None:
+                load.engine_load, load.overloaded = None, False
+        for worker_id, target in wanted.items():
+            load = self.registry.load_of(worker_id)
+            if load is not None and not target.protected:
+                load.overloaded = False
+        self._targets = wanted
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def apoll(self) -> None:
+        """One round: every target polled in parallel, reports and overload states updated."""
+        targets = list(self._targets.values())
+        reports = await asyncio.gather(*(self._afetch(target) for target in targets))
+        for target, entries in zip(targets, reports):
+            if self._targets.get(target.worker_id) is not target:
+                continue  # reconciled away while polling
+            load = self.registry.load_of(target.worker_id)
+            if load is None:
+                continue
+            load.engine_load = None if entries is None else tuple(dict(entry) for entry in entries)
+            if entries is not None:
+                overloaded = is_overloaded(target, entries)
+                if overloaded != load.overloaded:
+                    log.warning(
+                        "worker %s %s routing (overload protection)", target.url, "leaves" if overloaded else "returns to"
+                    )
+                load.overloaded = overloaded
+        self.registry.loads_polled_at = time.time()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.apoll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("load poll failed")
+            await asyncio.sleep(self.interval)
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(trust_env=False, follow_redirects=False)
+        return self._client
+
+    async def _afetch(self, target: LoadTarget) -> list[LoadEntry] | None:
+        headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+        timeout = min(self.interval, _MAX_POLL_TIMEOUT_SECS)
+        if target.runtime_type != "vllm":
+            try:
+                response = await self._http().get(target.url + "/get_load", headers=headers, timeout=timeout)
+                if response.is_success:
+                    return entries_from_get_load(target, response.json())
+            except (httpx.HTTPError, ValueError) as exc:
+                log.debug("get_load of %s failed: %s", target.url, exc)
+        try:
+            response = await self._http().get(target.url + "/metrics", headers=headers, timeout=timeout)
+            if response.is_success:
+                return entries_from_metrics(target, response.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            log.debug("metrics of %s failed: %s", target.url, exc)
+        return None

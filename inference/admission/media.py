@@ -1,0 +1,132 @@
+"""The in-flight media budget (spec 1, Limits: media budget): ``--multimodal-max-inflight-bytes``.
+
+A chat request's inline media (base64 data URLs in ``image_url``, ``video_url`` and ``audio_url``
+parts, and base64 ``input_audio`` data) is counted at its decoded size, estimated as
+``len(base64) * 3 // 4``. Remote URLs cost nothing: the gateway does not hold their bytes.
+
+A request whose media alone exceeds the budget is refused with 413 multimodal_payload_too_large.
+Otherwise it reserves its bytes while in flight. When the budget is full it waits, FIFO, for at
+most :data:`MEDIA_WAIT_SECS` (one second, not the admission queue timeout: media waits while
+already holding a concurrency permit, so the wait is kept short), then gets 429
+multimodal_inflight_budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+from inference import errors
+
+__all__ = ["MediaBudget", "MEDIA_WAIT_SECS", "inline_media_bytes"]
+
+MEDIA_WAIT_SECS = 1.0
+
+_URL_PARTS = ("image_url", "video_url", "audio_url")
+
+
+def _data_url_bytes(value: Any) -> int:
+    if isinstance(value, dict):
+        value = value.get("url")
+    if not isinstance(value, str) or not value.startswith("data:"):
+        return 0
+    comma = value.find(",")
+    if comma < 0:
+        return 0
+    return (len(value) - comma - 1) * 3 // 4
+
+
+def inline_media_bytes(body: dict[str, Any]) -> int:
+    """The estimated decoded size of the inline media in a chat request's messages."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return 0
+    total = 0
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type")
+            if kind in _URL_PARTS:
+                total += _data_url_bytes(part.get(kind))
+            elif kind == "input_audio":
+                audio = part.get("input_audio")
+                data = audio.get("data") if isinstance(audio, dict) else None
+                if isinstance(data, str):
+                    total += (len(data) * 3 // 4) if not data.startswith("data:") else _data_url_bytes(data)
+    return total
+
+
+class MediaBudget:
+    """Bytes of inline media in flight in this process, at most ``limit``."""
+
+    __slots__ = ("limit", "wait_secs", "in_use", "_waiters")
+
+    def __init__(self, limit: int, wait_secs: float = MEDIA_WAIT_SECS) -> None:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        self.limit = limit
+        self.wait_secs = wait_secs
+        self.in_use = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    def measure(self, body: dict[str, Any]) -> int:
+        """The request's media bytes; raises 413 when they alone exceed the budget."""
+        size = inline_media_bytes(body)
+        if size > self.limit:
+            raise errors.multimodal_payload_too_large(size, self.limit)
+        return size
+
+    async def reserve(self, size: int) -> None:
+        """Reserve ``size`` bytes (at most ``limit``), waiting FIFO up to ``wait_secs``; 429 after that."""
+        if not self._waiters and self.in_use + size <= self.limit:
+            self.in_use += size
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (size, waiter)
+        self._waiters.append(entry)
+        try:
+            async with asyncio.timeout(self.wait_secs):
+                await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self.release(size)  # granted as we gave up: hand the bytes on
+            else:
+                waiter.cancel()
+                try:
+                    self._waiters.remove(entry)
+                except ValueError:
+                    pass
+                self._wake()  # the head may have changed
+            if isinstance(exc, TimeoutError):
+                raise errors.multimodal_inflight_budget() from None
+            raise
+
+    def release(self, size: int) -> None:
+        self.in_use -= size
+        if self._waiters:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Grant waiters in order while the oldest one fits."""
+        waiters = self._waiters
+        while waiters:
+            size, waiter = waiters[0]
+            if waiter.done():
+                waiters.popleft()
+                continue
+            if self.in_use + size > self.limit:
+                return
+            waiters.popleft()
+            self.in_use += size
+            waiter.set_result(None)

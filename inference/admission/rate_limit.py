@@ -1,0 +1,180 @@
+"""Per-tenant rate limits (spec 1, Authentication and Limits): requests per minute per tenant key.
+
+A fixed one-minute window per tenant. With ``REDIS_URL`` set the counter lives in Redis and is
+shared by every gateway process: one Lua script (INCR, and PEXPIRE on the first hit) per request,
+one round trip. Without Redis the counter is in-process. When Redis cannot be reached the limiter
+fails open: requests pass, one warning is logged per outage, and Redis is tried again after
+:data:`REDIS_RETRY_SECS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+__all__ = [
+    "RateDecision",
+    "RateLimiter",
+    "LocalRateLimiter",
+    "RedisRateLimiter",
+    "TenantLimits",
+    "build_rate_limiter",
+    "REDIS_RETRY_SECS",
+]
+
+log = logging.getLogger(__name__)
+
+WINDOW_SECS = 60
+REDIS_RETRY_SECS = 1.0
+
+_INCR_SCRIPT = """
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return n
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class RateDecision:
+    """The outcome of counting one request against its tenant's budget."""
+
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_at: int  # Unix timestamp at which the window ends
+
+    def headers(self, now: float | None = None) -> tuple[tuple[bytes, bytes], ...]:
+        """X-RateLimit-* headers, plus Retry-After (seconds) when refused."""
+        found = (
+            (b"x-ratelimit-limit", str(self.limit).encode()),
+            (b"x-ratelimit-remaining", str(self.remaining).encode()),
+            (b"x-ratelimit-reset", str(self.reset_at).encode()),
+        )
+        if self.allowed:
+            return found
+        wait = max(1, math.ceil(self.reset_at - (time.time() if now is None else now)))
+        return ((b"retry-after", str(wait).encode()), *found)
+
+
+class TenantLimits:
+    """Requests per minute for each tenant: its own setting, else the default (0: unlimited)."""
+
+    __slots__ = ("default", "by_tenant")
+
+    def __init__(self, default: int, by_tenant: Iterable[tuple[str, str]]) -> None:
+        self.default = default
+        self.by_tenant = {tenant: int(rpm) for tenant, rpm in by_tenant}
+
+    @property
+    def any(self) -> bool:
+        return self.default > 0 or any(rpm > 0 for rpm in self.by_tenant.values())
+
+    def limit_for(self, tenant_id: str) -> int:
+        return self.by_tenant.get(tenant_id, self.default)
+
+
+def _decision(count: int, limit: int, window: int) -> RateDecision:
+    return RateDecision(count <= limit, limit, max(0, limit - count), (window + 1) * WINDOW_SECS)
+
+
+class RateLimiter:
+    """Counts one request for a tenant; ``None`` means the tenant has no limit."""
+
+    def __init__(self, limits: TenantLimits) -> None:
+        self.limits = limits
+
+    async def hit(self, tenant_id: str) -> RateDecision | None:
+        limit = self.limits.limit_for(tenant_id)
+        if limit <= 0:
+            return None
+        window = int(time.time() // WINDOW_SECS)
+        count = await self._count(tenant_id, window)
+        if count is None:
+            return None
+        return _decision(count, limit, window)
+
+    async def _count(self, tenant_id: str, window: int) -> int | None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Release connections (lifespan shutdown)."""
+
+
+class LocalRateLimiter(RateLimiter):
+    """The in-process counter (no Redis): one window per tenant."""
+
+    def __init__(self, limits: TenantLimits) -> None:
+        super().__init__(limits)
+        self._windows: dict[str, list[int]] = {}  # tenant -> [window, count]
+
+    async def _count(self, tenant_id: str, window: int) -> int | None:
+        entry = self._windows.get(tenant_id)
+        if entry is None or entry[0] != window:
+            entry = self._windows[tenant_id] = [window, 0]
+        entry[1] += 1
+        return entry[1]
+
+
+class RedisRateLimiter(RateLimiter):
+    """The counter shared through Redis: key ``<prefix><tenant>:<window>``, expiring after the window.
+
+    Clients are per event loop (redis.asyncio connections are tied to the loop that made them).
+    """
+
+    def __init__(self, limits: TenantLimits, url: str, prefix: str = "gw:rl:") -> None:
+        super().__init__(limits)
+        self.url = url
+        self.prefix = prefix
+        self._clients: dict[asyncio.AbstractEventLoop, tuple[Any, Any]] = {}
+        self._down_until = 0.0
+        self._warned = False
+
+    def _script(self) -> Any:
+        loop = asyncio.get_running_loop()
+        found = self._clients.get(loop)
+        if found is None:
+            import redis.asyncio as aredis
+
+            client = aredis.Redis.from_url(self.url, socket_connect_timeout=0.5, socket_timeout=0.5)
+            found = self._clients[loop] = (client, client.register_script(_INCR_SCRIPT))
+        return found[1]
+
+    async def _count(self, tenant_id: str, window: int) -> int | None:
+        if self._down_until and time.monotonic() < self._down_until:
+            return None
+        key = f"{self.prefix}{tenant_id}:{window}"
+        try:
+            count = await self._script()(keys=[key], args=[WINDOW_SECS * 1000 + 1000])
+        except Exception as exc:  # redis.RedisError, OSError, timeouts: fail open
+            self._down_until = time.monotonic() + REDIS_RETRY_SECS
+            if not self._warned:
+                self._warned = True
+                log.warning("rate limiter: Redis unavailable (%s); letting requests through", type(exc).__name__)
+            return None
+        self._down_until = 0.0
+        if self._warned:
+            self._warned = False
+            log.info("rate limiter: Redis is reachable again")
+        return int(count)
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        found = self._clients.pop(loop, None)
+        if found is not None:
+            await found[0].aclose()
+
+
+def build_rate_limiter(
+    default: int, by_tenant: Iterable[tuple[str, str]], redis_url: str | None
+) -> RateLimiter | None:
+    """The limiter for the config, or None when no tenant has a limit (nothing to count)."""
+    limits = TenantLimits(default, by_tenant)
+    if not limits.any:
+        return None
+    if redis_url:
+        return RedisRateLimiter(limits, redis_url)
+    return LocalRateLimiter(limits)
