@@ -26,9 +26,19 @@ def _mock(spawn, name: str, delay_ms: int = 0):
     )
 
 
+def _wait_for_ready_workers(gateway, count: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if httpx.get(gateway.url + "/readiness").json()["workers"]["ready"] == count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{count} workers not ready within {timeout}s")
+
+
 def test_worker_killed_mid_traffic_loses_no_retryable_request(spawn, start_gateway) -> None:
     doomed, survivor = _mock(spawn, "doomed", delay_ms=25), _mock(spawn, "survivor", delay_ms=25)
     gateway = start_gateway("--worker-urls", doomed.url, survivor.url, "--retry-initial-backoff-ms", "5")
+    _wait_for_ready_workers(gateway, 2)  # /readiness is 200 with one; traffic needs both
 
     async def traffic() -> list[int]:
         async with httpx.AsyncClient(timeout=30) as client:
@@ -60,6 +70,7 @@ def test_unhealthy_worker_leaves_routing_and_returns(spawn, start_gateway) -> No
         "--worker-urls", sick.url, steady.url,
         "--health-check-interval-secs", "0.3", "--health-failure-threshold", "2", "--health-success-threshold", "1",
     )
+    _wait_for_ready_workers(gateway, 2)
     httpx.post(sick.url + "/_mock/faults", json={"health_status": 503})
 
     def routable_count() -> int:
