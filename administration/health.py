@@ -17,6 +17,7 @@ from typing import Awaitable, Callable
 import httpx
 
 from administration.db import arun_db
+from administration.metrics import record_health_check
 from administration.models import Worker, WorkerStatus
 
 __all__ = ["HealthTarget", "HealthChecker", "transition"]
@@ -100,6 +101,7 @@ class HealthChecker:
             if target is None:
                 return
             healthy = await self.probe(target)
+            record_health_check(worker_id, healthy)
             successes, failures = (successes + 1, 0) if healthy else (0, failures + 1)
             status = self._targets[worker_id].status if worker_id in self._targets else target.status
             new = None

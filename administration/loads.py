@@ -23,6 +23,7 @@ from typing import Any, Sequence, TypedDict
 
 import httpx
 
+from administration.metrics import record_engine_load
 from inference.routing.registry import REGISTRY, WorkerRegistry
 
 __all__ = [
@@ -259,6 +260,7 @@ class LoadMonitor:
         """Poll exactly these workers from now on; a worker that left is back to no report."""
         wanted = {target.worker_id: target for target in targets}
         for worker_id in self._targets.keys() - wanted.keys():
+            record_engine_load(self._targets[worker_id].url, None, None)
             load = self.registry.load_of(worker_id)
             if load is not None:
                 load.engine_load, load.overloaded = None, False
@@ -285,6 +287,7 @@ class LoadMonitor:
         """One round: every target polled in parallel, reports and overload states updated."""
         targets = list(self._targets.values())
         reports = await asyncio.gather(*(self._afetch(target) for target in targets))
+        models = {handle.id: handle.record.model_id for handle in self.registry.snapshot.workers}
         for target, entries in zip(targets, reports):
             if self._targets.get(target.worker_id) is not target:
                 continue  # reconciled away while polling
@@ -292,6 +295,7 @@ class LoadMonitor:
             if load is None:
                 continue
             load.engine_load = None if entries is None else tuple(dict(entry) for entry in entries)
+            record_engine_load(target.url, models.get(target.worker_id), load.engine_load)
             if entries is not None:
                 overloaded = is_overloaded(target, entries)
                 if overloaded != load.overloaded:

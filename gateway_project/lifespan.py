@@ -10,7 +10,9 @@ import asyncio
 import gc
 import logging
 
+from administration import metrics
 from administration.fleet import Fleet
+from administration.metrics_server import MetricsListener, ProbeListener
 from inference.api.asgi_io import ASGIApp, Receive, Scope, Send
 from inference.api.fleet_routes import aclose_http_client
 from inference.config import current_config
@@ -25,6 +27,9 @@ class GatewayLifecycle:
     def __init__(self) -> None:
         self.started = False
         self.fleet: Fleet | None = None
+        self.metrics: MetricsListener | None = None
+        self.probes: ProbeListener | None = None
+        self._sampler: asyncio.Task[None] | None = None
         self._lock: asyncio.Lock | None = None
 
     async def astart(self) -> None:
@@ -37,8 +42,17 @@ class GatewayLifecycle:
                 return
             config = current_config()
             reset_runtime(config)
+            metrics.configure(config.prometheus_duration_buckets)
+            if config.health_check_port > 0:
+                probes = ProbeListener(config.host, config.health_check_port)
+                await probes.astart()
+                self.probes = probes
             self.fleet = Fleet(config)
             snapshot = await self.fleet.astart()
+            if config.prometheus_port > 0:
+                self.metrics = MetricsListener(config.prometheus_host, config.prometheus_port)
+                self.metrics.start()
+            self._sampler = asyncio.ensure_future(metrics.run_sampler())
             log.info(
                 "gateway started: %d worker(s) registered, policy %s", len(snapshot.workers), config.policy
             )
@@ -49,6 +63,17 @@ class GatewayLifecycle:
             gc.freeze()
 
     async def astop(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            await asyncio.gather(self._sampler, return_exceptions=True)
+            self._sampler = None
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.stop)
+            self.metrics = None
+        if self.probes is not None:
+            await self.probes.astop()
+            self.probes = None
+        metrics.mark_process_dead()
         if self.fleet is not None:
             await self.fleet.astop()
         await runtime().aclose()
@@ -77,7 +102,15 @@ class GatewayLifecycle:
         async def gated(scope: Scope, receive: Receive, send: Send) -> None:
             if not self.started:
                 await self.astart()
-            await app(scope, receive, send)
+            path = metrics.http_path(scope)
+            if path is None:
+                await app(scope, receive, send)
+                return
+            timer = metrics.HttpTimer(path, scope["method"], send)
+            try:
+                await app(scope, receive, timer.send)
+            finally:
+                timer.done()
 
         return gated
 

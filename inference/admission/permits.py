@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from administration.metrics import record_admission_rejected
 from inference import errors
 
 __all__ = ["PermitPool"]
@@ -44,6 +45,7 @@ class PermitPool:
             self.in_flight += 1
             return
         if len(self._waiters) >= self.queue_size:
+            record_admission_rejected("full")
             raise errors.admission_queue_full()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -61,6 +63,7 @@ class PermitPool:
                 except ValueError:
                     pass
             if isinstance(exc, TimeoutError):
+                record_admission_rejected("timeout")
                 raise errors.admission_queue_timeout(self.timeout_secs) from None
             raise
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import orjson
 
+from administration import metrics
 from inference import errors
 from inference.api.asgi_io import (
     ClientDisconnected,
@@ -86,6 +87,7 @@ class RelayRoute:
             if rt.rate_limiter is not None and identity.tenant_id is not None and identity.kind == "tenant":
                 limited = await rt.rate_limiter.hit(identity.tenant_id)
                 if limited is not None:
+                    metrics.record_rate_limit(limited.allowed)
                     if not limited.allowed:
                         raise errors.rate_limit_exceeded(limited.headers())
                     clock.headers = limited.headers()
@@ -98,6 +100,7 @@ class RelayRoute:
             return
         except ClientDisconnected:
             return
+        route = metrics.RouteTimer(self.upstream_path, checked.model, checked.stream, clock.started)
         watch = DisconnectWatch(receive)
         permits, media = rt.permits, rt.media
         held_permit = False
@@ -111,9 +114,12 @@ class RelayRoute:
                     await media.reserve(media_bytes)
                     held_media = True
                 attempt, worker = self._prepare(rt, scope, checked, raw, request_id, identity, clock)
-                await self._dispatch(rt, attempt, worker, send, watch)
+                route.selected(worker.record.worker_type, rt.config.policy)
+                await self._dispatch(rt, attempt, worker, route.stream_send(send) if checked.stream else send, watch)
+                route.finished()
             except GatewayError as error:
                 watch.stop()
+                route.failed(str(error.code), error.status)
                 await send_error(send, error, request_id)
         except asyncio.CancelledError:
             if not watch.fired:
@@ -165,7 +171,9 @@ class RelayRoute:
         retries = 0
         while True:
             if retries:  # back off before the next attempt, holding no worker's in-flight slot
-                await asyncio.sleep(rt.retry.backoff_secs(retries))
+                backoff = rt.retry.backoff_secs(retries)
+                metrics.record_retry(worker.record.worker_type, self.upstream_path, retries, backoff)
+                await asyncio.sleep(backoff)
             tried.append(worker.id)
             breaker = worker.load.breaker
             backend = rt.backends[worker.record.transport]
@@ -178,21 +186,31 @@ class RelayRoute:
                         upstream = await backend.open(request)
                     finally:
                         attempt.clock.upstream_secs += perf_counter() - opening
+                    metrics.record_upstream_status(upstream.status)
                     if upstream.status in RETRY_STATUSES:
                         following = self._next_worker(rt, attempt, tried, retries)
-                        if following is not None:
-                            breaker.record_status(upstream.status)
+                        if following is None:
+                            metrics.record_retries_exhausted(worker.record.worker_type, self.upstream_path)
+                        else:
+                            failed = breaker.config.counts_as_failure(upstream.status)
+                            metrics.record_breaker_outcome(worker.url, failed)
+                            breaker.record(failed)
                             await backend.discard(upstream)
                             log.info("worker %s answered %d; retrying on %s", worker.url, upstream.status, following.url)
                             worker, retries = following, retries + 1
                             continue
                     clean = await backend.forward(upstream, request, send, watch.stop)
-                    breaker.record(not clean or breaker.config.counts_as_failure(upstream.status))
+                    failed = not clean or breaker.config.counts_as_failure(upstream.status)
+                    metrics.record_breaker_outcome(worker.url, failed)
+                    breaker.record(failed)
                     return
                 except UpstreamFailure as failure:
+                    metrics.record_worker_error(worker.record.worker_type, failure.kind == "timeout")
+                    metrics.record_breaker_outcome(worker.url, True)
                     breaker.record(True)
                     following = self._next_worker(rt, attempt, tried, retries)
                     if following is None:
+                        metrics.record_retries_exhausted(worker.record.worker_type, self.upstream_path)
                         raise failure.to_error() from None
                     log.info("worker %s failed (%s); retrying on %s", worker.url, failure.detail, following.url)
                     worker, retries = following, retries + 1

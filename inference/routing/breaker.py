@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from inference.config import GatewayConfig
@@ -24,6 +24,10 @@ __all__ = ["BreakerState", "Resilience", "CircuitBreaker", "DEFAULT_RETRYABLE", 
 
 DEFAULT_RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 DEFAULT_CAPACITY = frozenset({429})
+
+
+# Called on every state change (breaker, from, to); administration.metrics installs its recorder.
+TRANSITION_HOOK: Callable[[CircuitBreaker, BreakerState, BreakerState], None] | None = None
 
 
 class BreakerState(str, Enum):
@@ -69,11 +73,13 @@ class CircuitBreaker:
         self.transitions = 0
 
     def _move(self, state: BreakerState, now: float) -> None:
-        self.state = state
+        old, self.state = self.state, state
         self.transitions += 1
         self.failures = self.successes = 0
         if state is BreakerState.OPEN:
             self.opened_at = now
+        if TRANSITION_HOOK is not None:
+            TRANSITION_HOOK(self, old, state)
 
     def allows(self, now: float | None = None) -> bool:
         """Whether the worker may be selected now (moves open → half_open after the timeout)."""

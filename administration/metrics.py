@@ -1,0 +1,559 @@
+"""The gateway's own metrics (spec 3, Metrics catalog): the gw_* prometheus_client objects and the
+small ``record_*`` helpers the request path, the health checker and the load monitor call.
+
+Served at GET /metrics on the separate --prometheus-host:--prometheus-port listener
+(:mod:`administration.metrics_server`).
+
+Several gateway processes: set ``PROMETHEUS_MULTIPROC_DIR`` to an empty, writable directory shared by
+the processes (and cleared before they start). prometheus_client then keeps every process's values in
+that directory, and whichever process holds the metrics port exports the sum over all of them
+(gauges per their ``multiprocess_mode``; a stopped process's live gauges are dropped). Without it, one
+in-process registry is exported, with the process and platform collectors.
+
+Cheap on the hot path: counters and histograms are recorded where the event happens; gauges that
+mirror live state (admission, workers, breakers, pools) are sampled once a second by
+:func:`run_sampler` instead of being kept up to date on every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    Summary,
+)
+
+if TYPE_CHECKING:
+    from inference.routing.breaker import BreakerState, CircuitBreaker
+    from inference.routing.registry import WorkerRegistry
+
+__all__ = [
+    "MULTIPROCESS",
+    "REGISTRY",
+    "DEFAULT_DURATION_BUCKETS",
+    "configure",
+    "bounded_model",
+    "sample",
+    "run_sampler",
+]
+
+log = logging.getLogger(__name__)
+
+MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+# The registry the metrics port exports in single-process mode (the objects below register here; in
+# multiprocess mode their values go to PROMETHEUS_MULTIPROC_DIR whatever the registry).
+REGISTRY = CollectorRegistry(auto_describe=True)
+if not MULTIPROCESS:
+    ProcessCollector(registry=REGISTRY)
+    PlatformCollector(registry=REGISTRY)
+
+DEFAULT_DURATION_BUCKETS = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0
+)
+_LOOP_DELAY_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+_MAX_MODELS = 1024
+OTHER = "other"
+
+_ROUTER = ("router_type", "backend_type", "connection_mode", "model", "endpoint")
+_STREAM = ("router_type", "backend_type", "model", "endpoint")
+
+# --- runtime -------------------------------------------------------------------------------------
+LOOP_DELAY = Histogram(
+    "gw_runtime_event_loop_delay_seconds", "Event loop wake-up delay of a 10 ms canary",
+    buckets=_LOOP_DELAY_BUCKETS, registry=REGISTRY,
+)
+LOOP_STALLS = Counter(
+    "gw_runtime_event_loop_stalls_total", "10 ms canary wake-ups more than 5 ms late", registry=REGISTRY
+)
+ALIVE_TASKS = Gauge(
+    "gw_runtime_alive_tasks", "asyncio tasks alive", multiprocess_mode="livesum", registry=REGISTRY
+)
+
+# --- HTTP ----------------------------------------------------------------------------------------
+HTTP_REQUESTS = Counter("gw_http_requests_total", "HTTP requests", ("method", "path"), registry=REGISTRY)
+HTTP_RESPONSES = Counter(
+    "gw_http_responses_total", "HTTP responses", ("path", "status_code", "error_code"), registry=REGISTRY
+)
+HTTP_ACTIVE = Gauge(
+    "gw_http_connections_active", "HTTP requests in flight", multiprocess_mode="livesum", registry=REGISTRY
+)
+HTTP_RATE_LIMIT = Counter("gw_http_rate_limit_total", "Rate-limit decisions", ("result",), registry=REGISTRY)
+
+# --- admission -----------------------------------------------------------------------------------
+ADMISSION_INFLIGHT = Gauge(
+    "gw_admission_inflight", "Admission permits held", multiprocess_mode="livesum", registry=REGISTRY
+)
+ADMISSION_QUEUE = Gauge(
+    "gw_admission_queue_depth", "Requests waiting for a permit", multiprocess_mode="livesum", registry=REGISTRY
+)
+ADMISSION_REJECTED = Counter(
+    "gw_admission_queue_rejected_total", "Requests rejected by admission", ("reason",), registry=REGISTRY
+)
+
+# --- router --------------------------------------------------------------------------------------
+ROUTER_REQUESTS = Counter(
+    "gw_router_requests_total", "Routed requests", (*_ROUTER, "streaming"), registry=REGISTRY
+)
+ROUTER_ERRORS = Counter(
+    "gw_router_request_errors_total", "Routed requests that failed", (*_ROUTER, "error_type"), registry=REGISTRY
+)
+UPSTREAM_RESPONSES = Counter(
+    "gw_router_upstream_responses_total", "Worker responses",
+    ("router_type", "status_code", "error_code"), registry=REGISTRY,
+)
+
+# --- workers -------------------------------------------------------------------------------------
+WORKER_POOL = Gauge(
+    "gw_worker_pool_size", "Registered workers", ("worker_type", "connection_mode", "model"),
+    multiprocess_mode="livemax", registry=REGISTRY,
+)
+WORKER_ACTIVE = Gauge(
+    "gw_worker_requests_active", "Requests in flight per worker", ("worker",),
+    multiprocess_mode="livesum", registry=REGISTRY,
+)
+WORKER_HEALTH = Gauge(
+    "gw_worker_health", "1 ready, 0 other, -1 removed", ("worker",), multiprocess_mode="livemax", registry=REGISTRY
+)
+HEALTH_CHECKS = Counter(
+    "gw_worker_health_checks_total", "Health probes", ("worker_type", "result"), registry=REGISTRY
+)
+WORKER_SELECTION = Counter(
+    "gw_worker_selection_total", "Worker selections",
+    ("worker_type", "connection_mode", "model", "policy"), registry=REGISTRY,
+)
+WORKER_ERRORS = Counter(
+    "gw_worker_errors_total", "Worker request failures",
+    ("worker_type", "connection_mode", "error_type"), registry=REGISTRY,
+)
+WORKERS_OVERLOADED = Gauge(
+    "gw_workers_overloaded", "Workers out of routing by overload protection", ("model",),
+    multiprocess_mode="livemax", registry=REGISTRY,
+)
+OVERLOAD_SHED = Counter(
+    "gw_worker_overload_shed_total", "Requests shed by overload protection", ("stage",), registry=REGISTRY
+)
+for _stage in ("selection", "dispatch", "pd_admission"):
+    OVERLOAD_SHED.labels(_stage)
+
+# --- circuit breakers ----------------------------------------------------------------------------
+CB_STATE = Gauge(
+    "gw_worker_cb_state", "0 closed, 1 open, 2 half-open, -1 removed", ("worker",),
+    multiprocess_mode="livemax", registry=REGISTRY,
+)
+CB_TRANSITIONS = Counter(
+    "gw_worker_cb_transitions_total", "Breaker state changes", ("worker", "from", "to"), registry=REGISTRY
+)
+CB_OUTCOMES = Counter(
+    "gw_worker_cb_outcomes_total", "Outcomes recorded by breakers", ("worker", "outcome"), registry=REGISTRY
+)
+CB_FAILURES = Gauge(
+    "gw_worker_cb_consecutive_failures", "Breaker failure streak", ("worker",),
+    multiprocess_mode="livemax", registry=REGISTRY,
+)
+CB_SUCCESSES = Gauge(
+    "gw_worker_cb_consecutive_successes", "Breaker success streak", ("worker",),
+    multiprocess_mode="livemax", registry=REGISTRY,
+)
+
+# --- retries -------------------------------------------------------------------------------------
+RETRIES = Counter("gw_worker_retries_total", "Retries on another worker", ("worker_type", "endpoint"), registry=REGISTRY)
+RETRIES_EXHAUSTED = Counter(
+    "gw_worker_retries_exhausted_total", "Retryable outcomes with no retry left",
+    ("worker_type", "endpoint"), registry=REGISTRY,
+)
+# prometheus_client summaries export _count and _sum only (no quantiles).
+RETRY_BACKOFF = Summary("gw_worker_retry_backoff_seconds", "Backoff before a retry", ("attempt",), registry=REGISTRY)
+
+# --- engine gauges from load reports ---------------------------------------------------------------
+_ENGINE_FIELDS = (
+    ("running_requests", "num_running_reqs"),
+    ("waiting_requests", "num_waiting_reqs"),
+    ("token_usage", "token_usage"),
+    ("gen_throughput", "gen_throughput"),
+    ("cache_hit_rate", "cache_hit_rate"),
+)
+_ENGINE_PD_FIELDS = (
+    ("pd_kv_transfer_latency_ms", "kv_transfer_latency_ms"),
+    ("pd_kv_transfer_speed_gb_s", "kv_transfer_speed_gb_s"),
+    ("pd_prefill_queue_reqs", "prefill_queue_reqs"),
+    ("pd_decode_queue_reqs", "decode_queue_reqs"),
+)
+ENGINE = {
+    key: Gauge(f"gw_engine_{name}", f"Engine {name} from load reports (-1: no report)", ("worker", "model", "dp_rank"),
+               multiprocess_mode="livemostrecent", registry=REGISTRY)
+    for name, key in _ENGINE_FIELDS
+}
+ENGINE_PD = {
+    key: Gauge(f"gw_engine_{name}", f"Engine {name} from load reports (-1: no report)", ("worker", "role", "dp_rank"),
+               multiprocess_mode="livemostrecent", registry=REGISTRY)
+    for name, key in _ENGINE_PD_FIELDS
+}
+
+
+# --- duration histograms (buckets from --prometheus-duration-buckets) ------------------------------
+def _histograms(buckets: Sequence[float]) -> tuple[Histogram, Histogram, Histogram, Histogram]:
+    return (
+        Histogram("gw_http_request_duration_seconds", "Time to the response head", ("method", "path"),
+                  buckets=buckets, registry=REGISTRY),
+        Histogram("gw_router_request_duration_seconds", "Routed request duration", _ROUTER,
+                  buckets=buckets, registry=REGISTRY),
+        Histogram("gw_router_ttft_seconds", "Time to the first streamed chunk", _STREAM,
+                  buckets=buckets, registry=REGISTRY),
+        Histogram("gw_router_generation_duration_seconds", "Time to the last streamed chunk", _STREAM,
+                  buckets=buckets, registry=REGISTRY),
+    )
+
+
+_buckets: tuple[float, ...] = DEFAULT_DURATION_BUCKETS
+HTTP_DURATION, ROUTER_DURATION, TTFT, GENERATION = _histograms(_buckets)
+
+
+def configure(buckets: Iterable[float]) -> None:
+    """Use ``buckets`` (seconds; empty: the defaults) for the duration histograms. Call at startup."""
+    global _buckets, HTTP_DURATION, ROUTER_DURATION, TTFT, GENERATION
+    wanted = tuple(sorted(buckets)) or DEFAULT_DURATION_BUCKETS
+    if wanted == _buckets:
+        return
+    for histogram in (HTTP_DURATION, ROUTER_DURATION, TTFT, GENERATION):
+        REGISTRY.unregister(histogram)
+    _buckets = wanted
+    HTTP_DURATION, ROUTER_DURATION, TTFT, GENERATION = _histograms(wanted)
+
+
+# --- label bounds --------------------------------------------------------------------------------
+_models: set[str] = set()
+
+
+def bounded_model(model: str | None) -> str:
+    """The model label: the first 1,024 distinct values, then ``other``."""
+    if not model:
+        return ""
+    if model in _models:
+        return model
+    if len(_models) >= _MAX_MODELS:
+        return OTHER
+    _models.add(model)
+    return model
+
+
+def backend_type(worker_type: str) -> str:
+    return "pd" if worker_type in ("prefill", "decode") else worker_type
+
+
+# --- HTTP helpers (the lifecycle gate wraps the data-plane routes) -----------------------------------
+_METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"})
+
+
+_http_paths: frozenset[str] | None = None
+
+
+def http_path(scope: Any) -> str | None:
+    """The route template of a data-plane request (their patterns are fixed paths), else None:
+    Django's routes are covered by django-prometheus, unmatched paths are not recorded."""
+    global _http_paths
+    if _http_paths is None:
+        from inference.api.routes import data_plane_routes
+
+        _http_paths = frozenset("/" + str(route.pattern) for route in data_plane_routes())
+    path = scope.get("path")
+    return path if path in _http_paths else None
+
+
+class HttpTimer:
+    """Wraps ``send`` of one data-plane request: counts it, times it to the response head, counts the
+    response by status and gateway error code."""
+
+    __slots__ = ("path", "method", "started", "_send")
+
+    def __init__(self, path: str, method: str, send: Any) -> None:
+        self.path = path
+        self.method = method if method in _METHODS else "OTHER"
+        self.started = perf_counter()
+        self._send = send
+        HTTP_REQUESTS.labels(self.method, path).inc()
+        HTTP_ACTIVE.inc()
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "http.response.start":
+            HTTP_DURATION.labels(self.method, self.path).observe(perf_counter() - self.started)
+            error_code = ""
+            for key, value in message.get("headers") or ():
+                if key == b"x-gw-error-code":
+                    error_code = value.decode("latin-1")
+                    break
+            HTTP_RESPONSES.labels(self.path, str(message["status"]), error_code).inc()
+        await self._send(message)
+
+    def done(self) -> None:
+        HTTP_ACTIVE.dec()
+
+
+def record_rate_limit(allowed: bool) -> None:
+    HTTP_RATE_LIMIT.labels("allowed" if allowed else "rejected").inc()
+
+
+# --- admission -----------------------------------------------------------------------------------
+def record_admission_rejected(reason: str) -> None:
+    ADMISSION_REJECTED.labels(reason).inc()
+
+
+# --- routed requests -----------------------------------------------------------------------------
+_ERROR_TYPES = {
+    "no_healthy_workers": "no_workers",
+    "model_not_found": "no_workers",
+    "worker_overload_protection_shed": "no_workers",
+    "upstream_timeout": "timeout",
+    "admission_queue_timeout": "timeout",
+    "upstream_unavailable": "backend_error",
+    "json_parse_error": "parse_error",
+    "internal_error": "internal_error",
+}
+_ADMISSION_REASONS = {
+    "multimodal_payload_too_large": "multimodal_too_large",
+    "multimodal_inflight_budget": "multimodal_inflight",
+}
+
+
+class RouteTimer:
+    """One routed request's router metrics. ``labels`` is set once the worker is known."""
+
+    __slots__ = ("endpoint", "model", "stream", "started", "backend", "first_chunk")
+
+    def __init__(self, endpoint: str, model: str | None, stream: bool, started: float) -> None:
+        self.endpoint = endpoint
+        self.model = bounded_model(model)
+        self.stream = stream
+        self.started = started
+        self.backend = "regular"
+        self.first_chunk = False
+
+    def selected(self, worker_type: str, policy: str) -> None:
+        self.backend = backend_type(worker_type)
+        ROUTER_REQUESTS.labels("http", self.backend, "http", self.model, self.endpoint, "true" if self.stream else "false").inc()
+        WORKER_SELECTION.labels(worker_type, "http", self.model, policy).inc()
+
+    def finished(self) -> None:
+        ROUTER_DURATION.labels("http", self.backend, "http", self.model, self.endpoint).observe(perf_counter() - self.started)
+
+    def failed(self, code: str, status: int) -> None:
+        reason = _ADMISSION_REASONS.get(code)
+        if reason is not None:
+            ADMISSION_REJECTED.labels(reason).inc()
+        if code == "worker_overload_protection_shed":
+            OVERLOAD_SHED.labels("selection").inc()
+        error_type = _ERROR_TYPES.get(code) or ("validation_error" if status < 500 else "backend_error")
+        ROUTER_ERRORS.labels("http", self.backend, "http", self.model, self.endpoint, error_type).inc()
+
+    def stream_send(self, send: Any) -> Any:
+        """``send`` that observes TTFT at the first non-empty body chunk and the generation duration
+        at the last one."""
+
+        async def timed(message: Any) -> None:
+            if message["type"] == "http.response.body":
+                if not self.first_chunk and message.get("body"):
+                    self.first_chunk = True
+                    TTFT.labels("http", self.backend, self.model, self.endpoint).observe(perf_counter() - self.started)
+                if not message.get("more_body", False) and self.first_chunk:
+                    GENERATION.labels("http", self.backend, self.model, self.endpoint).observe(
+                        perf_counter() - self.started
+                    )
+            await send(message)
+
+        return timed
+
+
+def record_upstream_status(status: int) -> None:
+    UPSTREAM_RESPONSES.labels("http", str(status), "").inc()
+
+
+def record_worker_error(worker_type: str, timeout: bool) -> None:
+    WORKER_ERRORS.labels(worker_type, "http", "timeout" if timeout else "backend_error").inc()
+
+
+def record_breaker_outcome(worker: str, failed: bool) -> None:
+    CB_OUTCOMES.labels(worker, "failure" if failed else "success").inc()
+
+
+def record_retry(worker_type: str, endpoint: str, attempt: int, backoff_secs: float) -> None:
+    RETRIES.labels(worker_type, endpoint).inc()
+    RETRY_BACKOFF.labels(str(attempt)).observe(backoff_secs)
+
+
+def record_retries_exhausted(worker_type: str, endpoint: str) -> None:
+    RETRIES_EXHAUSTED.labels(worker_type, endpoint).inc()
+
+
+# --- breakers ------------------------------------------------------------------------------------
+_CB_VALUES = {"closed": 0, "open": 1, "half_open": 2}
+_CB_LABELS = {"closed": "closed", "open": "open", "half_open": "half_open"}
+
+
+def record_breaker_transition(breaker: CircuitBreaker, old: BreakerState, new: BreakerState) -> None:
+    """The breaker hook: transitions are rare, so finding the breaker's worker by a scan is fine."""
+    from inference.routing.registry import REGISTRY as WORKERS
+
+    for handle in WORKERS.snapshot.workers:
+        if handle.load.breaker is breaker:
+            CB_TRANSITIONS.labels(handle.url, old.value, new.value).inc()
+            CB_STATE.labels(handle.url).set(_CB_VALUES[new.value])
+            return
+
+
+# --- health checks and load reports ---------------------------------------------------------------
+def record_health_check(worker_id: str, healthy: bool) -> None:
+    from inference.routing.registry import REGISTRY as WORKERS
+
+    load = WORKERS.load_of(worker_id)
+    worker_type = "regular"
+    if load is not None:
+        for handle in WORKERS.snapshot.workers:
+            if handle.id == worker_id:
+                worker_type = handle.record.worker_type
+                break
+    HEALTH_CHECKS.labels(worker_type, "success" if healthy else "failure").inc()
+
+
+# worker URL -> the (model or role, dp_rank) label pairs its engine gauges were set for.
+_engine_series: dict[str, set[tuple[str, str]]] = {}
+_engine_pd_series: dict[str, set[tuple[str, str]]] = {}
+
+
+def record_engine_load(worker: str, model: str | None, entries: Sequence[dict[str, Any]] | None) -> None:
+    """Engine gauges from one load report; None (failed poll, or worker not ready) sets them to -1."""
+    if entries is None:
+        _clear_engine(worker)
+        return
+    model_label = bounded_model(model)
+    series = _engine_series.setdefault(worker, set())
+    pd_series = _engine_pd_series.setdefault(worker, set())
+    for entry in entries:
+        rank = str(entry.get("dp_rank", 0))
+        series.add((model_label, rank))
+        for key, gauge in ENGINE.items():
+            gauge.labels(worker, model_label, rank).set(float(entry.get(key) or 0.0))
+        if any(key in entry for key in ENGINE_PD):
+            role = str(entry.get("disagg_mode") or entry.get("worker_type") or "")
+            pd_series.add((role, rank))
+            for key, gauge in ENGINE_PD.items():
+                gauge.labels(worker, role, rank).set(float(entry.get(key) or 0.0))
+
+
+def _clear_engine(worker: str) -> None:
+    for model_label, rank in _engine_series.get(worker, ()):
+        for gauge in ENGINE.values():
+            gauge.labels(worker, model_label, rank).set(-1)
+    for role, rank in _engine_pd_series.get(worker, ()):
+        for gauge in ENGINE_PD.values():
+            gauge.labels(worker, role, rank).set(-1)
+
+
+# --- sampled gauges ------------------------------------------------------------------------------
+_seen_workers: set[str] = set()
+_pool_series: set[tuple[str, str, str]] = set()
+_overload_series: set[str] = set()
+
+
+def sample(registry: WorkerRegistry | None = None) -> None:
+    """Set the gauges that mirror live state: admission, worker pool, per-worker status, load and
+    breaker; workers that left get -1 (health, breaker state, engine) and 0 (load, streaks)."""
+    from inference.routing.registry import REGISTRY as WORKERS
+    from inference.runtime import runtime
+
+    rt = runtime()
+    permits = rt.permits
+    ADMISSION_INFLIGHT.set(permits.in_flight if permits is not None else 0)
+    ADMISSION_QUEUE.set(permits.queued if permits is not None else 0)
+    try:
+        ALIVE_TASKS.set(len(asyncio.all_tasks()))
+    except RuntimeError:
+        pass
+    snapshot = (registry or WORKERS).snapshot
+    pools: dict[tuple[str, str, str], int] = {}
+    overloaded: dict[str, int] = {}
+    present: set[str] = set()
+    for handle in snapshot.workers:
+        record, load, url = handle.record, handle.load, handle.url
+        present.add(url)
+        model = bounded_model(record.model_id)
+        key = (record.worker_type, record.transport, model)
+        pools[key] = pools.get(key, 0) + 1
+        if load.overloaded:
+            overloaded[model] = overloaded.get(model, 0) + 1
+        ready = record.status == "ready"
+        WORKER_HEALTH.labels(url).set(1 if ready else 0)
+        WORKER_ACTIVE.labels(url).set(load.in_flight)
+        breaker = load.breaker
+        CB_STATE.labels(url).set(_CB_VALUES.get(breaker.state.value, 0))
+        CB_FAILURES.labels(url).set(breaker.failures)
+        CB_SUCCESSES.labels(url).set(breaker.successes)
+        if not ready:
+            _clear_engine(url)
+    for url in _seen_workers - present:
+        WORKER_HEALTH.labels(url).set(-1)
+        CB_STATE.labels(url).set(-1)
+        WORKER_ACTIVE.labels(url).set(0)
+        CB_FAILURES.labels(url).set(0)
+        CB_SUCCESSES.labels(url).set(0)
+        _clear_engine(url)
+    _seen_workers.clear()
+    _seen_workers.update(present)
+    for pool_key in _pool_series - pools.keys():
+        WORKER_POOL.labels(*pool_key).set(0)
+    for pool_key, count in pools.items():
+        WORKER_POOL.labels(*pool_key).set(count)
+    _pool_series.update(pools)
+    for model in _overload_series - overloaded.keys():
+        WORKERS_OVERLOADED.labels(model).set(0)
+    for model, count in overloaded.items():
+        WORKERS_OVERLOADED.labels(model).set(count)
+    _overload_series.update(overloaded)
+
+
+def mark_process_dead() -> None:
+    """Drop this process's live gauges from the multiprocess export (at shutdown)."""
+    if MULTIPROCESS:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(os.getpid())
+
+
+def _install_breaker_hook() -> None:
+    from inference.routing import breaker
+
+    breaker.TRANSITION_HOOK = record_breaker_transition
+
+
+_install_breaker_hook()
+
+_CANARY_SECS = 0.01
+_STALL_SECS = 0.005
+
+
+async def run_sampler(interval: float = 1.0) -> None:
+    """The event-loop canary (every 10 ms) and the gauge sampler (every ``interval`` seconds)."""
+    loop = asyncio.get_running_loop()
+    next_sample = loop.time()
+    while True:
+        before = perf_counter()
+        await asyncio.sleep(_CANARY_SECS)
+        late = max(0.0, perf_counter() - before - _CANARY_SECS)
+        LOOP_DELAY.observe(late)
+        if late > _STALL_SECS:
+            LOOP_STALLS.inc()
+        if loop.time() >= next_sample:
+            next_sample = loop.time() + interval
+            try:
+                sample()
+            except Exception:  # never let a metrics bug stop the sampler
+                log.exception("metrics sampling failed")
