@@ -47,6 +47,20 @@ __all__ = [
     "run_sampler",
 ]
 
+
+# Labelled children, memoized: prometheus_client's .labels() validates and locks on every call,
+# which cost the relay ~60 us per request across its families. Label values are bounded (the model
+# label is capped, workers are few), so the cache is too.
+_children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def _child(metric: Any, *labels: str) -> Any:
+    key = (id(metric), labels)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = metric.labels(*labels)
+    return found
+
 log = logging.getLogger(__name__)
 
 MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -144,7 +158,7 @@ OVERLOAD_SHED = Counter(
     "gw_worker_overload_shed_total", "Requests shed by overload protection", ("stage",), registry=REGISTRY
 )
 for _stage in ("selection", "dispatch", "pd_admission"):
-    OVERLOAD_SHED.labels(_stage)
+    _child(OVERLOAD_SHED, _stage)
 
 # --- circuit breakers ----------------------------------------------------------------------------
 CB_STATE = Gauge(
@@ -281,18 +295,18 @@ class HttpTimer:
         self.method = method if method in _METHODS else "OTHER"
         self.started = perf_counter()
         self._send = send
-        HTTP_REQUESTS.labels(self.method, path).inc()
+        _child(HTTP_REQUESTS, self.method, path).inc()
         HTTP_ACTIVE.inc()
 
     async def send(self, message: Any) -> None:
         if message["type"] == "http.response.start":
-            HTTP_DURATION.labels(self.method, self.path).observe(perf_counter() - self.started)
+            _child(HTTP_DURATION, self.method, self.path).observe(perf_counter() - self.started)
             error_code = ""
             for key, value in message.get("headers") or ():
                 if key == b"x-gw-error-code":
                     error_code = value.decode("latin-1")
                     break
-            HTTP_RESPONSES.labels(self.path, str(message["status"]), error_code).inc()
+            _child(HTTP_RESPONSES, self.path, str(message["status"]), error_code).inc()
         await self._send(message)
 
     def done(self) -> None:
@@ -300,12 +314,12 @@ class HttpTimer:
 
 
 def record_rate_limit(allowed: bool) -> None:
-    HTTP_RATE_LIMIT.labels("allowed" if allowed else "rejected").inc()
+    _child(HTTP_RATE_LIMIT, "allowed" if allowed else "rejected").inc()
 
 
 # --- admission -----------------------------------------------------------------------------------
 def record_admission_rejected(reason: str) -> None:
-    ADMISSION_REJECTED.labels(reason).inc()
+    _child(ADMISSION_REJECTED, reason).inc()
 
 
 # --- routed requests -----------------------------------------------------------------------------
@@ -340,20 +354,20 @@ class RouteTimer:
 
     def selected(self, worker_type: str, policy: str) -> None:
         self.backend = backend_type(worker_type)
-        ROUTER_REQUESTS.labels("http", self.backend, "http", self.model, self.endpoint, "true" if self.stream else "false").inc()
-        WORKER_SELECTION.labels(worker_type, "http", self.model, policy).inc()
+        _child(ROUTER_REQUESTS, "http", self.backend, "http", self.model, self.endpoint, "true" if self.stream else "false").inc()
+        _child(WORKER_SELECTION, worker_type, "http", self.model, policy).inc()
 
     def finished(self) -> None:
-        ROUTER_DURATION.labels("http", self.backend, "http", self.model, self.endpoint).observe(perf_counter() - self.started)
+        _child(ROUTER_DURATION, "http", self.backend, "http", self.model, self.endpoint).observe(perf_counter() - self.started)
 
     def failed(self, code: str, status: int) -> None:
         reason = _ADMISSION_REASONS.get(code)
         if reason is not None:
-            ADMISSION_REJECTED.labels(reason).inc()
+            _child(ADMISSION_REJECTED, reason).inc()
         if code == "worker_overload_protection_shed":
-            OVERLOAD_SHED.labels("selection").inc()
+            _child(OVERLOAD_SHED, "selection").inc()
         error_type = _ERROR_TYPES.get(code) or ("validation_error" if status < 500 else "backend_error")
-        ROUTER_ERRORS.labels("http", self.backend, "http", self.model, self.endpoint, error_type).inc()
+        _child(ROUTER_ERRORS, "http", self.backend, "http", self.model, self.endpoint, error_type).inc()
 
     def stream_send(self, send: Any) -> Any:
         """``send`` that observes TTFT at the first non-empty body chunk and the generation duration
@@ -363,9 +377,9 @@ class RouteTimer:
             if message["type"] == "http.response.body":
                 if not self.first_chunk and message.get("body"):
                     self.first_chunk = True
-                    TTFT.labels("http", self.backend, self.model, self.endpoint).observe(perf_counter() - self.started)
+                    _child(TTFT, "http", self.backend, self.model, self.endpoint).observe(perf_counter() - self.started)
                 if not message.get("more_body", False) and self.first_chunk:
-                    GENERATION.labels("http", self.backend, self.model, self.endpoint).observe(
+                    _child(GENERATION, "http", self.backend, self.model, self.endpoint).observe(
                         perf_counter() - self.started
                     )
             await send(message)
@@ -374,24 +388,24 @@ class RouteTimer:
 
 
 def record_upstream_status(status: int) -> None:
-    UPSTREAM_RESPONSES.labels("http", str(status), "").inc()
+    _child(UPSTREAM_RESPONSES, "http", str(status), "").inc()
 
 
 def record_worker_error(worker_type: str, timeout: bool) -> None:
-    WORKER_ERRORS.labels(worker_type, "http", "timeout" if timeout else "backend_error").inc()
+    _child(WORKER_ERRORS, worker_type, "http", "timeout" if timeout else "backend_error").inc()
 
 
 def record_breaker_outcome(worker: str, failed: bool) -> None:
-    CB_OUTCOMES.labels(worker, "failure" if failed else "success").inc()
+    _child(CB_OUTCOMES, worker, "failure" if failed else "success").inc()
 
 
 def record_retry(worker_type: str, endpoint: str, attempt: int, backoff_secs: float) -> None:
-    RETRIES.labels(worker_type, endpoint).inc()
-    RETRY_BACKOFF.labels(str(attempt)).observe(backoff_secs)
+    _child(RETRIES, worker_type, endpoint).inc()
+    _child(RETRY_BACKOFF, str(attempt)).observe(backoff_secs)
 
 
 def record_retries_exhausted(worker_type: str, endpoint: str) -> None:
-    RETRIES_EXHAUSTED.labels(worker_type, endpoint).inc()
+    _child(RETRIES_EXHAUSTED, worker_type, endpoint).inc()
 
 
 # --- breakers ------------------------------------------------------------------------------------
@@ -405,8 +419,8 @@ def record_breaker_transition(breaker: CircuitBreaker, old: BreakerState, new: B
 
     for handle in WORKERS.snapshot.workers:
         if handle.load.breaker is breaker:
-            CB_TRANSITIONS.labels(handle.url, old.value, new.value).inc()
-            CB_STATE.labels(handle.url).set(_CB_VALUES[new.value])
+            _child(CB_TRANSITIONS, handle.url, old.value, new.value).inc()
+            _child(CB_STATE, handle.url).set(_CB_VALUES[new.value])
             return
 
 
@@ -421,7 +435,7 @@ def record_health_check(worker_id: str, healthy: bool) -> None:
             if handle.id == worker_id:
                 worker_type = handle.record.worker_type
                 break
-    HEALTH_CHECKS.labels(worker_type, "success" if healthy else "failure").inc()
+    _child(HEALTH_CHECKS, worker_type, "success" if healthy else "failure").inc()
 
 
 # worker URL -> the (model or role, dp_rank) label pairs its engine gauges were set for.
@@ -441,21 +455,21 @@ def record_engine_load(worker: str, model: str | None, entries: Sequence[dict[st
         rank = str(entry.get("dp_rank", 0))
         series.add((model_label, rank))
         for key, gauge in ENGINE.items():
-            gauge.labels(worker, model_label, rank).set(float(entry.get(key) or 0.0))
+            _child(gauge, worker, model_label, rank).set(float(entry.get(key) or 0.0))
         if any(key in entry for key in ENGINE_PD):
             role = str(entry.get("disagg_mode") or entry.get("worker_type") or "")
             pd_series.add((role, rank))
             for key, gauge in ENGINE_PD.items():
-                gauge.labels(worker, role, rank).set(float(entry.get(key) or 0.0))
+                _child(gauge, worker, role, rank).set(float(entry.get(key) or 0.0))
 
 
 def _clear_engine(worker: str) -> None:
     for model_label, rank in _engine_series.get(worker, ()):
         for gauge in ENGINE.values():
-            gauge.labels(worker, model_label, rank).set(-1)
+            _child(gauge, worker, model_label, rank).set(-1)
     for role, rank in _engine_pd_series.get(worker, ()):
         for gauge in ENGINE_PD.values():
-            gauge.labels(worker, role, rank).set(-1)
+            _child(gauge, worker, role, rank).set(-1)
 
 
 # --- sampled gauges ------------------------------------------------------------------------------
@@ -491,32 +505,32 @@ def sample(registry: WorkerRegistry | None = None) -> None:
         if load.overloaded:
             overloaded[model] = overloaded.get(model, 0) + 1
         ready = record.status == "ready"
-        WORKER_HEALTH.labels(url).set(1 if ready else 0)
-        WORKER_ACTIVE.labels(url).set(load.in_flight)
+        _child(WORKER_HEALTH, url).set(1 if ready else 0)
+        _child(WORKER_ACTIVE, url).set(load.in_flight)
         breaker = load.breaker
-        CB_STATE.labels(url).set(_CB_VALUES.get(breaker.state.value, 0))
-        CB_FAILURES.labels(url).set(breaker.failures)
-        CB_SUCCESSES.labels(url).set(breaker.successes)
+        _child(CB_STATE, url).set(_CB_VALUES.get(breaker.state.value, 0))
+        _child(CB_FAILURES, url).set(breaker.failures)
+        _child(CB_SUCCESSES, url).set(breaker.successes)
         if not ready:
             _clear_engine(url)
     for url in _seen_workers - present:
-        WORKER_HEALTH.labels(url).set(-1)
-        CB_STATE.labels(url).set(-1)
-        WORKER_ACTIVE.labels(url).set(0)
-        CB_FAILURES.labels(url).set(0)
-        CB_SUCCESSES.labels(url).set(0)
+        _child(WORKER_HEALTH, url).set(-1)
+        _child(CB_STATE, url).set(-1)
+        _child(WORKER_ACTIVE, url).set(0)
+        _child(CB_FAILURES, url).set(0)
+        _child(CB_SUCCESSES, url).set(0)
         _clear_engine(url)
     _seen_workers.clear()
     _seen_workers.update(present)
     for pool_key in _pool_series - pools.keys():
-        WORKER_POOL.labels(*pool_key).set(0)
+        _child(WORKER_POOL, *pool_key).set(0)
     for pool_key, count in pools.items():
-        WORKER_POOL.labels(*pool_key).set(count)
+        _child(WORKER_POOL, *pool_key).set(count)
     _pool_series.update(pools)
     for model in _overload_series - overloaded.keys():
-        WORKERS_OVERLOADED.labels(model).set(0)
+        _child(WORKERS_OVERLOADED, model).set(0)
     for model, count in overloaded.items():
-        WORKERS_OVERLOADED.labels(model).set(count)
+        _child(WORKERS_OVERLOADED, model).set(count)
     _overload_series.update(overloaded)
 
 
