@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
+from administration.control_http import aclose_http_client
 from administration.db import arun_db
 from administration.health import HealthChecker, HealthTarget
 from administration.loads import LoadMonitor, LoadTarget
@@ -142,6 +143,7 @@ class Fleet:
         self._tasks.clear()
         await self.health.aclose()
         await self.loads.aclose()
+        await aclose_http_client()
 
     async def arefresh(self) -> RegistrySnapshot:
         state = await arun_db(load_fleet_state, self.config)

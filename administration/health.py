@@ -16,6 +16,8 @@ from typing import Awaitable, Callable
 
 import httpx
 
+from administration.control_http import http_client
+
 from administration.db import arun_db
 from administration.metrics import record_health_check
 from administration.models import Worker, WorkerStatus
@@ -50,7 +52,6 @@ class HealthChecker:
         self._on_change = on_change
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._targets: dict[str, HealthTarget] = {}
-        self._client: httpx.AsyncClient | None = None
 
     def reconcile(self, targets: list[HealthTarget]) -> None:
         """Probe exactly these workers from now on (called after every registry refresh)."""
@@ -77,19 +78,11 @@ class HealthChecker:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(trust_env=False, follow_redirects=False)
-        return self._client
 
     async def probe(self, target: HealthTarget) -> bool:
         headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
         try:
-            response = await self._http().get(target.url + target.endpoint, headers=headers, timeout=target.timeout_secs)
+            response = await http_client().get(target.url + target.endpoint, headers=headers, timeout=target.timeout_secs)
         except httpx.HTTPError:
             return False
         return response.is_success

@@ -23,6 +23,8 @@ from typing import Any, Sequence, TypedDict
 
 import httpx
 
+from administration.control_http import http_client
+
 from administration.metrics import record_engine_load
 from inference.routing.registry import REGISTRY, WorkerRegistry
 
@@ -250,7 +252,6 @@ class LoadMonitor:
         self.registry = registry
         self._targets: dict[str, LoadTarget] = {}
         self._task: asyncio.Task[None] | None = None
-        self._client: httpx.AsyncClient | None = None
 
     @property
     def targets(self) -> tuple[LoadTarget, ...]:
@@ -279,9 +280,6 @@ class LoadMonitor:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
 
     async def apoll(self) -> None:
         """One round: every target polled in parallel, reports and overload states updated."""
@@ -315,23 +313,18 @@ class LoadMonitor:
                 log.exception("load poll failed")
             await asyncio.sleep(self.interval)
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(trust_env=False, follow_redirects=False)
-        return self._client
-
     async def _afetch(self, target: LoadTarget) -> list[LoadEntry] | None:
         headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
         timeout = min(self.interval, _MAX_POLL_TIMEOUT_SECS)
         if target.runtime_type != "vllm":
             try:
-                response = await self._http().get(target.url + "/get_load", headers=headers, timeout=timeout)
+                response = await http_client().get(target.url + "/get_load", headers=headers, timeout=timeout)
                 if response.is_success:
                     return entries_from_get_load(target, response.json())
             except (httpx.HTTPError, ValueError) as exc:
                 log.debug("get_load of %s failed: %s", target.url, exc)
         try:
-            response = await self._http().get(target.url + "/metrics", headers=headers, timeout=timeout)
+            response = await http_client().get(target.url + "/metrics", headers=headers, timeout=timeout)
             if response.is_success:
                 return entries_from_metrics(target, response.text)
         except (httpx.HTTPError, ValueError) as exc:

@@ -14,7 +14,7 @@ from administration import metrics
 from administration.fleet import Fleet
 from administration.metrics_server import MetricsListener, ProbeListener
 from inference.api.asgi_io import ASGIApp, Receive, Scope, Send
-from inference.api.fleet_routes import aclose_http_client
+from administration.control_http import aclose_http_client
 from inference.config import current_config
 from inference.runtime import reset_runtime, runtime
 

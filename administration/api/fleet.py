@@ -24,7 +24,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from administration.api.errors import ErrorType, error_body
 from administration.control_auth import ControlPlaneDenied, control_plane_auth
-from inference.api.fleet_routes import http_client, loads_report
+from administration.control_http import http_client
+from inference.api.fleet_routes import loads_report
 from inference.routing.registry import REGISTRY, WorkerHandle
 
 __all__ = [

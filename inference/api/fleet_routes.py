@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-import weakref
 from datetime import datetime, timezone
 from typing import Any, Iterable, NotRequired, TypedDict
 from urllib.parse import parse_qs
 
 import httpx
+
+from administration.control_http import http_client
 
 from inference import errors
 from inference.api.asgi_io import Receive, Scope, Send, request_id_for, send_error, send_json, send_response
@@ -33,8 +34,6 @@ __all__ = [
     "LoadsReport",
     "loads_report",
     "merge_expositions",
-    "http_client",
-    "aclose_http_client",
     "loads",
     "get_model_info",
     "get_server_info",
@@ -47,26 +46,6 @@ _FORWARD_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 _SCRAPE_TIMEOUT = httpx.Timeout(10.0, connect=5.0)
 _METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 _PLAIN = b"text/plain; charset=utf-8"
-
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
-
-
-def http_client() -> httpx.AsyncClient:
-    """The httpx client of the running event loop (made on first use)."""
-    loop = asyncio.get_running_loop()
-    client = _clients.get(loop)
-    if client is None or client.is_closed:
-        client = httpx.AsyncClient(trust_env=False, follow_redirects=False)
-        _clients[loop] = client
-    return client
-
-
-async def aclose_http_client() -> None:
-    """Close this event loop's client (lifespan shutdown)."""
-    client = _clients.pop(asyncio.get_running_loop(), None)
-    if client is not None:
-        await client.aclose()
-
 
 # --- /loads ---------------------------------------------------------------------------------------
 

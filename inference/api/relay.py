@@ -113,8 +113,8 @@ class RelayRoute:
                 if media_bytes and media is not None:
                     await media.reserve(media_bytes)
                     held_media = True
-                attempt, worker = self._prepare(rt, scope, checked, raw, request_id, identity, clock)
-                route.selected(worker.record.worker_type, rt.config.policy)
+                attempt, worker, policy = self._prepare(rt, scope, checked, raw, request_id, identity, clock)
+                route.selected(worker.record.worker_type, policy)
                 await self._dispatch(rt, attempt, worker, route.stream_send(send) if checked.stream else send, watch)
                 route.finished()
             except GatewayError as error:
@@ -139,7 +139,7 @@ class RelayRoute:
     def _prepare(
         self, rt: Runtime, scope: Scope, checked: ValidatedRequest, raw: bytes, request_id: bytes,
         identity: Identity, clock: ResponseClock,
-    ) -> tuple[Attempt, WorkerHandle]:
+    ) -> tuple[Attempt, WorkerHandle, str]:
         """Pick the worker and build what stays the same across retries."""
         key = header(scope, b"x-gw-routing-key")
         routing_key = key.decode("latin-1") if key else None
@@ -162,7 +162,7 @@ class RelayRoute:
             identity=identity,
             clock=clock,
         )
-        return attempt, decision.worker
+        return attempt, decision.worker, decision.policy
 
     async def _dispatch(self, rt: Runtime, attempt: Attempt, worker: WorkerHandle, send: Send, watch: DisconnectWatch) -> None:
         """Send to ``worker``; on a retryable outcome and while nothing reached the client, try the

@@ -20,6 +20,7 @@ __all__ = ["RoutingDecision", "select_worker"]
 class RoutingDecision:
     worker: WorkerHandle
     model: str | None  # canonical model id, None when the request named no model
+    policy: str = ""  # name of the policy that chose the worker
 
 
 def select_worker(
@@ -63,7 +64,7 @@ def select_worker(
     policy = policies.for_model(canonical or "")
     text = request_text(body) if policy.needs_text else None
     worker = policy.select(candidates, SelectionRequest(canonical or "", routing_key, text))
-    return RoutingDecision(worker, canonical)
+    return RoutingDecision(worker, canonical, policy.name)
 
 
 def _usable(candidates: Sequence[WorkerHandle], exclude: frozenset[str]) -> Sequence[WorkerHandle]:
