@@ -18,6 +18,7 @@ mirror live state (admission, workers, breakers, pools) are sampled once a secon
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 from time import perf_counter
@@ -216,7 +217,7 @@ ENGINE_PD = {
 
 
 # --- duration histograms (buckets from --prometheus-duration-buckets) ------------------------------
-def _histograms(buckets: Sequence[float]) -> tuple[Histogram, Histogram, Histogram, Histogram]:
+def _histograms(buckets: Sequence[float]) -> tuple[Histogram, Histogram, Histogram, Histogram, Histogram]:
     return (
         Histogram("gw_http_request_duration_seconds", "Time to the response head", ("method", "path"),
                   buckets=buckets, registry=REGISTRY),
@@ -226,23 +227,25 @@ def _histograms(buckets: Sequence[float]) -> tuple[Histogram, Histogram, Histogr
                   buckets=buckets, registry=REGISTRY),
         Histogram("gw_router_generation_duration_seconds", "Time to the last streamed chunk", _STREAM,
                   buckets=buckets, registry=REGISTRY),
+        Histogram("gw_router_tpot_seconds", "Time per output token after the first (from the streamed events)",
+                  _STREAM, buckets=buckets, registry=REGISTRY),
     )
 
 
 _buckets: tuple[float, ...] = DEFAULT_DURATION_BUCKETS
-HTTP_DURATION, ROUTER_DURATION, TTFT, GENERATION = _histograms(_buckets)
+HTTP_DURATION, ROUTER_DURATION, TTFT, GENERATION, TPOT = _histograms(_buckets)
 
 
 def configure(buckets: Iterable[float]) -> None:
     """Use ``buckets`` (seconds; empty: the defaults) for the duration histograms. Call at startup."""
-    global _buckets, HTTP_DURATION, ROUTER_DURATION, TTFT, GENERATION
+    global _buckets, HTTP_DURATION, ROUTER_DURATION, TTFT, GENERATION, TPOT
     wanted = tuple(sorted(buckets)) or DEFAULT_DURATION_BUCKETS
     if wanted == _buckets:
         return
-    for histogram in (HTTP_DURATION, ROUTER_DURATION, TTFT, GENERATION):
+    for histogram in (HTTP_DURATION, ROUTER_DURATION, TTFT, GENERATION, TPOT):
         REGISTRY.unregister(histogram)
     _buckets = wanted
-    HTTP_DURATION, ROUTER_DURATION, TTFT, GENERATION = _histograms(wanted)
+    HTTP_DURATION, ROUTER_DURATION, TTFT, GENERATION, TPOT = _histograms(wanted)
 
 
 # --- label bounds --------------------------------------------------------------------------------
@@ -342,7 +345,7 @@ _ADMISSION_REASONS = {
 class RouteTimer:
     """One routed request's router metrics. ``labels`` is set once the worker is known."""
 
-    __slots__ = ("endpoint", "model", "stream", "started", "backend", "first_chunk")
+    __slots__ = ("endpoint", "model", "stream", "started", "backend")
 
     def __init__(self, endpoint: str, model: str | None, stream: bool, started: float) -> None:
         self.endpoint = endpoint
@@ -350,7 +353,6 @@ class RouteTimer:
         self.stream = stream
         self.started = started
         self.backend = "regular"
-        self.first_chunk = False
 
     def selected(self, worker_type: str, policy: str) -> None:
         self.backend = backend_type(worker_type)
@@ -369,22 +371,17 @@ class RouteTimer:
         error_type = _ERROR_TYPES.get(code) or ("validation_error" if status < 500 else "backend_error")
         _child(ROUTER_ERRORS, "http", self.backend, "http", self.model, self.endpoint, error_type).inc()
 
-    def stream_send(self, send: Any) -> Any:
-        """``send`` that observes TTFT at the first non-empty body chunk and the generation duration
-        at the last one."""
+    # The backend's stream observer (inference.backends.base.StreamObserver).
+    def first_chunk(self, at: float) -> None:
+        _child(TTFT, "http", self.backend, self.model, self.endpoint).observe(at - self.started)
 
-        async def timed(message: Any) -> None:
-            if message["type"] == "http.response.body":
-                if not self.first_chunk and message.get("body"):
-                    self.first_chunk = True
-                    _child(TTFT, "http", self.backend, self.model, self.endpoint).observe(perf_counter() - self.started)
-                if not message.get("more_body", False) and self.first_chunk:
-                    _child(GENERATION, "http", self.backend, self.model, self.endpoint).observe(
-                        perf_counter() - self.started
-                    )
-            await send(message)
-
-        return timed
+    def stream_ended(self, first_at: float, ended_at: float, events: int) -> None:
+        """Generation duration, and TPOT over the events after the first. Engines stream one token
+        per event (sglang, vllm), so events stand for tokens; the closing [DONE] is not one."""
+        _child(GENERATION, "http", self.backend, self.model, self.endpoint).observe(ended_at - self.started)
+        tokens = events - 1
+        if tokens >= 2:
+            _child(TPOT, "http", self.backend, self.model, self.endpoint).observe((ended_at - first_at) / (tokens - 1))
 
 
 def record_upstream_status(status: int) -> None:
@@ -535,11 +532,18 @@ def sample(registry: WorkerRegistry | None = None) -> None:
 
 
 def mark_process_dead() -> None:
-    """Drop this process's live gauges from the multiprocess export (at shutdown)."""
+    """Drop this process's live gauges from the multiprocess export (at shutdown; idempotent)."""
     if MULTIPROCESS:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(os.getpid())
+
+
+# Also at interpreter exit: daphne sends no lifespan shutdown, and any other process that imports this
+# module (manage.py commands, a Celery worker) creates live gauge files too (unlabelled gauges exist
+# from import time).
+if MULTIPROCESS:
+    atexit.register(mark_process_dead)
 
 
 def _install_breaker_hook() -> None:

@@ -30,7 +30,7 @@ from inference.api.asgi_io import (
     send_unauthorized,
 )
 from inference.auth import Identity
-from inference.backends.base import RelayRequest, UpstreamFailure
+from inference.backends.base import RelayRequest, StreamObserver, UpstreamFailure
 from inference.errors import GatewayError
 from inference.routing.registry import WorkerHandle
 from inference.routing.retry import RETRY_STATUSES
@@ -113,9 +113,11 @@ class RelayRoute:
                 if media_bytes and media is not None:
                     await media.reserve(media_bytes)
                     held_media = True
-                attempt, worker, policy = self._prepare(rt, scope, checked, raw, request_id, identity, clock)
+                attempt, worker, policy = self._prepare(
+                    rt, scope, checked, raw, request_id, identity, clock, route if checked.stream else None
+                )
                 route.selected(worker.record.worker_type, policy)
-                await self._dispatch(rt, attempt, worker, route.stream_send(send) if checked.stream else send, watch)
+                await self._dispatch(rt, attempt, worker, send, watch)
                 route.finished()
             except GatewayError as error:
                 watch.stop()
@@ -138,7 +140,7 @@ class RelayRoute:
 
     def _prepare(
         self, rt: Runtime, scope: Scope, checked: ValidatedRequest, raw: bytes, request_id: bytes,
-        identity: Identity, clock: ResponseClock,
+        identity: Identity, clock: ResponseClock, observer: StreamObserver | None,
     ) -> tuple[Attempt, WorkerHandle, str]:
         """Pick the worker and build what stays the same across retries."""
         key = header(scope, b"x-gw-routing-key")
@@ -161,6 +163,7 @@ class RelayRoute:
             headers=forwarded_headers(scope),
             identity=identity,
             clock=clock,
+            observer=observer,
         )
         return attempt, decision.worker, decision.policy
 
@@ -242,10 +245,12 @@ class Attempt:
     headers: tuple[tuple[str, str], ...]
     identity: Identity
     clock: ResponseClock
+    observer: StreamObserver | None
 
     def request_for(self, worker: WorkerHandle, path: str) -> RelayRequest:
         return RelayRequest(
-            worker, path, self.payload, self.stream, self.request_id, self.headers, self.identity, self.clock.on_start
+            worker, path, self.payload, self.stream, self.request_id, self.headers, self.identity,
+            self.clock.on_start, self.observer,
         )
 
 

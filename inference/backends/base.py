@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from inference import errors
 from inference.api.asgi_io import Send
@@ -17,12 +17,22 @@ from inference.auth import Identity
 from inference.errors import GatewayError
 from inference.routing.registry import WorkerHandle
 
-__all__ = ["RelayRequest", "Upstream", "UpstreamFailure", "Backend", "FinalHook", "StartHook"]
+__all__ = ["RelayRequest", "Upstream", "UpstreamFailure", "Backend", "FinalHook", "StartHook", "StreamObserver"]
 
 FinalHook = Callable[[], None]
 # Called with the response-start headers right before they are sent, and the seconds the backend
 # spent waiting on the upstream since ``open`` returned (e.g. reading a whole body); it may append.
 StartHook = Callable[[list[tuple[bytes, bytes]], float], None]
+
+
+class StreamObserver(Protocol):
+    """Told when a relayed stream's first chunk arrives and when it ends (TTFT, TPOT, duration).
+
+    Times are ``time.perf_counter()`` values; ``events`` counts the SSE data events relayed."""
+
+    def first_chunk(self, at: float) -> None: ...
+
+    def stream_ended(self, first_at: float, ended_at: float, events: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +47,7 @@ class RelayRequest:
     headers: tuple[tuple[str, str], ...]  # client headers forwarded as they are (tracing, routing key)
     identity: Identity  # who called: shared key, tenant, or anonymous (never the key itself)
     on_start: StartHook | None = None  # the gateway's own response headers (overhead, rate limit)
+    observer: StreamObserver | None = None  # stream timings for the router metrics
 
 
 @dataclass(slots=True)

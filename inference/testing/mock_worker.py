@@ -15,7 +15,7 @@ Per-request controls, in an optional body field ``"mock": {...}``:
 Introspection, behind the same API key as the rest (/_mock requests are not recorded):
 
 * ``GET /_mock/requests``: the last 100 requests, newest last, each ``{method, path, query, headers
-  (lowercase names), json, raw}``; ``?path=`` filters; in-process: ``mock_state(app).requests``;
+  (lowercase names), json, raw, client_port}``; ``?path=`` filters; in-process: ``mock_state(app).requests``;
 * ``DELETE /_mock/requests`` clears the log; ``DELETE /_mock/stats`` resets the log and counters;
 * ``GET /_mock/stats``: ``{requests, streams_started, streams_completed, streams_disconnected,
   streams_aborted, in_flight}``;
@@ -183,6 +183,12 @@ def mock_state(app: web.Application) -> MockWorkerState:
 # --- responses ----------------------------------------------------------------------------------
 
 
+def _client_port(request: web.Request) -> int | None:
+    """The port the caller's connection comes from (tells reused keep-alive connections apart)."""
+    peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+    return int(peer[1]) if peer else None
+
+
 def _json(payload: Any) -> web.Response:
     return web.Response(body=orjson.dumps(payload), headers=_JSON_HEADERS)
 
@@ -302,6 +308,7 @@ def _middleware(config: MockWorkerConfig, state: MockWorkerState) -> _Middleware
                         "headers": {k.lower(): v for k, v in request.headers.items()},
                         "json": body,
                         "raw": raw.decode("utf-8", "replace"),
+                        "client_port": _client_port(request),
                     }
                 )
             if api_key is not None and path != "/health" and not authorized(request):

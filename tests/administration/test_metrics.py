@@ -134,6 +134,34 @@ async def test_traffic_shows_up_in_every_family(make_gateway, start_worker, scra
     assert after["gw_runtime_event_loop_stalls"].type == "counter"
 
 
+async def test_streams_record_ttft_tpot_and_generation(make_gateway, worker, scrape) -> None:
+    client = make_gateway([record_for(worker)])
+    labels = {"router_type": "http", "backend_type": "regular", "model": "mock-model", "endpoint": "/v1/chat/completions"}
+
+    def counts(families: dict) -> dict[str, float]:
+        found = {}
+        for family in ("gw_router_ttft_seconds", "gw_router_tpot_seconds", "gw_router_generation_duration_seconds"):
+            for suffix in ("_count", "_sum"):
+                try:
+                    found[family + suffix] = _value(families, family, family + suffix, **labels)
+                except (KeyError, StopIteration, AssertionError):
+                    found[family + suffix] = 0.0
+        return found
+
+    before = counts(await scrape())
+    body = {**CHAT, "stream": True, "mock": {"tokens": 6, "delay_ms": 20}}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert [line async for line in response.aiter_lines() if line][-1] == "data: [DONE]"
+    after = counts(await scrape())
+    for family in ("gw_router_ttft_seconds", "gw_router_tpot_seconds", "gw_router_generation_duration_seconds"):
+        assert after[family + "_count"] - before[family + "_count"] == 1
+    # The mock sleeps 20 ms before each of its 6 tokens; its closing chunk follows the last token at
+    # once, so the 7 events after the first span at least 5 sleeps: 100 ms / 6 intervals.
+    assert after["gw_router_tpot_seconds_sum"] - before["gw_router_tpot_seconds_sum"] >= 0.1 / 6 - 0.001
+    generation = after["gw_router_generation_duration_seconds_sum"] - before["gw_router_generation_duration_seconds_sum"]
+    assert generation >= after["gw_router_ttft_seconds_sum"] - before["gw_router_ttft_seconds_sum"]
+
+
 async def test_breaker_transitions_and_removed_workers(make_gateway, start_worker, scrape) -> None:
     failing, healthy = await start_worker(), await start_worker()
     failing.state.fault_status = 500

@@ -101,6 +101,13 @@ def test_client_disconnect_closes_the_upstream_stream(start_gateway, mock_worker
     assert stats["streams_disconnected"] == before["streams_disconnected"] + 1
     assert stats["streams_completed"] == before["streams_completed"]
     assert stats["in_flight"] == 0
+    # The half-read upstream connection was closed, not handed to the next request.
+    chat = {"model": "mock-model", "messages": MESSAGES}
+    assert httpx.post(gateway.url + "/v1/chat/completions", json=chat).status_code == 200
+    logged = httpx.get(mock_worker_process.url + "/_mock/requests", params={"path": "/v1/chat/completions"}).json()
+    left, after = logged[-2], logged[-1]
+    assert left["json"]["stream"] is True and "stream" not in after["json"]
+    assert left["client_port"] != after["client_port"]
 
 
 def test_worker_that_starts_after_the_gateway_becomes_routable(start_gateway, spawn) -> None:
