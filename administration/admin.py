@@ -1,4 +1,4 @@
-"""The admin console for workers (staff login at /admin/).
+"""The admin console for workers and per-tenant rate limits (staff login at /admin/).
 
 An adapter like the /workers API: each page or action parses its input, calls one function of
 administration/workers.py and renders the result. The stored spec is read-only here (edits go
@@ -24,7 +24,8 @@ from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
 from administration.console import WorkerAddForm, job_summary, live_state, stored_spec
-from administration.models import Worker
+from administration.models import TenantRateLimit, Worker
+from administration.tenant_limits import delete_tenant_rate_limits, flag_tenant_limit, save_tenant_rate_limit
 from administration.workers import (
     WorkerError,
     create_worker,
@@ -32,8 +33,9 @@ from administration.workers import (
     remove_worker,
     reregister_worker,
 )
+from inference.config import current_config
 
-__all__ = ["WorkerAdmin"]
+__all__ = ["WorkerAdmin", "TenantRateLimitAdmin"]
 
 _EMPTY = "—"
 _ADD_FIELDSETS = [
@@ -307,3 +309,52 @@ class WorkerAdmin(_WorkerModelAdmin):
             action: reverse(f"admin:administration_worker_{action}", args=[obj.pk]) for action in _ACTIONS
         } if obj is not None else {})
         return super().render_change_form(request, context, add, change, form_url, obj)
+
+
+# --- per-tenant rate limits: plain rows; each save or delete reaches every gateway process -----------
+
+if TYPE_CHECKING:
+    _TenantRateLimitModelAdmin = admin.ModelAdmin[TenantRateLimit]
+else:  # ModelAdmin is generic only in django-stubs
+    _TenantRateLimitModelAdmin = admin.ModelAdmin
+
+_RATE_LIMIT_HELP = (
+    "Requests per minute for every key of one tenant, one budget shared by all gateway processes "
+    "(through Redis when REDIS_URL is set). A row here overrides the tenant's --tenant-rate-limit flag; "
+    "--default-tenant-rate-limit still applies to tenants with neither a row nor a flag. 0 means unlimited, "
+    "also when a default is set. Every gateway process applies a save or delete at once (a notice over the "
+    "channel layer), at the latest on its 5 s refresh; the current minute's count carries on."
+)
+
+
+def _per_minute(limit: int) -> str:
+    return str(limit) if limit > 0 else "unlimited"
+
+
+@admin.register(TenantRateLimit)
+class TenantRateLimitAdmin(_TenantRateLimitModelAdmin):
+    list_display = ["tenant_id", "limit_column", "flag_column", "updated_at"]
+    search_fields = ["tenant_id"]
+    search_help_text = "Search by tenant id."
+    readonly_fields = ["updated_at"]
+    fieldsets = [(None, {"fields": ["tenant_id", "requests_per_minute", "updated_at"], "description": _RATE_LIMIT_HELP})]
+
+    @admin.display(description="Requests per minute", ordering="requests_per_minute")
+    def limit_column(self, row: TenantRateLimit) -> str:
+        return _per_minute(row.requests_per_minute)
+
+    @admin.display(description="Flags alone (this process)")
+    def flag_column(self, row: TenantRateLimit) -> str:
+        return _per_minute(flag_tenant_limit(current_config(), row.tenant_id))
+
+    def save_model(self, request: HttpRequest, obj: TenantRateLimit, form: Any, change: bool) -> None:
+        save_tenant_rate_limit(obj)
+
+    def delete_model(self, request: HttpRequest, obj: TenantRateLimit) -> None:
+        delete_tenant_rate_limits(TenantRateLimit.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[TenantRateLimit]) -> None:
+        delete_tenant_rate_limits(queryset)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return super().changelist_view(request, {"rate_limit_help": _RATE_LIMIT_HELP, **(extra_context or {})})

@@ -5,6 +5,7 @@ keeps the data plane's registry snapshot current: it rebuilds it from the databa
 this process says so, when a notice arrives over the Channels layer (jobs in Celery workers or
 other gateway processes), and every few seconds as a safety net. It also runs the health checks
 and the load monitor (engine load reports and overload protection, administration/loads.py).
+The same read loads the tenant rate limits stored in the console into the runtime's limiter.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from administration.loads import LoadMonitor, LoadTarget
 from administration.models import Worker, WorkerStatus
 from administration.notices import GROUP, add_local_listener, remove_local_listener
 from administration.runtime import RuntimeType
+from administration.tenant_limits import stored_tenant_limits
 from administration.workers import sync_cli_workers, worker_records
 from inference.config import GatewayConfig
 from inference.routing.registry import REGISTRY, RegistrySnapshot, WorkerRecord
+from inference.runtime import runtime
 
 __all__ = ["Fleet", "FleetState", "load_fleet_state"]
 
@@ -40,11 +43,13 @@ class FleetState:
         aliases: dict[str, str],
         health: list[HealthTarget],
         loads: list[LoadTarget] | None = None,
+        tenant_limits: dict[str, int] | None = None,
     ) -> None:
         self.records = records
         self.aliases = aliases
         self.health = health
         self.loads = loads or []
+        self.tenant_limits = tenant_limits or {}  # stored rate limits: tenant -> requests per minute
 
 
 def _health_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> HealthTarget | None:
@@ -92,7 +97,7 @@ def _load_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> 
 
 
 def load_fleet_state(config: GatewayConfig) -> FleetState:
-    """One read of the stored workers: registry records, aliases, health-check and load targets."""
+    """One read of the store: registry records, aliases, health-check and load targets, tenant limits."""
     records = worker_records(config)
     aliases = dict(config.model_aliases)
     targets = []
@@ -109,7 +114,7 @@ def load_fleet_state(config: GatewayConfig) -> FleetState:
         load_target = _load_target(worker, config, record.api_key)
         if load_target is not None:
             loads.append(load_target)
-    return FleetState(records, aliases, targets, loads)
+    return FleetState(records, aliases, targets, loads, stored_tenant_limits())
 
 
 class Fleet:
@@ -148,6 +153,7 @@ class Fleet:
     async def arefresh(self) -> RegistrySnapshot:
         state = await arun_db(load_fleet_state, self.config)
         snapshot = REGISTRY.publish(state.records, state.aliases)
+        runtime().install_tenant_limits(state.tenant_limits)
         self.health.reconcile(state.health)
         self.loads.reconcile(state.loads)
         return snapshot

@@ -5,11 +5,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.core.validators import RegexValidator
 from django.db import models
 
 from administration.runtime import RuntimeType
 
-__all__ = ["Worker", "WorkerStatus", "WorkerSource", "WorkerType", "JobType", "JobState"]
+__all__ = ["Worker", "WorkerStatus", "WorkerSource", "WorkerType", "JobType", "JobState", "TenantRateLimit"]
 
 
 class WorkerStatus(models.TextChoices):
@@ -105,3 +106,33 @@ class Worker(models.Model):
         for card in self.model_cards:
             ids.extend([card.get("id", ""), *card.get("aliases", [])])
         return [model for model in dict.fromkeys(ids) if model]
+
+
+class TenantRateLimit(models.Model):
+    """Requests per minute for one tenant's keys, set in the admin console. The gateway processes load
+    these rows in their fleet loop (never per request): a row overrides the tenant's
+    --tenant-rate-limit flag, and --default-tenant-rate-limit covers tenants with neither."""
+
+    tenant_id = models.CharField(
+        max_length=255,
+        unique=True,
+        validators=[
+            RegexValidator(
+                r"^[^\s:=]+\Z",
+                "A tenant id is the part before ':' in --tenant-api-key TENANT:KEY: no spaces, ':' or '='.",
+            )
+        ],
+        help_text="The tenant of --tenant-api-key TENANT:KEY (every key of that tenant shares the budget).",
+    )
+    requests_per_minute = models.PositiveIntegerField(
+        help_text="Requests per minute for this tenant across all gateway processes; 0 means unlimited "
+        "(also when --default-tenant-rate-limit is set)."
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tenant_id"]
+        verbose_name = "tenant rate limit"
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {self.requests_per_minute or 'unlimited'} req/min"

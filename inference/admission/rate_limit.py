@@ -5,6 +5,12 @@ shared by every gateway process: one Lua script (INCR, and PEXPIRE on the first 
 one round trip. Without Redis the counter is in-process. When Redis cannot be reached the limiter
 fails open: requests pass, one warning is logged per outage, and Redis is tried again after
 :data:`REDIS_RETRY_SECS`.
+
+Where a tenant's limit comes from (:meth:`TenantLimits.combine`, the one place that decides): a row
+stored in the admin console (table ``administration_tenantratelimit``), else its
+``--tenant-rate-limit`` flag, else ``--default-tenant-rate-limit``; 0 means unlimited, so a stored 0
+exempts a tenant from the default. The fleet loop reads the stored rows (on notices and every 5 s,
+never per request) and installs the result with :func:`refit_rate_limiter`.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 __all__ = [
     "RateDecision",
@@ -23,6 +29,7 @@ __all__ = [
     "RedisRateLimiter",
     "TenantLimits",
     "build_rate_limiter",
+    "refit_rate_limiter",
     "REDIS_RETRY_SECS",
 ]
 
@@ -65,9 +72,27 @@ class TenantLimits:
 
     __slots__ = ("default", "by_tenant")
 
-    def __init__(self, default: int, by_tenant: Iterable[tuple[str, str]]) -> None:
+    def __init__(self, default: int, by_tenant: Iterable[tuple[str, str | int]]) -> None:
         self.default = default
         self.by_tenant = {tenant: int(rpm) for tenant, rpm in by_tenant}
+
+    @classmethod
+    def combine(cls, default: int, flags: Iterable[tuple[str, str]], stored: Mapping[str, int]) -> TenantLimits:
+        """The limits in force: per tenant a stored row overrides its --tenant-rate-limit flag, and
+        --default-tenant-rate-limit covers tenants with neither (a stored or flagged 0: unlimited)."""
+        by_tenant: dict[str, str | int] = dict(flags)
+        by_tenant.update(stored)
+        return cls(default, by_tenant.items())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TenantLimits):
+            return NotImplemented
+        return self.default == other.default and self.by_tenant == other.by_tenant
+
+    __hash__ = None  # type: ignore[assignment]  # mutable dict inside: equal by value, not hashable
+
+    def __repr__(self) -> str:
+        return f"TenantLimits(default={self.default}, by_tenant={self.by_tenant})"
 
     @property
     def any(self) -> bool:
@@ -175,6 +200,14 @@ def build_rate_limiter(
     limits = TenantLimits(default, by_tenant)
     if not limits.any:
         return None
-    if redis_url:
-        return RedisRateLimiter(limits, redis_url)
-    return LocalRateLimiter(limits)
+    return refit_rate_limiter(None, limits, redis_url)
+
+
+def refit_rate_limiter(current: RateLimiter | None, limits: TenantLimits, redis_url: str | None) -> RateLimiter:
+    """The limiter that counts under ``limits``: ``current`` with its limits swapped in place (its
+    counters and Redis connections carry on; a request already counting finishes under the old
+    limits), or a new one when there is none yet."""
+    if current is None:
+        return RedisRateLimiter(limits, redis_url) if redis_url else LocalRateLimiter(limits)
+    current.limits = limits
+    return current

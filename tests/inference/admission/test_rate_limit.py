@@ -1,4 +1,5 @@
-"""Per-tenant rate limits: in-process counter, the shared Redis counter, and failing open."""
+"""Per-tenant rate limits: in-process counter, the shared Redis counter, failing open, how stored
+limits combine with the flags, and the runtime following limits that come, change and go."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from inference.admission.rate_limit import (
     RedisRateLimiter,
     TenantLimits,
     build_rate_limiter,
+    refit_rate_limiter,
 )
+from inference.config import GatewayConfig
+from inference.runtime import Runtime
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -117,3 +121,54 @@ async def test_redis_down_fails_open_with_one_warning(caplog: pytest.LogCaptureF
     assert results == [None] * 5  # let through
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
+
+
+def test_a_stored_row_overrides_the_flag_and_the_default_covers_the_rest() -> None:
+    limits = TenantLimits.combine(10, (("acme", "3"), ("globex", "7")), {"acme": 5, "initech": 0})
+    assert limits.limit_for("acme") == 5  # the row wins over --tenant-rate-limit acme=3
+    assert limits.limit_for("globex") == 7  # flag only
+    assert limits.limit_for("initech") == 0  # a stored 0: unlimited despite the default
+    assert limits.limit_for("umbrella") == 10  # neither: --default-tenant-rate-limit
+    assert TenantLimits.combine(0, (), {}) == TenantLimits(0, ())
+    assert TenantLimits.combine(0, (("acme", "3"),), {"acme": 0}).any is False
+
+
+async def test_refitting_keeps_the_limiter_and_its_count() -> None:
+    limiter = refit_rate_limiter(None, TenantLimits(0, (("acme", 2),)), None)
+    assert isinstance(limiter, LocalRateLimiter)
+    first = await limiter.hit("acme")
+    assert first is not None and first.remaining == 1
+    assert refit_rate_limiter(limiter, TenantLimits(0, (("acme", 5),)), None) is limiter
+    second = await limiter.hit("acme")
+    assert second is not None and second.limit == 5
+    # Same minute window: the count carried on (a new window would start from 1).
+    assert second.remaining == (3 if second.reset_at == first.reset_at else 4)
+    assert isinstance(refit_rate_limiter(None, TenantLimits(1, ()), REDIS_URL), RedisRateLimiter)
+
+
+async def test_runtime_follows_limits_that_appear_change_and_disappear() -> None:
+    rt = Runtime.build(GatewayConfig(tenant_rate_limits=(("globex", "9"),)))
+    flag_limiter = rt.rate_limiter
+    assert flag_limiter is not None and rt.tenant_limits.limit_for("acme") == 0
+    rt.install_tenant_limits({"acme": 2})  # a row appears
+    assert rt.rate_limiter is flag_limiter and rt.tenant_limits.limit_for("acme") == 2
+    rt.install_tenant_limits({"acme": 0, "globex": 0})  # rows exempt both: nothing left to count
+    assert rt.rate_limiter is None
+
+    bare = Runtime.build(GatewayConfig())
+    assert bare.rate_limiter is None  # no flags, no rows: the relay's one None check
+    bare.install_tenant_limits({"acme": 1})
+    limiter = bare.rate_limiter
+    assert limiter is not None
+    allowed = await limiter.hit("acme")
+    refused = await limiter.hit("acme")
+    assert allowed is not None and allowed.allowed
+    assert refused is not None and refused.allowed is (refused.reset_at != allowed.reset_at)
+    bare.install_tenant_limits({"acme": 3})  # changed in place
+    assert bare.rate_limiter is limiter and bare.tenant_limits.limit_for("acme") == 3
+    bare.install_tenant_limits({})  # the row is deleted
+    assert bare.rate_limiter is None
+    bare.install_tenant_limits({"acme": 4})  # and added again: the same limiter comes back
+    assert bare.rate_limiter is limiter
+    await bare.aclose()
+    await rt.aclose()
