@@ -24,6 +24,7 @@ from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
 from administration.console import WorkerAddForm, job_summary, live_state, stored_spec
+from administration.fleet_page import fleet_urls
 from administration.models import TenantRateLimit, Worker
 from administration.tenant_limits import delete_tenant_rate_limits, flag_tenant_limit, save_tenant_rate_limit
 from administration.workers import (
@@ -278,7 +279,7 @@ class WorkerAdmin(_WorkerModelAdmin):
             )
             for action in _ACTIONS
         ]
-        return own + super().get_urls()
+        return own + fleet_urls(self) + super().get_urls()
 
     def _action_view(self, action: str) -> Any:
         @require_POST

@@ -44,6 +44,9 @@ class LiveState:
     in_snapshot: bool
     load: int | None
     breaker_state: str | None
+    # The load monitor's last report (one entry per data-parallel rank; None: not polled or failed).
+    engine_load: tuple[dict[str, Any], ...] | None = None
+    overloaded: bool = False
 
 
 _NOT_LIVE = LiveState(in_snapshot=False, load=None, breaker_state=None)
@@ -78,7 +81,13 @@ def live_state(worker: Worker) -> LiveState:
     handle = _handles().get(str(worker.pk))
     if handle is None:
         return _NOT_LIVE
-    return LiveState(in_snapshot=True, load=handle.load.in_flight, breaker_state=_breaker_state(handle))
+    return LiveState(
+        in_snapshot=True,
+        load=handle.load.in_flight,
+        breaker_state=_breaker_state(handle),
+        engine_load=handle.load.engine_load,
+        overloaded=handle.load.overloaded,
+    )
 
 
 @dataclass(frozen=True, slots=True)

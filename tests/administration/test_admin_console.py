@@ -130,7 +130,9 @@ class _State(str, enum.Enum):
 
 def test_breaker_column_falls_back_to_the_breaker_kept_with_the_load(admin_client: Client, monkeypatch) -> None:
     worker = make_worker()
-    load = types.SimpleNamespace(in_flight=0, breaker=types.SimpleNamespace(state=_State.OPEN))
+    load = types.SimpleNamespace(
+        in_flight=0, breaker=types.SimpleNamespace(state=_State.OPEN), engine_load=None, overloaded=False
+    )
     handle = types.SimpleNamespace(id=str(worker.pk), load=load)
     monkeypatch.setattr(console, "_handles", lambda: {handle.id: handle})
     page = admin_client.get(LIST).content.decode()
