@@ -3,8 +3,11 @@
 - GET /metrics on --prometheus-host:--prometheus-port: prometheus_client's own HTTP server in a
   daemon thread, so producing the exposition never blocks the event loop. With
   ``PROMETHEUS_MULTIPROC_DIR`` set it exports the values of every gateway process (see
-  :mod:`administration.metrics`); when several processes share a port, the first one to bind serves
-  it and the others log that and carry on.
+  :mod:`administration.metrics`) and every process is configured with the same port: the first one
+  to bind serves it, the others keep trying once a second, so when the serving process exits another
+  takes the port over. One scrape target per host, the same sums whichever process answers, and no
+  double counting (each process on its own port would export the same sums several times).
+  Without it, a taken port is logged and the process carries on without a listener.
 - --health-check-port > 0: /health, /liveness and /readiness on their own aiohttp listener in the
   event loop, answered by the main listener's probe handlers (:mod:`inference.api.probes`) and
   bypassing the HTTP metrics.
@@ -39,23 +42,64 @@ def exported_registry() -> CollectorRegistry:
 
 
 class MetricsListener:
-    def __init__(self, host: str, port: int) -> None:
+    """prometheus_client's HTTP server on ``host:port``. With ``take_over`` (the default in
+    multiprocess mode) a port held by another process is retried every ``retry_secs`` until it is
+    free or :meth:`stop` is called."""
+
+    def __init__(self, host: str, port: int, take_over: bool | None = None, retry_secs: float = 1.0) -> None:
         self.host = host
         self.port = port
+        self.take_over = metrics.MULTIPROCESS if take_over is None else take_over
+        self.retry_secs = retry_secs
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
+        self._waiter: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    @property
+    def waiting(self) -> bool:
+        """Waiting for the port another process holds."""
+        return self._waiter is not None and self._waiter.is_alive()
 
     def start(self) -> bool:
-        """Listen; False (logged) when the port is taken, e.g. by another gateway process."""
+        """Listen; False when the port is taken (logged). With ``take_over``, a background thread
+        then waits for the port."""
         try:
-            self._server, self._thread = start_http_server(self.port, self.host, registry=exported_registry())
+            self._bind()
         except OSError as exc:
-            log.warning("metrics listener not started on %s:%d: %s", self.host, self.port, exc)
+            if not self.take_over:
+                log.warning("metrics listener not started on %s:%d: %s", self.host, self.port, exc)
+                return False
+            log.info(
+                "metrics port %s:%d is taken (%s); another gateway process serves it, this one takes it "
+                "over if that process exits", self.host, self.port, exc,
+            )
+            self._waiter = threading.Thread(target=self._wait_for_port, name="metrics-port-waiter", daemon=True)
+            self._waiter.start()
             return False
-        log.info("metrics on http://%s:%d/metrics", self.host, self.port)
         return True
 
+    def _bind(self) -> None:
+        self._server, self._thread = start_http_server(self.port, self.host, registry=exported_registry())
+        log.info("metrics on http://%s:%d/metrics", self.host, self.port)
+
+    def _wait_for_port(self) -> None:
+        while not self._stopping.wait(self.retry_secs):
+            try:
+                self._bind()
+            except OSError:
+                continue
+            return
+
     def stop(self) -> None:
+        self._stopping.set()
+        if self._waiter is not None:
+            self._waiter.join(timeout=5)
+            self._waiter = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -34,6 +34,7 @@ __all__ = [
     "multimodal_payload_too_large",
     "multimodal_inflight_budget",
     "worker_overload_shed",
+    "endpoint_not_supported",
 ]
 
 # Error type per status where the spec names one; other statuses use the snake-cased status text.
@@ -71,6 +72,7 @@ class ErrorCode(str, Enum):
     MULTIMODAL_PAYLOAD_TOO_LARGE = "multimodal_payload_too_large"
     MULTIMODAL_INFLIGHT_BUDGET = "multimodal_inflight_budget"
     WORKER_OVERLOAD_SHED = "worker_overload_protection_shed"
+    ENDPOINT_NOT_SUPPORTED = "endpoint_not_supported"
 
 
 class GatewayError(Exception):
@@ -210,4 +212,14 @@ def worker_overload_shed(retry_after_secs: float) -> GatewayError:
         ErrorCode.WORKER_OVERLOAD_SHED,
         "All workers for this request are overloaded; retry later",
         headers=((b"retry-after", str(retry_after).encode()),),
+    )
+
+
+def endpoint_not_supported(path: str, transports: str) -> GatewayError:
+    """501 when only workers of other transports (gRPC, ZMQ) could answer ``path``: the spec's
+    "backend does not serve the endpoint"."""
+    return GatewayError(
+        501,
+        ErrorCode.ENDPOINT_NOT_SUPPORTED,
+        f"{path} is served by HTTP workers only; this deployment has {transports} workers",
     )

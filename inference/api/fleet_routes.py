@@ -2,8 +2,10 @@
 
 * ``GET /loads``: the load monitor's cached snapshot (no worker call), ``?model=`` filters;
 * ``GET /get_model_info``, ``GET /get_server_info``: forwarded to the first healthy regular HTTP
-  worker, its answer returned as is;
-* ``GET /health_generate``: forwarded to a healthy HTTP worker;
+  worker (first healthy prefill worker in HTTP PD mode), its answer returned as is; 501 when only
+  gRPC or ZMQ workers are registered;
+* ``GET /health_generate``: forwarded to the first healthy regular HTTP worker (in HTTP PD mode to
+  the first healthy prefill and decode workers); 501 when only gRPC or ZMQ workers are registered;
 * ``GET /engine_metrics``: every worker's own Prometheus exposition in one, each sample labelled
   ``worker_addr="<base url>"``.
 
@@ -17,15 +19,16 @@ import asyncio
 import re
 import time
 from datetime import datetime, timezone
-from typing import Any, Iterable, NotRequired, TypedDict
+from typing import Any, Iterable, NotRequired, Sequence, TypedDict
 from urllib.parse import parse_qs
 
 import httpx
 
 from administration.control_http import http_client
+from administration.worker_spec import transport_of
 
 from inference import errors
-from inference.api.asgi_io import Receive, Scope, Send, request_id_for, send_error, send_json, send_response
+from inference.api.asgi_io import ASGIApp, Receive, Scope, Send, request_id_for, send_error, send_json, send_response
 from inference.routing.registry import RegistrySnapshot, WorkerHandle, WorkerRegistry
 from inference.runtime import runtime
 
@@ -39,6 +42,7 @@ __all__ = [
     "get_server_info",
     "health_generate",
     "engine_metrics",
+    "is_pd_mode",
 ]
 
 GATEWAY_VERSION = "0.1.0"
@@ -117,21 +121,63 @@ async def loads(scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, loads_report(runtime().registry, _query(scope, "model") or None), request_id)
 
 
-# --- forwarding to one worker ----------------------------------------------------------------------
+# --- forwarding to one worker (or one prefill/decode pair) -------------------------------------------
+#
+# Which workers answer, from the registry snapshot (spec 3, Model and server information; Probes):
+#
+# * candidates are the HTTP workers (http:// or https://, not external providers);
+# * none, but gRPC or ZMQ workers are registered: 501 endpoint_not_supported ("gRPC and ZMQ
+#   deployments 501"); none at all: 503 no_healthy_workers;
+# * HTTP PD mode: no regular HTTP worker is registered and at least one prefill or decode HTTP worker
+#   is. The mode follows what is registered, not what is healthy, so a regular fleet whose workers are
+#   all down answers 503 rather than switching to prefill workers;
+# * /get_model_info, /get_server_info: the first ready regular worker, in PD mode the first ready
+#   prefill worker (registration order); its answer is returned as is (a 404 from an engine without
+#   the route included); none ready: 503;
+# * /health_generate: the first ready regular worker; in PD mode the first ready prefill worker and
+#   the first ready decode worker together (a generation needs both): the first failing answer
+#   (prefill first), else the decode worker's; either role without a ready worker: 503.
+
+_PD_TYPES = ("prefill", "decode")
 
 
 def _is_http(handle: WorkerHandle) -> bool:
-    return handle.url.startswith(("http://", "https://")) and handle.record.runtime_type != "external"
+    return transport_of(handle.url) == "http" and handle.record.runtime_type != "external"
 
 
-def _healthy_http(snapshot: RegistrySnapshot, regular_only: bool) -> WorkerHandle | None:
-    for handle in snapshot.workers:
-        if handle.record.status != "ready" or not _is_http(handle):
-            continue
-        if regular_only and handle.record.worker_type != "regular":
-            continue
-        return handle
+def is_pd_mode(handles: Sequence[WorkerHandle]) -> bool:
+    """HTTP PD mode: among the HTTP workers, no regular one and at least one prefill or decode one."""
+    types = {handle.record.worker_type for handle in handles if _is_http(handle)}
+    return "regular" not in types and any(kind in types for kind in _PD_TYPES)
+
+
+def _first_ready(handles: Sequence[WorkerHandle], worker_type: str) -> WorkerHandle | None:
+    for handle in handles:
+        if handle.record.status == "ready" and handle.record.worker_type == worker_type and _is_http(handle):
+            return handle
     return None
+
+
+def _targets(snapshot: RegistrySnapshot, path: str, pair: bool) -> tuple[WorkerHandle, ...] | errors.GatewayError:
+    """The worker(s) ``path`` goes to: one worker, or with ``pair`` in PD mode a prefill and a decode
+    worker; else the error to answer."""
+    handles = snapshot.workers
+    if not any(_is_http(handle) for handle in handles):
+        others = sorted({transport_of(handle.url) for handle in handles} - {"http"})
+        if others:
+            names = {"grpc": "gRPC", "zmq": "ZMQ"}
+            return errors.endpoint_not_supported(path, " and ".join(names.get(t, t) for t in others))
+        return errors.no_healthy_workers(None)
+    if not is_pd_mode(handles):
+        regular = _first_ready(handles, "regular")
+        return (regular,) if regular is not None else errors.no_healthy_workers(None)
+    prefill = _first_ready(handles, "prefill")
+    if not pair:
+        return (prefill,) if prefill is not None else errors.no_healthy_workers(None)
+    decode = _first_ready(handles, "decode")
+    if prefill is None or decode is None:
+        return errors.no_healthy_workers(None)
+    return prefill, decode
 
 
 def _auth(handle: WorkerHandle) -> dict[str, str]:
@@ -139,35 +185,42 @@ def _auth(handle: WorkerHandle) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _forwarder(worker_path: str, regular_only: bool) -> Any:
+async def _get(handle: WorkerHandle, worker_path: str) -> httpx.Response | errors.GatewayError:
+    try:
+        return await http_client().get(handle.url + worker_path, headers=_auth(handle), timeout=_FORWARD_TIMEOUT)
+    except httpx.TimeoutException:
+        return errors.upstream_timeout(_FORWARD_TIMEOUT.read or 0)
+    except httpx.HTTPError as exc:
+        return errors.upstream_unavailable(type(exc).__name__)
+
+
+def _forwarder(worker_path: str, pair: bool) -> ASGIApp:
     async def forward(scope: Scope, receive: Receive, send: Send) -> None:
         request_id = request_id_for(scope)
         if not await _get_only(scope, send, request_id):
             return
-        handle = _healthy_http(runtime().registry.snapshot, regular_only)
-        if handle is None:
-            await send_error(send, errors.no_healthy_workers(None), request_id)
+        targets = _targets(runtime().registry.snapshot, scope["path"], pair)
+        if isinstance(targets, errors.GatewayError):
+            await send_error(send, targets, request_id)
             return
-        try:
-            response = await http_client().get(handle.url + worker_path, headers=_auth(handle), timeout=_FORWARD_TIMEOUT)
-        except httpx.TimeoutException:
-            await send_error(send, errors.upstream_timeout(_FORWARD_TIMEOUT.read or 0), request_id)
-            return
-        except httpx.HTTPError as exc:
-            await send_error(send, errors.upstream_unavailable(type(exc).__name__), request_id)
+        answers = await asyncio.gather(*(_get(handle, worker_path) for handle in targets))
+        # The first failure (an error of ours, or a worker's non-2xx answer), else the last answer.
+        chosen = next((a for a in answers if isinstance(a, errors.GatewayError) or not a.is_success), answers[-1])
+        if isinstance(chosen, errors.GatewayError):
+            await send_error(send, chosen, request_id)
             return
         headers = [(b"x-request-id", request_id)]
-        content_type = response.headers.get("content-type")
+        content_type = chosen.headers.get("content-type")
         if content_type:
             headers.append((b"content-type", content_type.encode("latin-1")))
-        await send_response(send, response.status_code, response.content, headers)
+        await send_response(send, chosen.status_code, chosen.content, headers)
 
     return forward
 
 
-get_model_info = _forwarder("/get_model_info", regular_only=True)
-get_server_info = _forwarder("/get_server_info", regular_only=True)
-health_generate = _forwarder("/health_generate", regular_only=False)
+get_model_info = _forwarder("/get_model_info", pair=False)
+get_server_info = _forwarder("/get_server_info", pair=False)
+health_generate = _forwarder("/health_generate", pair=True)
 
 
 # --- /engine_metrics --------------------------------------------------------------------------------

@@ -4,11 +4,17 @@ front of real mock workers."""
 
 from __future__ import annotations
 
-from typing import Iterator
+import asyncio
+import dataclasses
+from typing import AsyncIterator, Iterator
 
+import httpx
 import pytest
 
 from administration.control_auth import reset_control_plane_auth
+from administration.fleet import Fleet
+from inference.config import current_config
+from inference.routing.registry import REGISTRY, WorkerRecord
 from tests.conftest import GatewayFactory, RunningWorker, WorkerFactory, record_for
 
 ADMIN_KEY = "sk-cp-admin-1"
@@ -230,3 +236,184 @@ async def test_engine_metrics_without_workers_or_scrapes_is_500(make_gateway: Ga
     worker.state.metrics_status = 500
     failing = await make_gateway([record_for(worker)]).get("/engine_metrics")
     assert failing.status_code == 500 and "scrape" in failing.text
+
+
+# --- gRPC and ZMQ deployments, HTTP PD mode ------------------------------------------------------------
+# gRPC and ZMQ workers cannot be registered yet, so their records are published directly.
+
+INFO_PATHS = ["/get_model_info", "/get_server_info", "/health_generate"]
+
+
+def grpc_record(status: str = "ready", worker_type: str = "regular") -> WorkerRecord:
+    return dataclasses.replace(record_for("grpc://127.0.0.1:50051", model="m", status=status), transport="grpc",
+                               worker_type=worker_type)
+
+
+def zmq_record(status: str = "ready") -> WorkerRecord:
+    return dataclasses.replace(record_for("ipc:///tmp/engine-0", model="m", status=status), transport="zmq")
+
+
+def typed(worker: RunningWorker, worker_type: str, status: str = "ready") -> WorkerRecord:
+    return dataclasses.replace(record_for(worker, status=status), worker_type=worker_type)
+
+
+@pytest.mark.parametrize("path", INFO_PATHS)
+@pytest.mark.parametrize(
+    ("records", "named"),
+    [([grpc_record()], "gRPC"), ([zmq_record()], "ZMQ"), ([grpc_record(status="not_ready"), zmq_record()], "gRPC and ZMQ")],
+)
+async def test_grpc_and_zmq_deployments_are_501(
+    make_gateway: GatewayFactory, path: str, records: list[WorkerRecord], named: str
+) -> None:
+    response = await make_gateway(records).get(path)
+    assert response.status_code == 501
+    assert response.headers["x-gw-error-code"] == "endpoint_not_supported"
+    error = response.json()["error"]
+    assert error["code"] == "endpoint_not_supported" and error["type"] == "not_implemented"
+    assert path in error["message"] and f"{named} workers" in error["message"]
+
+
+@pytest.mark.parametrize("path", INFO_PATHS)
+async def test_an_http_worker_beside_grpc_ones_decides(make_gateway: GatewayFactory, worker: RunningWorker, path: str) -> None:
+    served = await make_gateway([grpc_record(), record_for(worker)]).get(path)
+    assert served.status_code == 200 and posted(worker, path)
+    down = await make_gateway([grpc_record(), record_for(worker, status="not_ready")]).get(path)
+    assert down.status_code == 503 and down.json()["error"]["code"] == "no_healthy_workers"
+
+
+async def test_no_workers_at_all_is_503_not_501(make_gateway: GatewayFactory) -> None:
+    for path in INFO_PATHS:
+        assert (await make_gateway([]).get(path)).status_code == 503
+
+
+@pytest.mark.parametrize("path", ["/get_model_info", "/get_server_info"])
+async def test_pd_mode_asks_the_first_healthy_prefill_worker(
+    make_gateway: GatewayFactory, start_worker: WorkerFactory, path: str
+) -> None:
+    decode = await start_worker(model="decode-model")
+    pending = await start_worker(model="pending-prefill")
+    prefill = await start_worker(model="prefill-model", api_key="sk-p")
+    later = await start_worker(model="later-prefill")
+    gateway = make_gateway([
+        typed(decode, "decode"),
+        typed(pending, "prefill", status="pending"),
+        dataclasses.replace(typed(prefill, "prefill"), api_key="sk-p"),
+        typed(later, "prefill"),
+    ])
+    response = await gateway.get(path)
+    assert response.status_code == 200 and response.json()["model_path"] == "prefill-model"
+    assert posted(prefill, path)[0]["headers"]["authorization"] == "Bearer sk-p"
+    assert not posted(decode, path) and not posted(pending, path) and not posted(later, path)
+
+
+@pytest.mark.parametrize("path", INFO_PATHS)
+async def test_pd_mode_without_a_healthy_prefill_worker_is_503(
+    make_gateway: GatewayFactory, start_worker: WorkerFactory, path: str
+) -> None:
+    prefill, decode = await start_worker(), await start_worker()
+    gateway = make_gateway([typed(prefill, "prefill", status="not_ready"), typed(decode, "decode")])
+    response = await gateway.get(path)
+    assert response.status_code == 503 and response.json()["error"]["code"] == "no_healthy_workers"
+    assert not posted(decode, path)
+
+
+async def test_a_fleet_with_regular_workers_is_not_in_pd_mode(
+    make_gateway: GatewayFactory, start_worker: WorkerFactory
+) -> None:
+    regular = await start_worker(model="regular-model")
+    prefill = await start_worker(model="prefill-model")
+    gateway = make_gateway([typed(prefill, "prefill"), record_for(regular)])
+    assert (await gateway.get("/get_model_info")).json()["model_path"] == "regular-model"
+    assert (await gateway.get("/health_generate")).status_code == 200
+    assert not posted(prefill, "/get_model_info") and not posted(prefill, "/health_generate")
+    # Regular workers registered but none healthy: 503, not a switch to the prefill worker.
+    down = make_gateway([typed(prefill, "prefill"), record_for(regular, status="not_ready")])
+    assert (await down.get("/get_model_info")).status_code == 503
+
+
+async def test_health_generate_in_pd_mode_checks_a_prefill_and_a_decode_worker(
+    make_gateway: GatewayFactory, start_worker: WorkerFactory
+) -> None:
+    prefill, decode = await start_worker(), await start_worker(api_key="sk-d")
+    spare = await start_worker()
+    gateway = make_gateway([
+        typed(prefill, "prefill"), dataclasses.replace(typed(decode, "decode"), api_key="sk-d"), typed(spare, "decode"),
+    ])
+    assert (await gateway.get("/health_generate")).status_code == 200
+    assert len(posted(prefill, "/health_generate")) == 1 and len(posted(decode, "/health_generate")) == 1
+    assert posted(decode, "/health_generate")[0]["headers"]["authorization"] == "Bearer sk-d"
+    assert not posted(spare, "/health_generate")
+    decode.state.health_status = 503
+    failed = await gateway.get("/health_generate")
+    assert failed.status_code == 503 and "unhealthy" in failed.text
+    decode.state.health_status, prefill.state.health_status = 200, 500
+    assert (await gateway.get("/health_generate")).status_code == 500
+
+
+async def test_health_generate_in_pd_mode_needs_a_healthy_decode_worker(
+    make_gateway: GatewayFactory, start_worker: WorkerFactory
+) -> None:
+    prefill, decode = await start_worker(), await start_worker()
+    gateway = make_gateway([typed(prefill, "prefill"), typed(decode, "decode", status="not_ready")])
+    response = await gateway.get("/health_generate")
+    assert response.status_code == 503 and response.json()["error"]["code"] == "no_healthy_workers"
+    assert not posted(prefill, "/health_generate")
+
+
+async def test_flush_cache_reaches_prefill_and_decode_workers_and_counts_other_transports(
+    make_gateway: GatewayFactory, start_worker: WorkerFactory
+) -> None:
+    prefill, decode = await start_worker(), await start_worker()
+    gateway = make_gateway([typed(prefill, "prefill"), typed(decode, "decode"), grpc_record(), zmq_record()])
+    response = await gateway.post("/flush_cache")
+    assert response.status_code == 206  # the gRPC worker is reported failed until gRPC lands
+    body = response.json()
+    assert sorted(body["successful"]) == sorted([prefill.url, decode.url])
+    assert (body["total_http_workers"], body["total_grpc_workers"], body["total_zmq_workers_skipped"]) == (2, 1, 1)
+    assert posted(prefill, "/flush_cache") and posted(decode, "/flush_cache")
+
+
+@pytest.fixture
+async def gateway_with_fleet(make_gateway: GatewayFactory) -> AsyncIterator[httpx.AsyncClient]:
+    """The in-process gateway with its real control plane: registration jobs, health checks and the
+    fleet loop publishing the registry from the store."""
+    client = make_gateway([], worker_startup_check_interval=0.2, health_check_interval_secs=0.2)
+    fleet = Fleet(current_config())
+    await fleet.astart()
+    yield client
+    await fleet.astop()
+
+
+async def _register_ready(gateway: httpx.AsyncClient, body: dict) -> None:
+    response = await gateway.post("/workers", json=body)
+    assert response.status_code == 202, response.text
+    location = response.json()["location"]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while loop.time() < deadline:
+        got = await gateway.get(location)
+        if got.status_code == 200 and got.json()["status"] == "ready" and "job_status" not in got.json():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{body['url']} not ready in time")
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_workers_registered_as_prefill_and_decode_put_the_routes_in_pd_mode(
+    gateway_with_fleet: httpx.AsyncClient, start_worker: WorkerFactory
+) -> None:
+    decode, prefill = await start_worker(model="pd-model"), await start_worker(model="pd-model")
+    await _register_ready(gateway_with_fleet, {"url": decode.url, "worker_type": "decode"})
+    await _register_ready(gateway_with_fleet, {"url": prefill.url, "worker_type": "prefill"})
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while len([h for h in REGISTRY.snapshot.workers if h.record.status == "ready"]) < 2:  # the fleet loop's refresh
+        assert loop.time() < deadline, "registry not refreshed"
+        await asyncio.sleep(0.05)
+    for worker in (decode, prefill):
+        worker.state.requests.clear()  # registration probed them too
+    info = await gateway_with_fleet.get("/get_model_info")
+    assert info.status_code == 200 and info.json()["model_path"] == "pd-model"
+    assert posted(prefill, "/get_model_info") and not posted(decode, "/get_model_info")
+    assert (await gateway_with_fleet.get("/health_generate")).status_code == 200
+    assert posted(prefill, "/health_generate") and posted(decode, "/health_generate")
