@@ -255,12 +255,18 @@ def job_status(worker: Worker) -> dict[str, Any] | None:
 
 
 def sync_cli_workers(urls: Sequence[str]) -> list[Worker]:
-    """Make the stored command-line workers match ``--worker-urls`` and register each anew.
+    """Make the stored command-line workers match ``--worker-urls``.
 
-    Workers registered through the admin API are left alone, even when a flag names the same URL.
+    Several gateway processes may share one store: a gateway started without ``--worker-urls`` joins
+    the stored fleet as it is and changes nothing; one started with the flag makes the command-line
+    workers exactly that list (others are removed). A listed worker that is already ready keeps
+    serving (the other gateways route to it meanwhile); one that is not is registered anew. Workers
+    registered through the admin API are left alone, even when a flag names the same URL.
     """
     from administration.worker_spec import parse_worker_spec
 
+    if not urls:
+        return list(Worker.objects.from_cli())
     with transaction.atomic():
         Worker.objects.from_cli().exclude(url__in=list(urls)).delete()
         workers = []
@@ -268,7 +274,7 @@ def sync_cli_workers(urls: Sequence[str]) -> list[Worker]:
             existing = Worker.objects.select_for_update().filter(url=url).first()
             if existing is None:
                 workers.append(create_worker(parse_worker_spec({"url": url}), source=WorkerSource.CLI))
-            elif existing.source == WorkerSource.CLI:
+            elif existing.source == WorkerSource.CLI and existing.status != WorkerStatus.READY:
                 worker = _start_job(existing, JobType.ADD, status=WorkerStatus.PENDING, registered=False)
                 _queue("register", worker, local=True)
                 workers.append(worker)

@@ -9,7 +9,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-__all__ = ["env_str", "env_bool", "env_int", "env_list", "env_secret", "database_from_url"]
+__all__ = [
+    "env_str", "env_bool", "env_int", "env_list", "env_secret", "database_from_url", "channel_layer_from_url",
+]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -100,3 +102,17 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, Any]:
             "OPTIONS": options,
         }
     raise ImproperlyConfigured(f"DATABASE_URL: unsupported scheme {scheme!r} (use sqlite:// or postgres://)")
+
+
+# channels_redis waits up to 5 s per blocking read (BZPOPMIN). redis-py's default 5 s socket timeout
+# would cut every idle wait: the receiving loop errors, rejoins its groups a second later, and a
+# notice sent in between is lost. The socket timeout must stay above that wait.
+LAYER_SOCKET_TIMEOUT_SECS = 15
+
+
+def channel_layer_from_url(redis_url: str | None) -> dict[str, Any]:
+    """The Channels layer: Redis (shared by every gateway process) when a URL is given, else in-memory."""
+    if not redis_url:
+        return {"BACKEND": "channels.layers.InMemoryChannelLayer"}
+    host = {"address": redis_url, "socket_timeout": LAYER_SOCKET_TIMEOUT_SECS, "socket_connect_timeout": 5}
+    return {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [host]}}

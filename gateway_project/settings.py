@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from gateway_project.envconf import database_from_url, env_bool, env_list, env_secret, env_str
+from gateway_project.envconf import channel_layer_from_url, database_from_url, env_bool, env_list, env_secret, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("GW_DATA_DIR", str(BASE_DIR / "data")) or BASE_DIR / "data")
@@ -86,12 +86,7 @@ EMBEDDED_DATABASE = DATABASES["default"]["ENGINE"].endswith("sqlite3")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL")
-if REDIS_URL:
-    CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
-    }
-else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+CHANNEL_LAYERS = {"default": channel_layer_from_url(REDIS_URL)}
 
 # Celery: with a broker, jobs go to `celery -A gateway_project worker`; without one they run
 # in-process on a background thread (see gateway_project/celery.py).
