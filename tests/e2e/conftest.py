@@ -50,10 +50,12 @@ class Process:
                 self.popen.wait(timeout=5)
 
 
-def _wait_until(check: Callable[[], bool], timeout: float, what: str, process: Process) -> None:
+def wait_for(check: Callable[[], bool], timeout: float, what: str, process: Process | None = None) -> None:
+    """Poll ``check`` (HTTP errors count as not yet) until it holds; fail after ``timeout`` seconds,
+    or at once when ``process`` exited, with its log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.popen.poll() is not None:
+        if process is not None and process.popen.poll() is not None:
             raise AssertionError(f"{process.name} exited early ({process.popen.returncode}):\n{process.log()}")
         try:
             if check():
@@ -61,6 +63,8 @@ def _wait_until(check: Callable[[], bool], timeout: float, what: str, process: P
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
+    if process is None:
+        raise AssertionError(f"{what} not reached within {timeout}s")
     raise AssertionError(f"{process.name}: {what} not reached in {timeout}s:\n{process.log()}")
 
 
@@ -137,7 +141,7 @@ def spawn(tmp_path: Path, e2e_database_url: str) -> Iterator[Callable[..., Proce
         process = Process(name, popen, f"http://127.0.0.1:{port}", log_path, env)
         started.append(process)
         if wait and port is not None:
-            _wait_until(lambda: httpx.get(process.url + ready_path, timeout=2).status_code == 200, 60, ready_path, process)
+            wait_for(lambda: httpx.get(process.url + ready_path, timeout=2).status_code == 200, 60, ready_path, process)
         return process
 
     yield start

@@ -4,35 +4,24 @@ every step land in the test's tmp_path."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
-from tests.e2e.conftest import ROOT, Process, free_port
+from tests.e2e.browser import PASSWORD, USERNAME, browser, make_staff_user, needs_chromium
+from tests.e2e.conftest import Process, free_port
+
+__all__ = ["browser"]  # the Chromium fixture, used by the tests below
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
-USERNAME = "console-admin"
-PASSWORD = "e2e-Console-passw0rd"
 WORKER_KEY = "sk-e2e-worker-key-91c4"
 STYLESHEET = "/static/admin/css/base.css"
-
-needs_chromium = pytest.mark.skipif(
-    not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing (CI installs Debian's chromium in .ci/run)"
-)
 
 
 @pytest.fixture
@@ -47,22 +36,8 @@ def console_gateway(spawn: Callable[..., Process]) -> Process:
         port,
         ready_path="/liveness",
     )
-    env = {**gateway.env, "GW_ADMIN_USERNAME": USERNAME, "GW_ADMIN_PASSWORD": PASSWORD}
-    done = subprocess.run(
-        [sys.executable, "manage.py", "ensure_admin"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
+    make_staff_user(gateway)
     return gateway
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 class Shots:

@@ -4,8 +4,6 @@ the charts refresh. The screenshot lands in the test's tmp_path."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -14,10 +12,10 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.e2e.conftest import ROOT, Process, free_port
-from tests.e2e.test_console_browser import PASSWORD, USERNAME, browser, needs_chromium
+from tests.e2e.conftest import Process, free_port
+from tests.e2e.browser import PASSWORD, USERNAME, browser, make_staff_user, needs_chromium
 
-__all__ = ["browser"]  # the Chromium fixture, shared with the worker console's browser test
+__all__ = ["browser"]  # the Chromium fixture (tests/e2e/browser.py), used by the test below
 
 pytestmark = pytest.mark.e2e
 
@@ -59,11 +57,7 @@ def fleet_gateway(spawn: Callable[..., Process], mock_worker_process: Process, t
         ready_path="/readiness",
         env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
     )
-    env = {**gateway.env, "GW_ADMIN_USERNAME": USERNAME, "GW_ADMIN_PASSWORD": PASSWORD}
-    done = subprocess.run(
-        [sys.executable, "manage.py", "ensure_admin"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
+    make_staff_user(gateway)
     return gateway
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import free_port
+from tests.e2e.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -42,18 +41,6 @@ def _shared_env() -> dict[str, str]:
     }
 
 
-def _wait(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not reached within {timeout}s")
-
-
 def _register(gateway_url: str, worker_url: str) -> str:
     response = httpx.post(f"{gateway_url}/workers", json={"url": worker_url})
     assert response.status_code == 202, response.text
@@ -71,14 +58,14 @@ def test_worker_added_through_one_gateway_is_routed_by_another(spawn, mock_worke
     first = spawn("gateway-a", _gateway_args(port_a := free_port()), port_a, ready_path="/liveness", env=env)
     second = spawn("gateway-b", _gateway_args(port_b := free_port()), port_b, ready_path="/liveness", env=env)
     worker_id = _register(first.url, mock_worker_process.url)
-    _wait(lambda: _is_ready(first.url, worker_id), 30, "worker ready")
-    _wait(lambda: httpx.get(second.url + "/readiness").status_code == 200, 30, "second gateway ready")
+    wait_for(lambda: _is_ready(first.url, worker_id), 30, "worker ready")
+    wait_for(lambda: httpx.get(second.url + "/readiness").status_code == 200, 30, "second gateway ready")
     client = openai.OpenAI(base_url=second.url + "/v1", api_key="x", _strict_response_validation=True, max_retries=0)
     reply = client.chat.completions.create(model="mock-model", messages=MESSAGES)
     assert reply.choices[0].message.content
     # And removal through the second is seen by the first.
     assert httpx.delete(f"{second.url}/workers/{worker_id}").status_code == 202
-    _wait(lambda: httpx.get(first.url + "/readiness").status_code == 503, 30, "first gateway sees the removal")
+    wait_for(lambda: httpx.get(first.url + "/readiness").status_code == 503, 30, "first gateway sees the removal")
 
 
 @needs_redis
@@ -92,10 +79,10 @@ def test_jobs_run_on_a_celery_worker_through_the_broker(spawn, mock_worker_proce
         argv=[str(Path(sys.executable).parent / "celery"), "-A", "gateway_project", "worker", "--pool", "threads",
               "--concurrency", "4", "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
     )
-    _wait(lambda: "ready." in celery.log(), 60, "celery worker ready")
+    wait_for(lambda: "ready." in celery.log(), 60, "celery worker ready")
     gateway = spawn("gateway", _gateway_args(port := free_port()), port, ready_path="/liveness", env=env)
     worker_id = _register(gateway.url, mock_worker_process.url)
-    _wait(lambda: _is_ready(gateway.url, worker_id), 30, "worker registered by the Celery worker")
+    wait_for(lambda: _is_ready(gateway.url, worker_id), 30, "worker registered by the Celery worker")
     assert "administration.run_job" in celery.log() and "registered: runtime sglang" in celery.log()
     assert "registered: runtime" not in gateway.log()  # the gateway did not run the job itself
     reply = httpx.post(gateway.url + "/v1/chat/completions", json={"model": "mock-model", "messages": MESSAGES})

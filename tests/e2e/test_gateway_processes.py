@@ -3,7 +3,6 @@ response validation, under uvicorn and under daphne."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import time
 

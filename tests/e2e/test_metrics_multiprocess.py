@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import Process, _wait_until, free_port
+from tests.e2e.conftest import Process, free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -84,7 +84,7 @@ def test_two_gateway_processes_export_one_sum_and_hand_the_port_over(
     registered = httpx.post(first.url + "/workers", json={"url": mock_worker_process.url}, timeout=10)
     assert registered.status_code == 202, registered.text
     for gateway in (first, second):  # the second sees the stored worker on its periodic refresh
-        _wait_until(lambda gateway=gateway: httpx.get(gateway.url + "/readiness").status_code == 200, 30,
+        wait_for(lambda gateway=gateway: httpx.get(gateway.url + "/readiness").status_code == 200, 30,
                     "/readiness", gateway)
 
     # Counters: a known number of requests through each process (plain, then one streamed).

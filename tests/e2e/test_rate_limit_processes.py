@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from tests.conftest import Actor
-from tests.e2e.conftest import ROOT, Process, free_port
-from tests.e2e.test_fleet_processes import REDIS, _wait, needs_redis
+from tests.e2e.conftest import ROOT, Process, free_port, wait_for
+from tests.e2e.test_fleet_processes import REDIS, needs_redis
 
 pytestmark = [pytest.mark.e2e, needs_redis]
 
@@ -48,7 +48,7 @@ def _two_gateways(spawn: Callable[..., Process], worker: Process, flags: list[st
     registered = httpx.post(f"{first.url}/workers", json={"url": worker.url}, headers=admin)
     assert registered.status_code == 202, registered.text
     for gateway in gateways:
-        _wait(lambda: httpx.get(gateway.url + "/readiness").status_code == 200, 30, f"{gateway.name} ready")
+        wait_for(lambda: httpx.get(gateway.url + "/readiness").status_code == 200, 30, f"{gateway.name} ready")
     return first, second
 
 
@@ -118,14 +118,14 @@ def test_console_edit_reaches_a_second_gateway_without_restart(spawn, mock_worke
     with httpx.Client(base_url=first.url, timeout=30) as console:
         _console_post(console, "/admin/login/", {"username": USERNAME, "password": PASSWORD, "next": "/admin/"})
         _console_post(console, LIMITS + "add/", {"tenant_id": actor.tenant_id, "requests_per_minute": "1000"})
-        _wait(lambda: _limit_seen(second, actor) == "1000", 30, "the added limit on the second gateway")
+        wait_for(lambda: _limit_seen(second, actor) == "1000", 30, "the added limit on the second gateway")
 
         row = re.search(rf'href="{LIMITS}(\d+)/change/', console.get(LIMITS).text)
         assert row, "the row is listed"
         change = f"{LIMITS}{row.group(1)}/change/"
         _console_post(console, change, {"tenant_id": actor.tenant_id, "requests_per_minute": "500"})
-        _wait(lambda: _limit_seen(second, actor) == "500", 30, "the changed limit on the second gateway")
+        wait_for(lambda: _limit_seen(second, actor) == "500", 30, "the changed limit on the second gateway")
 
         _console_post(console, f"{LIMITS}{row.group(1)}/delete/", {"post": "yes"})
-        _wait(lambda: _limit_seen(second, actor) is None, 30, "the deleted limit on the second gateway")
+        wait_for(lambda: _limit_seen(second, actor) is None, 30, "the deleted limit on the second gateway")
     assert second.popen.poll() is None and second.popen.pid == pid  # the same process throughout
