@@ -81,7 +81,10 @@ async def test_bad_content_length_is_400() -> None:
 
 @pytest.mark.parametrize(
     ("given", "kept"),
-    [(b"abc-123", True), (b"x" * 256, True), (b"x" * 257, False), (b" padded", False), (b"caf\xc3\xa9", False), (None, False)],
+    [
+        (b"abc-123", True), (b"x" * 256, True), (b"x" * 257, False), (b" padded", False), (b"caf\xc3\xa9", False),
+        (b"a\rb", False), (b"a\nb", False), (b"a b", False), (b"a\x00b", False), (b"", False), (None, False),
+    ],
 )
 def test_request_id_is_kept_only_when_sane(given: bytes | None, kept: bool) -> None:
     headers = [] if given is None else [(b"x-request-id", given)]
