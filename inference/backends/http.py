@@ -37,7 +37,7 @@ from yarl import URL
 from inference.api.asgi_io import SSE_HEADERS, Send
 from inference.backends.base import Backend, FinalHook, RelayRequest, Upstream, UpstreamFailure
 
-__all__ = ["HttpBackend"]
+__all__ = ["HttpBackend", "KEEPALIVE_SECS"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,10 @@ _DONE = b"data: [DONE]\n\n"
 _DONE_MARK = b"[DONE]"
 _DATA = b"data:"
 _CONNECT_TIMEOUT_SECS = 10.0
+# An idle pooled connection is reused only this long. Engines' HTTP servers close idle keep-alive
+# connections after 5 s (uvicorn's default, which sglang and vllm keep); a request written on a
+# connection the worker is closing at that moment is lost (502). Staying under it avoids the race.
+KEEPALIVE_SECS = 4.0
 _READ_BUFSIZE = 2**16
 _ONE_WRITE_MAX = 2**16  # bodies up to this size go out in the same write as the head
 _NO_TIMER = TimerNoop()
@@ -121,7 +125,8 @@ class _Exchange:
 class HttpBackend(Backend):
     transport = "http"
 
-    def __init__(self, request_timeout_secs: float) -> None:
+    def __init__(self, request_timeout_secs: float, keepalive_secs: float = KEEPALIVE_SECS) -> None:
+        self._keepalive_secs = keepalive_secs
         self._timeout = aiohttp.ClientTimeout(
             total=request_timeout_secs, connect=_CONNECT_TIMEOUT_SECS, sock_connect=_CONNECT_TIMEOUT_SECS
         )
@@ -133,7 +138,9 @@ class HttpBackend(Backend):
         loop = asyncio.get_running_loop()
         session = self._sessions.get(loop)
         if session is None or session.closed:
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=500, keepalive_timeout=30, enable_cleanup_closed=True)
+            connector = aiohttp.TCPConnector(
+                limit=0, limit_per_host=500, keepalive_timeout=self._keepalive_secs, enable_cleanup_closed=True
+            )
             session = aiohttp.ClientSession(
                 connector=connector,
                 cookie_jar=aiohttp.DummyCookieJar(),  # a relay keeps no cookies

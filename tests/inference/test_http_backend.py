@@ -113,3 +113,20 @@ async def test_informational_answers_are_skipped(make_gateway) -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_an_idle_connection_is_not_reused_past_the_keepalive(make_gateway, worker: RunningWorker) -> None:
+    """Pooled connections idle longer than the backend's keep-alive are replaced, so a worker closing
+    its idle connections (uvicorn: after 5 s) never gets a request on one it is closing."""
+    from inference.backends.http import KEEPALIVE_SECS, HttpBackend
+    from inference.runtime import runtime
+
+    assert KEEPALIVE_SECS < 5.0
+    client = make_gateway([record_for(worker)])
+    runtime().backends["http"] = HttpBackend(runtime().config.request_timeout_secs, keepalive_secs=0.2)
+    for _ in range(2):
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    await asyncio.sleep(0.3)
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    first, second, third = (entry["client_port"] for entry in worker.requests())
+    assert first == second != third
