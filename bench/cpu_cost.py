@@ -1,8 +1,8 @@
 """CPU the gateway spends per request: a steadier measure than latency on a shared machine.
 
-``.venv/bin/python bench/cpu_cost.py [--server uvicorn] [--requests 2000] [--repeat 3]``
+``.venv/bin/python bench/cpu_cost.py [--target uvicorn|daphne|smg] [--requests 640] [--repeat 3]``
 
-Starts the gateway pinned to core 0 and, on core 1, the nginx worker (non-streaming) and the mock
+Starts the gateway (or a reference peer) pinned to core 0 and, on core 1, the nginx worker (non-streaming) and the mock
 worker (streaming, 1 and 64 tokens). Reads the gateway's user+system CPU time from /proc before and
 after a fixed number of requests and prints microseconds of gateway CPU per request:
 
@@ -30,30 +30,63 @@ if __package__ in (None, ""):
 from bench.gateway import start_gateway, start_mock_worker  # noqa: E402
 from bench.loadgen import run_wrk, write_script  # noqa: E402
 from bench.nginx import start_nginx_worker  # noqa: E402
+from bench.peers import PEERS  # noqa: E402
 from bench.procs import LOOPBACK, ProcessGroup, free_port  # noqa: E402
 from bench.streaming import run_streams  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a peer may run its server in a child process)."""
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                queue.extend(int(child) for child in task.read_text().split())
+            except OSError:
+                pass
+    return found
+
+
 def cpu_seconds(pid: int) -> float:
-    """CPU seconds of every thread of a process, to the nanosecond (schedstat), else clock ticks."""
-    total = 0
-    try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            total += int((task / "schedstat").read_text().split()[0])
-        return total / 1e9
-    except (OSError, ValueError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK
+    """CPU seconds of every thread of a process and its descendants, to the nanosecond (schedstat),
+    else in clock ticks."""
+    total = 0.0
+    for member in _process_tree(pid):
+        try:
+            for task in Path(f"/proc/{member}/task").iterdir():
+                total += int((task / "schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError):
+            try:
+                fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / _TICK
+            except OSError:
+                pass
+    return total
 
 
-def _server_pid(launcher_pid: int) -> int:
-    """taskset execs the interpreter, so the launcher's pid is the gateway's."""
-    return launcher_pid
+def _start_target(
+    target: str, group: ProcessGroup, work: Path, name: str, port: int, worker_url: str
+) -> int:
+    """Start the gateway (``uvicorn``/``daphne``) or an installed peer (``smg``) on core 0; its pid."""
+    if target in ("uvicorn", "daphne"):
+        proc = start_gateway(
+            group, f"gw-{name}", port=port, worker_url=worker_url, server=target, core=0, data_dir=work / f"data-{name}"
+        )
+    else:
+        peer = PEERS[target]
+        if not peer.installed:
+            raise SystemExit(f"{target} is not installed: bench/run.py --install-peers")
+        where = work / f"{target}-{name}"
+        where.mkdir(parents=True, exist_ok=True)
+        proc = peer.start(group, where, port, worker_url, 0)
+    return proc.popen.pid  # taskset execs the program, so the launcher's pid is the server's
 
 
-def measure(server: str, requests: int, repeat: int) -> dict[str, list[float]]:
+def measure(target: str, requests: int, repeat: int) -> dict[str, list[float]]:
     results: dict[str, list[float]] = {"chat": [], "stream-1": [], "stream-64": []}
     with tempfile.TemporaryDirectory(prefix="gw-cpu-") as tmp, ProcessGroup(Path(tmp) / "logs") as group:
         work = Path(tmp)
@@ -64,11 +97,8 @@ def measure(server: str, requests: int, repeat: int) -> dict[str, list[float]]:
         gateways = {}
         for name, worker_port in (("chat", nginx_port), ("stream-1", mock1_port), ("stream-64", mock64_port)):
             port = free_port()
-            proc = start_gateway(
-                group, f"gw-{name}", port=port, worker_url=f"http://{LOOPBACK}:{worker_port}",
-                server=server, core=0, data_dir=work / f"data-{name}",
-            )
-            gateways[name] = (port, _server_pid(proc.popen.pid))
+            pid = _start_target(target, group, work, name, port, f"http://{LOOPBACK}:{worker_port}")
+            gateways[name] = (port, pid)
         script = write_script(work / "chat.lua")
         for _ in range(repeat):
             port, pid = gateways["chat"]
@@ -77,8 +107,10 @@ def measure(server: str, requests: int, repeat: int) -> dict[str, list[float]]:
             before = cpu_seconds(pid)
             point = run_wrk(url, script, connections=32, threads=1, duration=3.0, core=1)
             results["chat"].append((cpu_seconds(pid) - before) / max(point.requests, 1) * 1e6)
-            rounds = max(1, requests // 32)
             for name in ("stream-1", "stream-64"):
+                # One-token streams take ~10 ms a round: five times as many keep the gateway's
+                # background work (health checks, registry refresh) a small share of the window.
+                rounds = max(1, requests // 32) * (5 if name == "stream-1" else 1)
                 port, pid = gateways[name]
                 url = f"http://{LOOPBACK}:{port}/v1/chat/completions"
                 run_streams(url, streams=32, rounds=2, warmup_rounds=0, core=1)  # warm
@@ -90,11 +122,12 @@ def measure(server: str, requests: int, repeat: int) -> dict[str, list[float]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--server", default="uvicorn", choices=("uvicorn", "daphne"))
+    parser.add_argument("--target", default="uvicorn", choices=("uvicorn", "daphne", *PEERS),
+                        help="the gateway under uvicorn or daphne, or an installed reference peer")
     parser.add_argument("--requests", type=int, default=640, help="streams per streaming measurement")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
-    results = measure(args.server, args.requests, args.repeat)
+    results = measure(args.target, args.requests, args.repeat)
     for name, values in results.items():
         print(f"{name:10s} CPU per request: median {statistics.median(values):7.1f} us  ({', '.join(f'{v:.1f}' for v in values)})")
     chunk = (statistics.median(results["stream-64"]) - statistics.median(results["stream-1"])) / 63
