@@ -105,28 +105,20 @@ def record_for(worker: RunningWorker | str, model: str | None = None, status: st
 GatewayFactory = Callable[..., httpx.AsyncClient]
 
 
-@pytest.fixture
-async def make_gateway() -> AsyncIterator[GatewayFactory]:
+def open_gateway(records: Iterable[WorkerRecord] = (), **config: object) -> httpx.AsyncClient:
     """The full ASGI application in-process, with a registry published from the given records
-    (the control plane's discovery is tested on its own)."""
-    clients: list[httpx.AsyncClient] = []
+    (the control plane's discovery is tested on its own). Undo with :func:`close_gateways`."""
+    gateway_config = GatewayConfig(**config)  # type: ignore[arg-type]
+    install_config(gateway_config, export=False)
+    reset_runtime(gateway_config)
+    resilience = Resilience.from_config(gateway_config)
+    REGISTRY.publish([dataclasses.replace(r, resilience=resilience) for r in records], dict(gateway_config.model_aliases))
+    LIFECYCLE.started = True
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://gateway", timeout=30)
 
-    def make(records: Iterable[WorkerRecord] = (), **config: object) -> httpx.AsyncClient:
-        gateway_config = GatewayConfig(**config)  # type: ignore[arg-type]
-        install_config(gateway_config, export=False)
-        reset_runtime(gateway_config)
-        resilience = Resilience.from_config(gateway_config)
-        REGISTRY.publish(
-            [dataclasses.replace(r, resilience=resilience) for r in records], dict(gateway_config.model_aliases)
-        )
-        LIFECYCLE.started = True
-        client = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=application), base_url="http://gateway", timeout=30
-        )
-        clients.append(client)
-        return client
 
-    yield make
+async def close_gateways(clients: Iterable[httpx.AsyncClient]) -> None:
+    """Close the clients and the runtime's upstream sessions; back to an empty, unconfigured gateway."""
     for client in clients:
         await client.aclose()
     from inference.runtime import runtime
@@ -136,6 +128,20 @@ async def make_gateway() -> AsyncIterator[GatewayFactory]:
     LIFECYCLE.started = False
     install_config(GatewayConfig(), export=False)
     reset_runtime(GatewayConfig())
+
+
+@pytest.fixture
+async def make_gateway() -> AsyncIterator[GatewayFactory]:
+    """:func:`open_gateway` as a fixture: as many as the test makes, all closed after it."""
+    clients: list[httpx.AsyncClient] = []
+
+    def make(records: Iterable[WorkerRecord] = (), **config: object) -> httpx.AsyncClient:
+        client = open_gateway(records, **config)
+        clients.append(client)
+        return client
+
+    yield make
+    await close_gateways(clients)
 
 
 @pytest.fixture
