@@ -14,11 +14,16 @@ import httpx
 
 from administration.runtime import RuntimeType
 
-__all__ = ["Discovery", "WorkerUnreachable", "discover_http_worker"]
+__all__ = ["Discovery", "WorkerUnreachable", "WorkerRefused", "discover_http_worker"]
 
 
 class WorkerUnreachable(Exception):
     """The worker did not answer (not up yet, or gone)."""
+
+
+class WorkerRefused(Exception):
+    """The worker answered 401 or 403: the key it was given (or none) is not one it accepts. Waiting
+    does not help, and registering it anyway would route requests it refuses."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +41,14 @@ _OWNED_BY = {"sglang": RuntimeType.SGLANG, "vllm": RuntimeType.VLLM}
 
 
 def _get_json(client: httpx.Client, url: str, headers: dict[str, str]) -> Any | None:
-    """The JSON answer of a GET, None for a non-2xx or non-JSON answer; unreachable raises."""
+    """The JSON answer of a GET, None for a non-2xx or non-JSON answer; unreachable and refused raise."""
     try:
         response = client.get(url, headers=headers)
     except httpx.TransportError as exc:
         raise WorkerUnreachable(f"{type(exc).__name__} for {url}") from None
+    if response.status_code in (401, 403):
+        given = "the API key given" if headers else "no API key"
+        raise WorkerRefused(f"worker refused {given}: HTTP {response.status_code} for {url}")
     if not response.is_success:
         return None
     try:

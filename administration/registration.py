@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from django.utils import timezone
 
-from administration.discovery import Discovery, WorkerUnreachable, discover_http_worker
+from administration.discovery import Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker
 from administration.models import JobState, JobType, Worker, WorkerStatus
 from administration.notices import publish_registry_changed
 from administration.runtime import RuntimeType
@@ -70,6 +70,8 @@ def _discover(worker: Worker, generation: int) -> Discovery:
         while True:
             try:
                 return discover_http_worker(client, worker.url, worker.api_key or _cli_key(worker), worker.runtime_type)
+            except WorkerRefused as exc:
+                raise RegistrationFailed(str(exc)) from None
             except WorkerUnreachable as exc:
                 if time.monotonic() + pause > deadline:
                     raise RegistrationFailed(

@@ -9,7 +9,7 @@ import socket
 import httpx
 import pytest
 
-from administration.discovery import WorkerUnreachable, discover_http_worker
+from administration.discovery import WorkerRefused, WorkerUnreachable, discover_http_worker
 from administration.fleet import Fleet
 from administration.models import Worker, WorkerSource, WorkerStatus
 from administration.runtime import normalize_runtime_type
@@ -41,6 +41,16 @@ async def test_discovery_presents_the_worker_key(start_worker) -> None:
     with httpx.Client() as client:
         found = await asyncio.to_thread(discover_http_worker, client, worker.url, "sk-w")
     assert found.model_id == worker.model
+
+
+@pytest.mark.parametrize("key", [None, "sk-not-the-workers"])
+async def test_a_worker_refusing_the_key_is_refused_not_generic(start_worker, key: str | None) -> None:
+    worker = await start_worker(api_key="sk-w")
+    with httpx.Client() as client:
+        with pytest.raises(WorkerRefused) as refused:
+            await asyncio.to_thread(discover_http_worker, client, worker.url, key)
+    assert "HTTP 401" in str(refused.value)
+    assert key is None or key not in str(refused.value)
 
 
 def test_unreachable_worker_raises() -> None:
