@@ -188,3 +188,32 @@ async def test_in_flight_count_returns_to_zero(make_gateway, worker: RunningWork
     await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     await client.post("/v1/chat/completions", json={**CHAT, "mock": {"status": 500}})
     assert REGISTRY.snapshot.workers[0].load.in_flight == 0
+
+
+async def test_no_database_query_on_the_request_path(make_gateway, worker: RunningWorker, monkeypatch) -> None:
+    """Every relayed route, streaming or not, authenticated and rate limited, never touches the store
+    (counted in every thread, since a query could hide behind sync_to_async)."""
+    from django.db.backends import utils
+
+    queries: list[str] = []
+    original = utils.CursorWrapper._execute_with_wrappers
+
+    def counting(self, sql, params, many, executor):  # type: ignore[no-untyped-def]
+        queries.append(sql)
+        return original(self, sql, params, many, executor)
+
+    monkeypatch.setattr(utils.CursorWrapper, "_execute_with_wrappers", counting)
+    client = make_gateway(
+        [record_for(worker)], tenant_api_keys=(("acme", "sk-acme"),), tenant_rate_limits=(("acme", "1000"),),
+        max_concurrent_requests=8,
+    )
+    headers = {"Authorization": "Bearer sk-acme"}
+    for path, body in [
+        ("/v1/chat/completions", CHAT), ("/v1/chat/completions", {**CHAT, "stream": True}),
+        ("/v1/completions", {"model": "mock-model", "prompt": "hi"}), ("/v1/embeddings", {"model": "mock-model", "input": "x"}),
+        ("/v1/chat/completions", {"model": "unknown", "messages": CHAT["messages"]}),
+    ]:
+        await client.post(path, json=body, headers=headers)
+    await client.get("/v1/models")
+    await client.get("/readiness")
+    assert queries == []
