@@ -1,7 +1,8 @@
 """Start and stop the gateway's background parts with the server.
 
-uvicorn sends ASGI lifespan events; daphne does not, so the first request starts them instead. Either
-way the worker registry is loaded before any request is routed.
+uvicorn sends ASGI lifespan events. daphne does not: ``manage.py rungateway --server daphne`` ties
+start and stop to Twisted's reactor instead, and under a bare ``daphne`` command the first request
+starts them. Either way the worker registry is loaded before any request is routed.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class GatewayLifecycle:
         await runtime().aclose()
         await aclose_http_client()
         self.started = False
+        log.info("gateway stopped")
 
     async def lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         while True:

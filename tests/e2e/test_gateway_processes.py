@@ -136,3 +136,28 @@ def test_request_id_round_trip(start_gateway, mock_worker_process) -> None:
     assert response.headers["x-request-id"] == "e2e-trace-1"
     seen = httpx.get(mock_worker_process.url + "/_mock/requests").json()
     assert seen[-1]["headers"]["x-request-id"] == "e2e-trace-1"
+
+
+def test_daphne_starts_the_gateway_with_the_reactor_and_stops_it_cleanly(spawn, mock_worker_process) -> None:
+    """No lifespan under daphne: the fleet starts with Twisted's reactor (the worker is registered and
+    health-checked before any request reaches the gateway) and stops before it (sessions closed)."""
+    from tests.e2e.conftest import free_port, wait_for
+
+    port = free_port()
+    gateway = spawn(
+        "gateway-daphne-lifecycle",
+        ["rungateway", "--host", "127.0.0.1", "--port", str(port), "--server", "daphne",
+         "--worker-urls", mock_worker_process.url, "--health-check-interval-secs", "0.3",
+         "--health-success-threshold", "1", "--worker-startup-check-interval", "0.3"],
+        port,
+        wait=False,
+    )
+    wait_for(lambda: "pending -> ready" in gateway.log(), 30, "worker ready without any request", gateway)
+    health_checks = [r for r in httpx.get(mock_worker_process.url + "/_mock/requests").json() if r["path"] == "/health"]
+    assert health_checks  # the gateway's health checker ran before anyone called the gateway
+    reply = sdk(gateway).chat.completions.create(model="mock-model", messages=MESSAGES)
+    assert reply.choices[0].message.role == "assistant"
+    gateway.stop()
+    log = gateway.log()
+    assert "gateway stopped" in log
+    assert "Unclosed" not in log

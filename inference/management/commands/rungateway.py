@@ -12,6 +12,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference.config import ConfigError, GatewayConfig, add_gateway_arguments, config_from_namespace, install_config
 
+log = logging.getLogger("inference.lifespan")
+
 _DJANGO_OPTIONS = {"verbosity", "settings", "pythonpath", "traceback", "no_color", "force_color", "skip_checks"}
 
 
@@ -62,7 +64,38 @@ class Command(BaseCommand):
     def _run_daphne(self, config: GatewayConfig) -> None:
         from daphne.cli import CommandLineInterface
 
+        _tie_lifecycle_to_twisted()
         verbosity = "2" if config.log_level == "debug" else "1"
         CommandLineInterface().run(
             ["-b", config.host, "-p", str(config.port), "-v", verbosity, "gateway_project.asgi:application"]
         )
+
+
+def _tie_lifecycle_to_twisted() -> None:
+    """daphne sends no ASGI lifespan events: start the gateway's background parts (fleet, health
+    checks, metrics listener) when Twisted's reactor starts, not on the first request, and stop them
+    (closing the upstream sessions, dropping this process's live gauges) before it shuts down."""
+    import asyncio
+
+    from daphne.server import twisted_loop  # importing daphne.server installs the asyncio reactor
+    from twisted.internet import defer
+    from twisted.internet import reactor as installed_reactor
+
+    from gateway_project.lifespan import LIFECYCLE
+
+    reactor: Any = installed_reactor  # zope interfaces confuse the type checker
+    def start() -> defer.Deferred[None]:
+        started: defer.Deferred[None] = defer.Deferred.fromFuture(asyncio.ensure_future(LIFECYCLE.astart(), loop=twisted_loop))
+
+        def failed(failure: Any) -> None:
+            log.error("gateway failed to start: %s", failure.getErrorMessage())
+            reactor.stop()
+
+        started.addErrback(failed)
+        return started
+
+    def stop() -> defer.Deferred[None]:
+        return defer.Deferred.fromFuture(asyncio.ensure_future(LIFECYCLE.astop(), loop=twisted_loop))
+
+    reactor.callWhenRunning(start)
+    reactor.addSystemEventTrigger("before", "shutdown", stop)
