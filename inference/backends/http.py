@@ -75,28 +75,36 @@ class _Deadline:
     """The total request timeout: cancels the relaying task when it passes; ``expired`` tells that
     cancellation from any other (a client disconnect)."""
 
-    __slots__ = ("_task", "_handle", "expired")
+    __slots__ = ("_task", "_handle", "expired", "_pending")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
         self.expired = False
+        self._pending = False  # a cancellation of ours not yet undone
         self._task = asyncio.current_task()
         self._handle = loop.call_later(seconds, self._expire)
 
     def _expire(self) -> None:
         self.expired = True
         if self._task is not None:
+            self._pending = True
             self._task.cancel()
 
     def absorb(self) -> bool:
         """After a CancelledError: True (and the cancellation undone) when it was this deadline."""
         if not self.expired:
             return False
-        if self._task is not None:
-            self._task.uncancel()
+        self._undo()
         return True
 
     def cancel(self) -> None:
+        """The exchange is over. A deadline that fired as it ended must not cancel what comes next."""
         self._handle.cancel()
+        self._undo()
+
+    def _undo(self) -> None:
+        if self._pending and self._task is not None:
+            self._pending = False
+            self._task.uncancel()
 
 
 class _Exchange:
