@@ -26,7 +26,7 @@ from administration.runtime import RuntimeType
 from administration.tenant_limits import stored_tenant_limits
 from administration.workers import sync_cli_workers, worker_records
 from inference.config import GatewayConfig
-from inference.routing.registry import REGISTRY, RegistrySnapshot, WorkerRecord
+from inference.routing.registry import REGISTRY, RegistrySnapshot, WorkerRecord, transport_of
 from inference.runtime import runtime
 
 __all__ = ["Fleet", "FleetState", "load_fleet_state"]
@@ -55,7 +55,7 @@ class FleetState:
 def _health_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> HealthTarget | None:
     block: dict[str, Any] = worker.setting("health", {})
     disabled = block.get("disable_health_check", config.disable_health_check)
-    if disabled or worker.runtime_type == RuntimeType.EXTERNAL or worker.url.startswith("ipc://"):
+    if disabled or worker.runtime_type == RuntimeType.EXTERNAL or transport_of(worker.url) == "zmq":
         return None
     if worker.status not in (WorkerStatus.PENDING, WorkerStatus.READY, WorkerStatus.NOT_READY):
         return None
@@ -77,7 +77,7 @@ def _load_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> 
     protection on) falls back to the --worker-overload-* flags."""
     if worker.status != WorkerStatus.READY or worker.runtime_type == RuntimeType.EXTERNAL:
         return None
-    if not worker.url.startswith(("http://", "https://")):
+    if transport_of(worker.url) != "http":
         return None
     block: dict[str, Any] = worker.setting("overload", {}) or {}
     waiting: int | None = None

@@ -20,6 +20,7 @@ from administration.models import JobState, JobType, Worker, WorkerStatus
 from administration.notices import publish_registry_changed
 from administration.runtime import RuntimeType
 from inference.config import current_config
+from inference.routing.registry import transport_of
 
 __all__ = ["run_registration", "run_update", "run_removal", "RegistrationFailed"]
 
@@ -53,9 +54,10 @@ def _check_spec(worker: Worker) -> None:
     usage = overload.get("token_usage")
     if usage is not None and not 0.0 < usage <= 1.0:
         raise RegistrationFailed("overload.token_usage must be in (0.0, 1.0]")
-    if worker.url.startswith(("grpc://", "grpcs://")):
+    transport = transport_of(worker.url)
+    if transport == "grpc":
         raise RegistrationFailed("gRPC workers are not supported by this gateway yet")
-    if worker.url.startswith("ipc://"):
+    if transport == "zmq":
         raise RegistrationFailed("ZMQ (ipc://) workers are not supported by this gateway yet")
     if worker.setting("http_pool", {}).get("http2") is True:
         raise RegistrationFailed("http_pool.http2 true: this gateway speaks HTTP/1.1 to workers")

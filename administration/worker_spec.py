@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 from administration.runtime import RuntimeType, normalize_runtime_type
+from inference.routing.registry import transport_of
 
 __all__ = [
     "WorkerSpec",
@@ -250,14 +251,6 @@ class WorkerSpec:
     @property
     def provider(self) -> str | None:
         return PROVIDER_HOSTS.get((urlsplit(self.url).hostname or "").lower())
-
-
-def transport_of(url: str) -> str:
-    if url.startswith(("grpc://", "grpcs://")):
-        return "grpc"
-    if url.startswith("ipc://"):
-        return "zmq"
-    return "http"
 
 
 def _read_fields(body: Any) -> dict[str, Any]:

@@ -54,15 +54,6 @@ PROFILE_FIELDS = (
 _ERROR_TEXT_LIMIT = 300
 
 
-def _transport(handle: WorkerHandle) -> str:
-    url = handle.url
-    if url.startswith(("http://", "https://")):
-        return "http"
-    if url.startswith(("grpc://", "grpcs://")):
-        return "grpc"
-    return "zmq"
-
-
 @dataclass(slots=True)
 class FanOut:
     """Which workers answered a fan-out and which failed (with the reason)."""
@@ -102,9 +93,9 @@ async def aflush_cache(client: httpx.AsyncClient, workers: Sequence[WorkerHandle
     """POST {url}/flush_cache to every HTTP worker in parallel (45 s each); gRPC workers are reported
     failed (no FlushCache RPC client here), ZMQ workers skipped. 200 when every called worker
     succeeds (or none was called), 206 otherwise."""
-    http = [h for h in workers if _transport(h) == "http"]
-    grpc = [h for h in workers if _transport(h) == "grpc"]
-    zmq = [h for h in workers if _transport(h) == "zmq"]
+    http = [h for h in workers if h.record.transport == "http"]
+    grpc = [h for h in workers if h.record.transport == "grpc"]
+    zmq = [h for h in workers if h.record.transport == "zmq"]
     outcome = await _afan_out(client, http, "/flush_cache", None, FLUSH_TIMEOUT_SECS)
     outcome.failed.extend({"worker": h.url, "error": "cache flush over gRPC is not supported"} for h in grpc)
     body: dict[str, Any] = {
@@ -135,13 +126,13 @@ async def aprofile(
     targets = [h for h in workers if wanted is None or h.url == str(wanted).rstrip("/")]
     if not targets:
         return None
-    http = [h for h in targets if _transport(h) == "http"]
+    http = [h for h in targets if h.record.transport == "http"]
     body = {key: options[key] for key in PROFILE_FIELDS if key in options} if action == "start_profile" else None
     outcome = await _afan_out(client, http, f"/{action}", body or None, PROFILE_TIMEOUT_SECS)
     outcome.failed.extend(
-        {"worker": h.url, "error": f"profiling is not supported over {_transport(h)}"}
+        {"worker": h.url, "error": f"profiling is not supported over {h.record.transport}"}
         for h in targets
-        if _transport(h) != "http"
+        if h.record.transport != "http"
     )
     verb = "started" if action == "start_profile" else "stopped"
     result: dict[str, Any] = {"successful": outcome.successful}

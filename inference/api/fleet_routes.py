@@ -25,7 +25,6 @@ from urllib.parse import parse_qs
 import httpx
 
 from administration.control_http import http_client
-from administration.worker_spec import transport_of
 
 from inference import errors
 from inference.api.asgi_io import ASGIApp, Receive, Scope, Send, request_id_for, send_error, send_json, send_response
@@ -142,7 +141,7 @@ _PD_TYPES = ("prefill", "decode")
 
 
 def _is_http(handle: WorkerHandle) -> bool:
-    return transport_of(handle.url) == "http" and handle.record.runtime_type != "external"
+    return handle.record.transport == "http" and handle.record.runtime_type != "external"
 
 
 def is_pd_mode(handles: Sequence[WorkerHandle]) -> bool:
@@ -163,7 +162,7 @@ def _targets(snapshot: RegistrySnapshot, path: str, pair: bool) -> tuple[WorkerH
     worker; else the error to answer."""
     handles = snapshot.workers
     if not any(_is_http(handle) for handle in handles):
-        others = sorted({transport_of(handle.url) for handle in handles} - {"http"})
+        others = sorted({handle.record.transport for handle in handles} - {"http"})
         if others:
             names = {"grpc": "gRPC", "zmq": "ZMQ"}
             return errors.endpoint_not_supported(path, " and ".join(names.get(t, t) for t in others))
@@ -314,7 +313,7 @@ async def engine_metrics(scope: Scope, receive: Receive, send: Send) -> None:
         return
     keys: dict[str, str | None] = {}
     for handle in runtime().registry.snapshot.workers:
-        if handle.url.startswith(("http://", "https://")):
+        if handle.record.transport == "http":
             keys.setdefault(_base_url(handle.url), handle.record.api_key)
     headers = [(b"x-request-id", request_id)]
     if not keys:

@@ -179,7 +179,9 @@ class RelayRoute:
                 await asyncio.sleep(backoff)
             tried.append(worker.id)
             breaker = worker.load.breaker
-            backend = rt.backends[worker.record.transport]
+            backend = rt.backends.get(worker.record.transport)
+            if backend is None:  # a transport this gateway does not speak yet (registration refuses them)
+                raise errors.endpoint_not_supported(self.upstream_path, worker.record.transport)
             request = attempt.request_for(worker, self.upstream_path)
             worker.load.in_flight += 1
             try:

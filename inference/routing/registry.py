@@ -13,7 +13,9 @@ from typing import Any, Iterable, Mapping
 
 from inference.routing.breaker import CircuitBreaker, Resilience
 
-__all__ = ["WorkerLoad", "WorkerRecord", "WorkerHandle", "RegistrySnapshot", "WorkerRegistry", "REGISTRY"]
+__all__ = [
+    "WorkerLoad", "WorkerRecord", "WorkerHandle", "RegistrySnapshot", "WorkerRegistry", "REGISTRY", "transport_of",
+]
 
 
 @dataclass(slots=True)
@@ -28,6 +30,15 @@ class WorkerLoad:
     overloaded: bool = False
 
 
+def transport_of(url: str) -> str:
+    """The transport a worker URL names: grpc:// and grpcs:// are gRPC, ipc:// ZMQ, anything else HTTP."""
+    if url.startswith(("grpc://", "grpcs://")):
+        return "grpc"
+    if url.startswith("ipc://"):
+        return "zmq"
+    return "http"
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerRecord:
     """What the control plane knows about one worker (built from a Worker row)."""
@@ -38,9 +49,13 @@ class WorkerRecord:
     runtime_type: str
     status: str
     api_key: str | None = field(default=None, repr=False)
-    transport: str = "http"
     resilience: Resilience = field(default_factory=Resilience)
     worker_type: str = "regular"
+
+    @property
+    def transport(self) -> str:
+        """How the gateway talks to it, from the URL: "http", "grpc" or "zmq"."""
+        return transport_of(self.url)
 
 
 @dataclass(frozen=True, slots=True)

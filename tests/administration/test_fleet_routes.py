@@ -245,12 +245,12 @@ INFO_PATHS = ["/get_model_info", "/get_server_info", "/health_generate"]
 
 
 def grpc_record(status: str = "ready", worker_type: str = "regular") -> WorkerRecord:
-    return dataclasses.replace(record_for("grpc://127.0.0.1:50051", model="m", status=status), transport="grpc",
+    return dataclasses.replace(record_for("grpc://127.0.0.1:50051", model="m", status=status),
                                worker_type=worker_type)
 
 
 def zmq_record(status: str = "ready") -> WorkerRecord:
-    return dataclasses.replace(record_for("ipc:///tmp/engine-0", model="m", status=status), transport="zmq")
+    return record_for("ipc:///tmp/engine-0", model="m", status=status)
 
 
 def typed(worker: RunningWorker, worker_type: str, status: str = "ready") -> WorkerRecord:

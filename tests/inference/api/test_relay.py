@@ -217,3 +217,10 @@ async def test_no_database_query_on_the_request_path(make_gateway, worker: Runni
     await client.get("/v1/models")
     await client.get("/readiness")
     assert queries == []
+
+
+async def test_a_worker_of_a_transport_not_built_yet_gets_501_not_500(make_gateway) -> None:
+    client = make_gateway([record_for("grpc://127.0.0.1:50051", model="mock-model")])
+    response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 501
+    assert response.headers["x-gw-error-code"] == "endpoint_not_supported"
