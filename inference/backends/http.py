@@ -146,8 +146,10 @@ class HttpBackend(Backend):
         loop = asyncio.get_running_loop()
         session = self._sessions.get(loop)
         if session is None or session.closed:
+            # No connection cap: a long stream holds its connection for minutes, and a cap would make
+            # request N+1 wait for the connect timeout and fail. --max-concurrent-requests is the limit.
             connector = aiohttp.TCPConnector(
-                limit=0, limit_per_host=500, keepalive_timeout=self._keepalive_secs, enable_cleanup_closed=True
+                limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_secs, enable_cleanup_closed=True
             )
             session = aiohttp.ClientSession(
                 connector=connector,

@@ -18,7 +18,7 @@ Introspection, behind the same API key as the rest (/_mock requests are not reco
   (lowercase names), json, raw, client_port}``; ``?path=`` filters; in-process: ``mock_state(app).requests``;
 * ``DELETE /_mock/requests`` clears the log; ``DELETE /_mock/stats`` resets the log and counters;
 * ``GET /_mock/stats``: ``{requests, streams_started, streams_completed, streams_disconnected,
-  streams_aborted, in_flight}``;
+  streams_aborted, in_flight, peak_in_flight}``;
 * ``POST /_mock/faults`` ``{"health_status": 503, "status": 500, "hang": true, "drop": true}`` (any
   subset): fail health probes, answer every inference POST with that status, hang every inference
   POST, or close its connection without an answer;
@@ -107,6 +107,7 @@ class MockWorkerState:
     streams_disconnected: int = 0
     streams_aborted: int = 0
     in_flight: int = 0
+    peak_in_flight: int = 0  # the most requests in flight at once since the last reset
     # Process-wide faults set through /_mock/faults (tests of health checks, breakers, retries).
     health_status: int = 200
     fault_status: int | None = None
@@ -162,6 +163,7 @@ class MockWorkerState:
             "streams_disconnected": self.streams_disconnected,
             "streams_aborted": self.streams_aborted,
             "in_flight": self.in_flight,
+            "peak_in_flight": self.peak_in_flight,
         }
 
     def reset(self) -> None:
@@ -169,6 +171,7 @@ class MockWorkerState:
         self.requests.clear()
         self.total_requests = self.streams_started = self.streams_completed = 0
         self.streams_disconnected = self.streams_aborted = 0
+        self.peak_in_flight = self.in_flight
 
 
 _STATE = web.AppKey("mock_worker_state", MockWorkerState)
@@ -288,6 +291,7 @@ def _middleware(config: MockWorkerConfig, state: MockWorkerState) -> _Middleware
         if recorded:
             state.total_requests += 1
             state.in_flight += 1
+            state.peak_in_flight = max(state.peak_in_flight, state.in_flight)
         try:
             body: Any = None
             raw = b""

@@ -130,3 +130,12 @@ async def test_an_idle_connection_is_not_reused_past_the_keepalive(make_gateway,
     assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
     first, second, third = (entry["client_port"] for entry in worker.requests())
     assert first == second != third
+
+
+async def test_many_concurrent_requests_to_one_worker_are_not_capped(gateway, worker: RunningWorker) -> None:
+    """More requests at once than any per-host connection cap would allow (aiohttp's defaults cap at
+    100): none waits for a connection slot, all are answered."""
+    body = {**CHAT, "mock": {"tokens": 1, "delay_ms": 2000}}  # each held long enough for all to be in
+    responses = await asyncio.gather(*(gateway.post("/v1/chat/completions", json=body) for _ in range(600)))
+    assert [r.status_code for r in responses] == [200] * 600
+    assert mock_state(worker.app).peak_in_flight == 600  # all at once at the worker, none held back
