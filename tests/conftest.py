@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable, Iterable
+from typing import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 
 import httpx
 import pytest
@@ -148,3 +148,27 @@ async def make_gateway() -> AsyncIterator[GatewayFactory]:
 async def gateway(make_gateway: GatewayFactory, worker: RunningWorker) -> httpx.AsyncClient:
     """A gateway with one ready worker serving mock-model and the alias ``fast``."""
     return make_gateway([record_for(worker)], model_aliases=(("fast", worker.model),))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_database_connections(django_db_setup: None) -> Iterator[None]:
+    """Close every database connection the suite's threads left open (job threads, executor threads of
+    finished event loops) before pytest-django drops the test database: Postgres refuses to drop a
+    database "being accessed by other users". Connections are per thread, so they are found by type."""
+    yield
+    import gc
+
+    from django.db import connections
+
+    connections.close_all()
+    for connection in connections.all(initialized_only=True):
+        close_pool = getattr(connection, "close_pool", None)
+        if close_pool is not None:
+            close_pool()
+    try:
+        import psycopg
+    except ImportError:
+        return
+    for leftover in [o for o in gc.get_objects() if isinstance(o, psycopg.Connection)]:
+        if not leftover.closed:
+            leftover.close()
