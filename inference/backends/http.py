@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 _DONE = b"data: [DONE]\n\n"
 _DONE_MARK = b"[DONE]"
+_TAIL = 32  # bytes of the stream's end enough to see its closing event
 _DATA = b"data:"
 _CONNECT_TIMEOUT_SECS = 10.0
 # An idle pooled connection is reused only this long. Engines' HTTP servers close idle keep-alive
@@ -128,6 +129,11 @@ class _Exchange:
     def close(self) -> None:
         self.deadline.cancel()
         self.conn.close()
+
+
+def _ends_with_done(tail: bytes) -> bool:
+    """Whether a stream's last event is ``[DONE]`` (the text inside a JSON chunk never ends it)."""
+    return tail.rstrip().endswith(_DONE_MARK)
 
 
 class HttpBackend(Backend):
@@ -318,7 +324,7 @@ class HttpBackend(Backend):
                 events += chunk.count(_DATA)
                 if payload.is_eof():
                     # The worker's stream ended with this chunk: send it as the last body message.
-                    if _DONE_MARK not in last[-16:] + chunk:
+                    if not _ends_with_done(last[-_TAIL:] + chunk[-_TAIL:]):
                         chunk += _DONE
                     before_final()
                     self._observe_end(observer, first_at, events)
@@ -334,7 +340,7 @@ class HttpBackend(Backend):
             return await self._end_broken(self._failure(exc), request, send, before_final)
         before_final()
         self._observe_end(observer, first_at, events)
-        final = b"" if _DONE_MARK in previous[-16:] + last else _DONE
+        final = b"" if _ends_with_done(previous[-_TAIL:] + last[-_TAIL:]) else _DONE
         await send({"type": "http.response.body", "body": final})
         return True
 

@@ -147,3 +147,29 @@ async def test_many_concurrent_requests_to_one_worker_are_not_capped(gateway, wo
         for call in calls:
             call.cancel()
         await asyncio.gather(*calls, return_exceptions=True)
+
+
+async def test_done_inside_generated_text_does_not_end_the_stream(make_gateway) -> None:
+    """A worker that omits [DONE] but whose last token is the text "[DONE]": the client still gets
+    the closing event."""
+
+    async def tricky(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices":[{"text":"say [DONE]"}]}\n\n')
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", tricky)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        client = make_gateway([record_for(f"http://127.0.0.1:{runner.addresses[0][1]}", model="mock-model")])
+        body = {"model": "mock-model", "prompt": "x", "stream": True}
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            lines = [line async for line in response.aiter_lines() if line]
+    finally:
+        await runner.cleanup()
+    assert lines == ['data: {"choices":[{"text":"say [DONE]"}]}', "data: [DONE]"]
