@@ -3,7 +3,9 @@ actors (an owner tenant, a teammate, a stranger) for auth and ownership checks."
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import socket
 import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -19,6 +21,24 @@ from inference.routing.breaker import Resilience
 from inference.routing.registry import REGISTRY, WorkerRecord
 from inference.runtime import reset_runtime
 from inference.testing.mock_worker import MockWorkerConfig, MockWorkerState, build_app, mock_state
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on (for a process or server started next)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    """Poll an async condition every 50 ms; fail after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached in time")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import socket
 
 import httpx
 import pytest
@@ -15,6 +14,7 @@ from administration.models import Worker, WorkerSource, WorkerStatus
 from administration.runtime import normalize_runtime_type
 from inference.config import GatewayConfig, install_config
 from inference.routing.registry import REGISTRY
+from tests.conftest import free_port, until
 
 
 @pytest.mark.parametrize(
@@ -73,21 +73,6 @@ def test_unknown_runtime_is_rejected() -> None:
         normalize_runtime_type("engine_z")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-async def _until(check, timeout: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached")
-
-
 @pytest.fixture
 def fleet_config(settings):
     config = GatewayConfig(worker_startup_check_interval=0.5, health_check_interval_secs=0.2)
@@ -98,7 +83,7 @@ def fleet_config(settings):
 
 @pytest.mark.django_db(transaction=True)
 async def test_worker_that_comes_up_later_becomes_routable(fleet_config) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     config = dataclasses.replace(fleet_config, worker_urls=(url,))
     install_config(config, export=False)
@@ -119,7 +104,7 @@ async def test_worker_that_comes_up_later_becomes_routable(fleet_config) -> None
         async def routable() -> bool:
             return bool(REGISTRY.snapshot.routable)
 
-        await _until(routable)
+        await until(routable)
         assert REGISTRY.snapshot.routable_models == ("late-model",)
         stored = await Worker.objects.aget(url=url)
         assert (stored.status, stored.runtime_type, stored.model_id, stored.source, stored.registered) == (
@@ -148,7 +133,7 @@ async def test_stale_cli_workers_are_removed_and_api_workers_kept(worker, fleet_
 
 @pytest.mark.django_db(transaction=True)
 async def test_cli_worker_that_never_answers_is_released(fleet_config) -> None:
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     config = dataclasses.replace(fleet_config, worker_urls=(url,), worker_startup_timeout_secs=0.6, worker_startup_check_interval=0.2)
     install_config(config, export=False)
     fleet = Fleet(config)
@@ -158,7 +143,7 @@ async def test_cli_worker_that_never_answers_is_released(fleet_config) -> None:
         async def gone() -> bool:
             return not await Worker.objects.filter(url=url).aexists()
 
-        await _until(gone)
+        await until(gone)
     finally:
         await fleet.astop()
         REGISTRY.publish([], {})

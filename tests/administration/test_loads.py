@@ -174,7 +174,8 @@ async def test_fleet_polls_registered_workers_and_applies_their_overload_block(s
 
     from administration.fleet import Fleet
     from inference.config import GatewayConfig, install_config
-    from tests.administration.test_workers_api import FAST, register, until
+    from tests.administration.test_workers_api import FAST, register
+    from tests.conftest import until
 
     config = dataclasses.replace(FAST, load_monitor_interval=0.1)
     install_config(config, export=False)

@@ -4,7 +4,6 @@ the separate metrics listener."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import AsyncIterator
 
 import httpx
@@ -14,22 +13,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from administration import metrics
 from administration.metrics_server import MetricsListener
 from inference.routing.registry import REGISTRY
-from tests.conftest import record_for
+from tests.conftest import free_port, record_for
 
 CHAT = {"model": "mock-model", "messages": [{"role": "user", "content": "hello"}]}
 SLOW = {**CHAT, "mock": {"tokens": 4, "delay_ms": 300}}
 FAST_RETRY = {"retry_initial_backoff_ms": 1, "retry_max_backoff_ms": 5}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 async def scrape() -> AsyncIterator:
-    listener = MetricsListener("127.0.0.1", _free_port())
+    listener = MetricsListener("127.0.0.1", free_port())
     assert listener.start()
 
     async def fetch() -> dict:

@@ -22,8 +22,7 @@ from administration.models import TenantRateLimit, Worker, WorkerSource, WorkerS
 from administration.tenant_limits import stored_tenant_limits
 from inference.config import GatewayConfig, current_config, install_config
 from inference.runtime import runtime
-from tests.administration.test_workers_api import until
-from tests.conftest import Actor, RunningWorker
+from tests.conftest import Actor, RunningWorker, until
 
 LIST = "/admin/administration/tenantratelimit/"
 ADD = f"{LIST}add/"

@@ -3,11 +3,8 @@ real health checks from a running fleet, and real mock workers on loopback."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import socket
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Callable
 
 import pytest
 from django.test import AsyncClient
@@ -16,6 +13,7 @@ from administration.fleet import Fleet
 from administration.models import Worker, WorkerStatus
 from inference.config import GatewayConfig, install_config
 from inference.routing.registry import REGISTRY
+from tests.conftest import free_port, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,16 +43,6 @@ def api() -> AsyncClient:
     return AsyncClient()
 
 
-async def until(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached in time")
-
-
 async def snapshot_reaches(check: Callable[[], bool]) -> None:
     """The registry snapshot follows the stored state a moment after it (an async refresh)."""
 
@@ -82,9 +70,7 @@ async def register(api: AsyncClient, body: dict[str, Any], status: str = "ready"
 
 
 def free_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 async def test_post_registers_a_worker_that_becomes_ready(api, fleet, worker) -> None:

@@ -7,7 +7,6 @@ Postgres (DATABASE_URL), else an SQLite file that rungateway migrates itself.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,13 +19,11 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 
+from tests.conftest import free_port
+
+__all__ = ["ROOT", "Process", "free_port", "wait_for"]
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
