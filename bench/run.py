@@ -187,9 +187,7 @@ def run_nonstreaming(args: argparse.Namespace, group: ProcessGroup, work: Path) 
                           end="", flush=True)
                 print(flush=True)
             except (StartError, RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-                status = "skipped" if name in PEERS else "failed"
-                entry.update(status=status, reason=_first_line(exc))
-                print(f"{status}: {_first_line(exc)}", flush=True)
+                _record_failure(entry, name, exc)
             finally:
                 if proc is not None:
                     group.stop(proc)
@@ -246,15 +244,20 @@ def run_streaming(args: argparse.Namespace, group: ProcessGroup, work: Path) -> 
                 print(f"TTFB p50 {result.ttfb_p50_ms:.2f} ms p99 {result.ttfb_p99_ms:.2f} ms "
                       f"({result.samples} streams, {result.errors} errors{extra})", flush=True)
             except (StartError, RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-                status = "skipped" if name in PEERS else "failed"
-                entry.update(status=status, reason=_first_line(exc))
-                print(f"{status}: {_first_line(exc)}", flush=True)
+                _record_failure(entry, name, exc)
             finally:
                 if proc is not None:
                     group.stop(proc)
     finally:
         group.stop(mock)
     return out
+
+
+def _record_failure(entry: dict[str, Any], name: str, exc: BaseException) -> None:
+    """A target that did not run: a peer is skipped, our own gateway failed."""
+    status = "skipped" if name in PEERS else "failed"
+    entry.update(status=status, reason=_first_line(exc))
+    print(f"{status}: {_first_line(exc)}", flush=True)
 
 
 def _first_line(exc: BaseException) -> str:
