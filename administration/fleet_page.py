@@ -40,7 +40,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from administration import metrics
 from administration.console import live_state
-from administration.models import Worker
+from administration.models import Worker, WorkerStatus
 from inference.routing.registry import REGISTRY
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def _add(counters: dict[str, RequestCounters], worker: str, outcome: str, value:
 def worker_request_counters(multiprocess_dir: str | None = None) -> dict[str, RequestCounters]:
     """Finished attempts per worker URL from ``gw_worker_cb_outcomes_total``: this process's counter,
     or, in multiprocess mode, the sum over every process's ``counter_*.db`` file in the directory."""
-    directory = multiprocess_dir or (os.environ.get("PROMETHEUS_MULTIPROC_DIR") if metrics.MULTIPROCESS else None)
+    directory = multiprocess_dir or metrics.MULTIPROC_DIR
     counters: dict[str, RequestCounters] = {}
     if directory:
         files = glob.glob(os.path.join(directory, "counter_*.db"))
@@ -162,7 +162,7 @@ def fleet_state(workers: Iterable[Worker], now: float | None = None) -> FleetDic
             "runtime_type": worker.runtime_type,
             "status": worker.status,
             "status_label": str(worker.get_status_display()),
-            "healthy": worker.status == "ready",
+            "healthy": worker.status == WorkerStatus.READY,
             "in_snapshot": live.in_snapshot,
             "in_flight": live.load,
             "breaker_state": live.breaker_state,

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MULTIPROCESS",
+    "MULTIPROC_DIR",
     "REGISTRY",
     "DEFAULT_DURATION_BUCKETS",
     "configure",
@@ -64,7 +65,8 @@ def _child(metric: Any, *labels: str) -> Any:
 
 log = logging.getLogger(__name__)
 
-MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+MULTIPROCESS = MULTIPROC_DIR is not None
 
 # The registry the metrics port exports in single-process mode (the objects below register here; in
 # multiprocess mode their values go to PROMETHEUS_MULTIPROC_DIR whatever the registry).
