@@ -5,6 +5,6 @@ from __future__ import annotations
 
 from inference.admission.media import MediaBudget, inline_media_bytes
 from inference.admission.permits import PermitPool
-from inference.admission.rate_limit import RateDecision, RateLimiter, build_rate_limiter
+from inference.admission.rate_limit import RateDecision, RateLimiter
 
-__all__ = ["PermitPool", "MediaBudget", "inline_media_bytes", "RateDecision", "RateLimiter", "build_rate_limiter"]
+__all__ = ["PermitPool", "MediaBudget", "inline_media_bytes", "RateDecision", "RateLimiter"]

@@ -28,7 +28,6 @@ __all__ = [
     "LocalRateLimiter",
     "RedisRateLimiter",
     "TenantLimits",
-    "build_rate_limiter",
     "refit_rate_limiter",
     "REDIS_RETRY_SECS",
 ]
@@ -191,16 +190,6 @@ class RedisRateLimiter(RateLimiter):
         found = self._clients.pop(loop, None)
         if found is not None:
             await found[0].aclose()
-
-
-def build_rate_limiter(
-    default: int, by_tenant: Iterable[tuple[str, str]], redis_url: str | None
-) -> RateLimiter | None:
-    """The limiter for the config, or None when no tenant has a limit (nothing to count)."""
-    limits = TenantLimits(default, by_tenant)
-    if not limits.any:
-        return None
-    return refit_rate_limiter(None, limits, redis_url)
 
 
 def refit_rate_limiter(current: RateLimiter | None, limits: TenantLimits, redis_url: str | None) -> RateLimiter:

@@ -15,7 +15,6 @@ from inference.admission.rate_limit import (
     RateDecision,
     RedisRateLimiter,
     TenantLimits,
-    build_rate_limiter,
     refit_rate_limiter,
 )
 from inference.config import GatewayConfig
@@ -36,14 +35,16 @@ def _redis_available() -> bool:
 needs_redis = pytest.mark.skipif(not _redis_available(), reason="no Redis on 127.0.0.1:6379")
 
 
-def test_limits_per_tenant_fall_back_to_the_default() -> None:
+def test_limits_per_tenant_fall_back_to_the_default(settings) -> None:
     limits = TenantLimits(10, (("acme", "3"),))
     assert limits.limit_for("acme") == 3
     assert limits.limit_for("globex") == 10
     assert TenantLimits(0, (("acme", "0"),)).any is False
-    assert build_rate_limiter(0, (), None) is None
-    assert isinstance(build_rate_limiter(0, (("acme", "5"),), None), LocalRateLimiter)
-    assert isinstance(build_rate_limiter(5, (), "redis://127.0.0.1:6379/0"), RedisRateLimiter)
+    settings.REDIS_URL = None
+    assert Runtime.build(GatewayConfig()).rate_limiter is None
+    assert isinstance(Runtime.build(GatewayConfig(tenant_rate_limits=(("acme", "5"),))).rate_limiter, LocalRateLimiter)
+    settings.REDIS_URL = "redis://127.0.0.1:6379/0"
+    assert isinstance(Runtime.build(GatewayConfig(default_tenant_rate_limit=5)).rate_limiter, RedisRateLimiter)
 
 
 async def test_local_limiter_refuses_past_the_limit() -> None:
