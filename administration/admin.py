@@ -25,7 +25,7 @@ from django.views.decorators.http import require_POST
 
 from administration.console import WorkerAddForm, job_summary, live_state, stored_spec
 from administration.fleet_page import fleet_urls
-from administration.models import TenantRateLimit, Worker
+from administration.models import TenantRateLimit, Worker, WorkerStatus
 from administration.tenant_limits import delete_tenant_rate_limits, flag_tenant_limit, save_tenant_rate_limit
 from administration.workers import (
     WorkerError,
@@ -34,7 +34,7 @@ from administration.workers import (
     remove_worker,
     reregister_worker,
 )
-from inference.config import current_config
+from common.config import current_config
 
 __all__ = ["WorkerAdmin", "TenantRateLimitAdmin"]
 
@@ -140,7 +140,7 @@ class WorkerAdmin(_WorkerModelAdmin):
 
     @admin.display(description="Healthy", boolean=True)
     def is_healthy(self, worker: Worker) -> bool:
-        return worker.status == "ready"
+        return worker.status == WorkerStatus.READY
 
     @admin.display(description="Model", ordering="model_id")
     def model_column(self, worker: Worker) -> SafeString | str:
@@ -148,7 +148,7 @@ class WorkerAdmin(_WorkerModelAdmin):
             return _EMPTY
         return format_html('<span class="gw-model" title="{}">{}</span>', worker.model_id, worker.model_id)
 
-    @admin.display(description="Runtime", ordering="runtime_type")
+    @admin.display(description="DataPlane", ordering="runtime_type")
     def runtime(self, worker: Worker) -> SafeString:
         return format_html('<span title="{}">{}</span>', worker.get_runtime_type_display(), worker.runtime_type)
 

@@ -17,10 +17,11 @@ from django.contrib.admin import widgets
 from django.utils import timezone
 
 from administration.models import Worker, WorkerType
-from administration.runtime import RuntimeType
+from inference.routing.workers import RuntimeType
 from administration.worker_spec import SpecRuleError, SpecTypeError, WorkerSpec, parse_worker_spec
 from administration.workers import job_status, spec_fields
-from inference.routing.registry import REGISTRY, RegistrySnapshot, WorkerHandle
+from inference.routing.registry import REGISTRY, RegistrySnapshot
+from inference.routing.workers import WorkerHandle
 
 __all__ = [
     "LiveState",
@@ -161,7 +162,7 @@ class WorkerAddForm(forms.Form):
         help_text="Optional. Empty: the model the engine reports.",
     )
     runtime_type = forms.ChoiceField(
-        label="Runtime type", choices=RuntimeType.choices, initial=RuntimeType.UNSPECIFIED
+        label="DataPlane type", choices=RuntimeType.choices, initial=RuntimeType.UNSPECIFIED
     )
     worker_type = forms.ChoiceField(label="Worker type", choices=WorkerType.choices, initial=WorkerType.REGULAR)
     api_key = forms.CharField(

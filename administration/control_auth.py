@@ -5,7 +5,7 @@ With control-plane auth configured (``--control-plane-api-keys``, or ``--jwt-iss
 JWKS; the shared ``--api-key`` is then refused. Otherwise only the shared ``--api-key`` is accepted, and
 a gateway with no client keys at all leaves the control plane open. Tenant keys never pass.
 
-Keys are held as SHA-256 digests (:class:`inference.auth.DigestTable`), so no key reaches a log, an
+Keys are held as SHA-256 digests (:class:`common.secrets.DigestTable`), so no key reaches a log, an
 error or a repr. The JWKS is discovered from ``{issuer}/.well-known/openid-configuration`` unless
 ``--jwt-jwks-uri`` names it, fetched with httpx and cached; a token naming an unknown ``kid`` refetches
 it, at most once per ``jwks_retry_secs``. While the JWKS cannot be loaded, control-plane keys keep
@@ -24,8 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import jwt
 
-from inference.auth import DigestTable, bearer_token
-from inference.config import GatewayConfig, current_config
+from common.secrets import DigestTable, bearer_token
+from common.config import GatewayConfig, current_config
 
 __all__ = [
     "ALGORITHMS",

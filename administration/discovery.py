@@ -1,7 +1,7 @@
 """What an HTTP worker serves and which engine it runs, asked over HTTP (control plane: httpx,
 sync: it runs inside registration jobs, in Celery or on a job thread).
 
-Runtime detection (docs ENGINES.md): /v1/models ``owned_by`` sglang or vllm; else /version answering
+DataPlane detection (docs ENGINES.md): /v1/models ``owned_by`` sglang or vllm; else /version answering
 means vllm; else /server_info answering means sglang; else generic.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from administration.runtime import RuntimeType
+from inference.routing.workers import RuntimeType
 
 __all__ = ["Discovery", "WorkerUnreachable", "WorkerRefused", "discover_http_worker"]
 

@@ -38,7 +38,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from administration import metrics
+from common import telemetry as metrics
 from administration.console import live_state
 from administration.models import Worker, WorkerStatus
 from inference.routing.registry import REGISTRY

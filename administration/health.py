@@ -16,11 +16,11 @@ from typing import Awaitable, Callable
 
 import httpx
 
-from administration.control_http import http_client
+from common.http_clients import http_client
 
 from administration.db import arun_db
-from administration.metrics import record_health_check
-from administration.models import Worker, WorkerStatus
+from common.telemetry import record_health_check
+from administration.models import Worker, WorkerStatus, WorkerType
 
 __all__ = ["HealthTarget", "HealthChecker", "transition"]
 
@@ -40,6 +40,7 @@ class HealthTarget:
     interval_secs: float
     success_threshold: int
     failure_threshold: int
+    worker_type: str = WorkerType.REGULAR  # the gw_worker_health_checks_total label
 
 
 def transition(worker_id: str, old: str, new: str) -> bool:
@@ -94,7 +95,7 @@ class HealthChecker:
             if target is None:
                 return
             healthy = await self.probe(target)
-            record_health_check(worker_id, healthy)
+            record_health_check(target.worker_type, healthy)
             successes, failures = (successes + 1, 0) if healthy else (0, failures + 1)
             status = self._targets[worker_id].status if worker_id in self._targets else target.status
             new = None

@@ -23,9 +23,9 @@ from typing import Any, Sequence, TypedDict
 
 import httpx
 
-from administration.control_http import http_client
+from common.http_clients import http_client
 
-from administration.metrics import record_engine_load
+from common.telemetry import record_engine_load
 from inference.routing.registry import REGISTRY, WorkerRegistry
 
 __all__ = [

@@ -3,7 +3,7 @@
 - GET /metrics on --prometheus-host:--prometheus-port: prometheus_client's own HTTP server in a
   daemon thread, so producing the exposition never blocks the event loop. With
   ``PROMETHEUS_MULTIPROC_DIR`` set it exports the values of every gateway process (see
-  :mod:`administration.metrics`) and every process is configured with the same port: the first one
+  :mod:`common.telemetry`) and every process is configured with the same port: the first one
   to bind serves it, the others keep trying once a second, so when the serving process exits another
   takes the port over. One scrape target per host, the same sums whichever process answers, and no
   double counting (each process on its own port would export the same sums several times).
@@ -23,8 +23,8 @@ from wsgiref.simple_server import WSGIServer
 from aiohttp import web
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
-from administration import metrics
-from inference.api.asgi_io import ASGIApp
+from common import telemetry as metrics
+from inference.asgi_io import ASGIApp
 from inference.api.probes import liveness, readiness
 
 __all__ = ["MetricsListener", "ProbeListener", "exported_registry"]

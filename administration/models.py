@@ -8,24 +8,9 @@ from typing import Any
 from django.core.validators import RegexValidator
 from django.db import models
 
-from administration.runtime import RuntimeType
+from inference.routing.workers import RuntimeType, WorkerStatus, WorkerType
 
 __all__ = ["Worker", "WorkerStatus", "WorkerSource", "WorkerType", "JobType", "JobState", "TenantRateLimit"]
-
-
-class WorkerStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    READY = "ready", "Ready"
-    NOT_READY = "not_ready", "Not ready"
-    DRAINING = "draining", "Draining"
-    FAILED = "failed", "Failed"
-
-
-class WorkerType(models.TextChoices):
-    REGULAR = "regular", "Regular"
-    PREFILL = "prefill", "Prefill"
-    DECODE = "decode", "Decode"
-    ENCODE = "encode", "Encode"
 
 
 class WorkerSource(models.TextChoices):

@@ -18,9 +18,9 @@ from django.utils import timezone
 from administration.discovery import Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker
 from administration.models import JobState, JobType, Worker, WorkerStatus
 from administration.notices import publish_registry_changed
-from administration.runtime import RuntimeType
-from inference.config import current_config
-from inference.routing.registry import transport_of
+from inference.routing.workers import RuntimeType
+from common.config import current_config
+from inference.routing.workers import Transport, transport_of
 
 __all__ = ["run_registration", "run_update", "run_removal", "RegistrationFailed"]
 
@@ -57,7 +57,7 @@ def _check_spec(worker: Worker) -> None:
     transport = transport_of(worker.url)
     if transport == "grpc":
         raise RegistrationFailed("gRPC workers are not supported by this gateway yet")
-    if transport == "zmq":
+    if transport is Transport.ZMQ:
         raise RegistrationFailed("ZMQ (ipc://) workers are not supported by this gateway yet")
     if worker.setting("http_pool", {}).get("http2") is True:
         raise RegistrationFailed("http_pool.http2 true: this gateway speaks HTTP/1.1 to workers")

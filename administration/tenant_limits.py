@@ -15,7 +15,7 @@ from django.db.models import QuerySet
 from administration.models import TenantRateLimit
 from administration.notices import publish_registry_changed
 from inference.admission.rate_limit import TenantLimits
-from inference.config import GatewayConfig
+from common.config import GatewayConfig
 
 __all__ = ["stored_tenant_limits", "save_tenant_rate_limit", "delete_tenant_rate_limits", "flag_tenant_limit"]
 

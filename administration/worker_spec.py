@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
-from administration.runtime import RuntimeType, normalize_runtime_type
-from inference.routing.registry import transport_of
+from inference.routing.workers import RuntimeType, normalize_runtime_type
+from inference.routing.workers import Transport, WorkerType, transport_of
 
 __all__ = [
     "WorkerSpec",
@@ -32,7 +32,7 @@ __all__ = [
     "PROVIDER_HOSTS",
 ]
 
-WORKER_TYPES = ("regular", "prefill", "decode", "encode")
+WORKER_TYPES = tuple(WorkerType.values)
 CONNECTION_MODES = ("http", "grpc")
 MODEL_TYPES = (
     "chat", "completions", "responses", "embeddings", "rerank", "generate", "vision", "tools",
@@ -227,7 +227,7 @@ _FIELDS: dict[str, Reader] = {
 class WorkerSpec:
     url: str
     runtime_type: str = RuntimeType.UNSPECIFIED
-    worker_type: str = "regular"
+    worker_type: str = WorkerType.REGULAR
     connection_mode: str = "http"
     api_key: str | None = field(default=None, repr=False)
     models: tuple[dict[str, Any], ...] = ()
@@ -300,7 +300,7 @@ def parse_worker_spec(body: Any) -> WorkerSpec:
     if "models" in values:
         values["models"] = tuple(values["models"])
     transport = transport_of(values["url"])
-    if transport == "zmq" and values.get("runtime_type", RuntimeType.UNSPECIFIED) == RuntimeType.UNSPECIFIED:
+    if transport is Transport.ZMQ and values.get("runtime_type", RuntimeType.UNSPECIFIED) == RuntimeType.UNSPECIFIED:
         values["runtime_type"] = RuntimeType.SGLANG
     spec = WorkerSpec(**values)
     if spec.provider is not None and spec.runtime_type in (RuntimeType.UNSPECIFIED, RuntimeType.EXTERNAL):

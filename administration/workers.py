@@ -13,11 +13,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from administration.jobs import enqueue
-from administration.models import JobState, JobType, Worker, WorkerSource, WorkerStatus
+from administration.models import JobState, JobType, Worker, WorkerSource, WorkerStatus, WorkerType
 from administration.worker_spec import SpecRuleError, WorkerSpec
-from inference.config import GatewayConfig
+from common.config import GatewayConfig
 from inference.routing.breaker import DEFAULT_CAPACITY, DEFAULT_RETRYABLE, Resilience
-from inference.routing.registry import WorkerRecord
+from inference.routing.workers import WorkerRecord
 
 __all__ = [
     "WorkerError",
@@ -309,10 +309,10 @@ def worker_records(config: GatewayConfig) -> list[WorkerRecord]:
                 url=worker.url,
                 model_id=worker.model_id or None,
                 runtime_type=worker.runtime_type,
-                status=worker.status,
+                status=WorkerStatus(worker.status),
                 api_key=key or None,
                 resilience=resilience_of(worker, config),
-                worker_type=worker.worker_type,
+                worker_type=WorkerType(worker.worker_type),
             )
         )
     return records

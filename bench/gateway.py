@@ -100,7 +100,7 @@ def mock_worker_argv(port: int, tokens: int, delay_ms: float) -> list[str]:
             f"{delay_ms:g}",
         ]
     code = (
-        "from inference.testing.mock_worker import MockWorkerConfig, run_mock_worker; "
+        "from standins.mock_worker import MockWorkerConfig, run_mock_worker; "
         f"run_mock_worker(MockWorkerConfig(model={MODEL!r}, tokens={tokens}, delay_ms={delay_ms!r}), "
         f"{LOOPBACK!r}, {port})"
     )

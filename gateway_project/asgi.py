@@ -21,7 +21,7 @@ from typing import Any, cast  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from gateway_project.lifespan import LIFECYCLE  # noqa: E402
+from administration.lifecycle import LIFECYCLE  # noqa: E402
 from inference.api.routes import data_plane_routes  # noqa: E402
 
 application = ProtocolTypeRouter(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from gateway_project.envconf import channel_layer_from_url, database_from_url, env_bool, env_list, env_secret, env_str
+from common.envconf import channel_layer_from_url, database_from_url, env_bool, env_list, env_secret, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("GW_DATA_DIR", str(BASE_DIR / "data")) or BASE_DIR / "data")
@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "inference",
     "administration",
     "responses_api",
+    "standins",  # runmockworker: the stand-in worker of make run, tests and bench
 ]
 
 MIDDLEWARE = [

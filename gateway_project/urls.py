@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 
-from administration.api.fleet import flush_cache_view, get_loads_view, start_profile_view, stop_profile_view
+from administration.api.fanout import flush_cache_view, get_loads_view, start_profile_view, stop_profile_view
 from administration.api.workers import WorkersView, WorkerView
 from inference import errors
 

@@ -1,8 +1,10 @@
 """The one error builder for every response the gateway makes itself (spec 1, Errors).
 
 Standard envelope: ``{"error": {"message", "type", "param", "code"}}`` plus the header
-``X-GW-Error-Code`` repeating ``code``. Raise :class:`GatewayError` anywhere on the data plane; the
-ASGI layer turns it into a response with :func:`error_body` / :func:`error_headers`.
+``X-GW-Error-Code`` repeating ``code``. Raise :class:`GatewayError` anywhere on the data plane; a
+renderer per surface turns it into bytes: :func:`render_json` (an HTTP error response, every surface
+before its response started) here, the in-band stream errors with each surface's framing
+(inference.writers).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ __all__ = [
     "GatewayError",
     "error_body",
     "error_headers",
+    "render_json",
+    "unauthorized",
+    "stream_failed",
     "invalid_request",
     "json_parse_error",
     "model_not_found",
@@ -73,12 +78,13 @@ class ErrorCode(str, Enum):
     MULTIMODAL_INFLIGHT_BUDGET = "multimodal_inflight_budget"
     WORKER_OVERLOAD_SHED = "worker_overload_protection_shed"
     ENDPOINT_NOT_SUPPORTED = "endpoint_not_supported"
+    UNAUTHORIZED = "unauthorized"
 
 
 class GatewayError(Exception):
     """An error the gateway answers itself, with the spec's status, type and code."""
 
-    __slots__ = ("status", "code", "message", "param", "error_type", "headers")
+    __slots__ = ("status", "code", "message", "param", "error_type", "headers", "empty_body")
 
     def __init__(
         self,
@@ -89,6 +95,7 @@ class GatewayError(Exception):
         param: str | None = None,
         error_type: str | None = None,
         headers: tuple[tuple[bytes, bytes], ...] = (),
+        empty_body: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -97,6 +104,7 @@ class GatewayError(Exception):
         self.param = param
         self.error_type = error_type or _TYPE_BY_STATUS.get(status, "error")
         self.headers = headers
+        self.empty_body = empty_body  # answered with no body and no X-GW-Error-Code (401)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -120,6 +128,29 @@ def error_headers(error: GatewayError) -> list[tuple[bytes, bytes]]:
     ]
     headers.extend(error.headers)
     return headers
+
+
+def render_json(error: GatewayError, request_id: bytes | None = None) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """An error as an HTTP response: its headers and body (the standard envelope, or nothing)."""
+    if error.empty_body:
+        headers = [(b"content-length", b"0")]
+        body = b""
+    else:
+        headers = error_headers(error)
+        body = error_body(error)
+    if request_id is not None:
+        headers.append((b"x-request-id", request_id))
+    return headers, body
+
+
+def unauthorized() -> GatewayError:
+    """401 with an empty body for a missing or unknown key (spec 1, Authentication)."""
+    return GatewayError(401, ErrorCode.UNAUTHORIZED, "Missing or unknown API key", empty_body=True)
+
+
+def stream_failed(detail: str) -> GatewayError:
+    """A worker or engine stream that failed after the response started: reported in-band."""
+    return GatewayError(500, ErrorCode.INTERNAL_ERROR, f"Worker stream failed: {detail}")
 
 
 def invalid_request(message: str, param: str | None = None) -> GatewayError:

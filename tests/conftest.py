@@ -15,12 +15,13 @@ import pytest
 from aiohttp import web
 
 from gateway_project.asgi import application
-from gateway_project.lifespan import LIFECYCLE
-from inference.config import GatewayConfig, install_config
+from administration.lifecycle import LIFECYCLE
+from common.config import GatewayConfig, install_config
 from inference.routing.breaker import Resilience
-from inference.routing.registry import REGISTRY, WorkerRecord
-from inference.runtime import reset_runtime
-from inference.testing.mock_worker import MockWorkerConfig, MockWorkerState, build_app, mock_state
+from inference.routing.registry import REGISTRY
+from inference.routing.workers import WorkerRecord
+from inference.dataplane import reset_data_plane
+from standins.mock_worker import MockWorkerConfig, MockWorkerState, build_app, mock_state
 
 
 def free_port() -> int:
@@ -130,7 +131,7 @@ def open_gateway(records: Iterable[WorkerRecord] = (), **config: object) -> http
     (the control plane's discovery is tested on its own). Undo with :func:`close_gateways`."""
     gateway_config = GatewayConfig(**config)  # type: ignore[arg-type]
     install_config(gateway_config, export=False)
-    reset_runtime(gateway_config)
+    reset_data_plane(gateway_config)
     resilience = Resilience.from_config(gateway_config)
     REGISTRY.publish([dataclasses.replace(r, resilience=resilience) for r in records], dict(gateway_config.model_aliases))
     LIFECYCLE.started = True
@@ -141,13 +142,13 @@ async def close_gateways(clients: Iterable[httpx.AsyncClient]) -> None:
     """Close the clients and the runtime's upstream sessions; back to an empty, unconfigured gateway."""
     for client in clients:
         await client.aclose()
-    from inference.runtime import runtime
+    from inference.dataplane import data_plane
 
-    await runtime().aclose()
+    await data_plane().aclose()
     REGISTRY.publish([], {})
     LIFECYCLE.started = False
     install_config(GatewayConfig(), export=False)
-    reset_runtime(GatewayConfig())
+    reset_data_plane(GatewayConfig())
 
 
 @pytest.fixture

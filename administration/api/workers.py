@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from administration.api.auth import ControlPlaneAuthentication, IsControlPlaneAdmin
-from administration.models import Worker, WorkerType
+from administration.models import Worker, WorkerStatus, WorkerType
 from administration.worker_spec import SpecRuleError, SpecTypeError, parse_worker_patch, parse_worker_spec
 from administration.workers import (
     WorkerError,
@@ -30,7 +30,7 @@ from administration.workers import (
     spec_fields,
     update_worker,
 )
-from inference.config import current_config
+from common.config import current_config
 from inference.routing.registry import REGISTRY
 
 __all__ = ["WorkersView", "WorkerView", "worker_object"]
@@ -92,7 +92,7 @@ def worker_object(worker: Worker) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": str(worker.pk),
         **spec_fields(worker),
-        "is_healthy": worker.status == "ready",
+        "is_healthy": worker.status == WorkerStatus.READY,
         "status": worker.status,
         "load": load,
         "http2": False,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from administration.metrics import record_admission_rejected
+from common.telemetry import record_admission_rejected
 from inference import errors
 
 __all__ = ["PermitPool"]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from inference import errors
-from inference.api.asgi_io import Receive, Scope, Send, request_id_for, send_error, send_json, send_response
-from inference.runtime import runtime
+from inference.asgi_io import Receive, Scope, Send, request_id_for, send_error, send_json, send_response
+from inference.dataplane import data_plane
 
 __all__ = ["list_models"]
 
@@ -16,7 +16,7 @@ async def list_models(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["method"] not in ("GET", "HEAD"):
         await send_error(send, errors.method_not_allowed(scope["method"], scope["path"], "GET"), request_id)
         return
-    models = runtime().registry.snapshot.routable_models
+    models = data_plane().registry.snapshot.routable_models
     if not models:
         headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"x-request-id", request_id)]
         await send_response(send, 503, _NO_MODELS, headers)

@@ -4,8 +4,8 @@ says it can take traffic (at least one routable worker)."""
 from __future__ import annotations
 
 from inference import errors
-from inference.api.asgi_io import Receive, Scope, Send, send_error, send_json
-from inference.runtime import runtime
+from inference.asgi_io import Receive, Scope, Send, send_error, send_json
+from inference.dataplane import data_plane
 
 __all__ = ["liveness", "readiness"]
 
@@ -25,7 +25,7 @@ async def liveness(scope: Scope, receive: Receive, send: Send) -> None:
 async def readiness(scope: Scope, receive: Receive, send: Send) -> None:
     if not await _only_get(scope, send):
         return
-    snapshot = runtime().registry.snapshot
+    snapshot = data_plane().registry.snapshot
     ready = len(snapshot.routable)
     body = {"status": "ready" if ready else "not_ready", "workers": {"ready": ready, "total": len(snapshot.workers)}}
     await send_json(send, 200 if ready else 503, body)

@@ -6,15 +6,15 @@ from typing import Any, cast
 
 from django.urls import URLPattern, path
 
-from inference.api.asgi_io import ASGIApp
-from inference.api.fleet_routes import engine_metrics, get_model_info, get_server_info, health_generate, loads
+from inference.asgi_io import ASGIApp
+from inference.api.worker_routes import engine_metrics, get_model_info, get_server_info, health_generate, loads
 from inference.api.models import list_models
 from inference.api.probes import liveness, readiness
 from inference.api.relay import RelayRoute
 from inference.schemas.chat import validate_chat_completion
 from inference.schemas.completions import validate_completion
 
-__all__ = ["data_plane_routes", "RELAYED_PATHS"]
+__all__ = ["data_plane_routes", "data_plane_paths", "RELAYED_PATHS"]
 
 # Worker path per relayed route (the gateway path and the worker path are the same).
 RELAYED_PATHS = (
@@ -49,3 +49,8 @@ def data_plane_routes() -> list[URLPattern]:
     ]
     routes.extend(asgi_route(route.lstrip("/"), RelayRoute(route)) for route in RELAYED_PATHS)
     return routes
+
+
+def data_plane_paths() -> frozenset[str]:
+    """The data plane's paths ("/v1/chat/completions", ...), every pattern being a fixed path."""
+    return frozenset("/" + str(route.pattern) for route in data_plane_routes())

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import TYPE_CHECKING, Callable
+from enum import StrEnum
 
-if TYPE_CHECKING:
-    from inference.config import GatewayConfig
+from common import telemetry
+from common.config import GatewayConfig
 
 __all__ = ["BreakerState", "Resilience", "CircuitBreaker", "DEFAULT_RETRYABLE", "DEFAULT_CAPACITY"]
 
@@ -26,11 +25,7 @@ DEFAULT_RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 DEFAULT_CAPACITY = frozenset({429})
 
 
-# Called on every state change (breaker, from, to); administration.metrics installs its recorder.
-TRANSITION_HOOK: Callable[[CircuitBreaker, BreakerState, BreakerState], None] | None = None
-
-
-class BreakerState(str, Enum):
+class BreakerState(StrEnum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
@@ -62,10 +57,14 @@ class Resilience:
 
 
 class CircuitBreaker:
-    __slots__ = ("config", "state", "failures", "successes", "opened_at", "transitions")
+    """One worker's breaker. ``label`` is its worker's metric label (the URL, set by the registry):
+    a labelled breaker records its own outcomes and transitions (gw_worker_cb_*)."""
 
-    def __init__(self, config: Resilience | None = None) -> None:
+    __slots__ = ("config", "label", "state", "failures", "successes", "opened_at", "transitions")
+
+    def __init__(self, config: Resilience | None = None, label: str = "") -> None:
         self.config = config or Resilience()
+        self.label = label
         self.state = BreakerState.CLOSED
         self.failures = 0
         self.successes = 0
@@ -78,8 +77,8 @@ class CircuitBreaker:
         self.failures = self.successes = 0
         if state is BreakerState.OPEN:
             self.opened_at = now
-        if TRANSITION_HOOK is not None:
-            TRANSITION_HOOK(self, old, state)
+        if self.label:
+            telemetry.record_breaker_transition(self.label, old.value, state.value)
 
     def allows(self, now: float | None = None) -> bool:
         """Whether the worker may be selected now (moves open → half_open after the timeout)."""
@@ -93,6 +92,9 @@ class CircuitBreaker:
         return True
 
     def record(self, failed: bool, now: float | None = None) -> None:
+        """One outcome of a request to the worker (counted even while the breaker is disabled)."""
+        if self.label:
+            telemetry.record_breaker_outcome(self.label, failed)
         if not self.config.enabled:
             return
         if failed:

@@ -9,69 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
-from inference.routing.breaker import CircuitBreaker, Resilience
+from inference.routing.workers import WorkerHandle, WorkerLoad, WorkerRecord, WorkerStatus
 
-__all__ = [
-    "WorkerLoad", "WorkerRecord", "WorkerHandle", "RegistrySnapshot", "WorkerRegistry", "REGISTRY", "transport_of",
-]
-
-
-@dataclass(slots=True)
-class WorkerLoad:
-    """Mutable live state of one worker, shared by every snapshot that contains it: requests in
-    flight, the circuit breaker, and what the load monitor last learned (its load report entries,
-    one per data-parallel rank, and whether that report put the worker over its overload thresholds)."""
-
-    in_flight: int = 0
-    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
-    engine_load: tuple[dict[str, Any], ...] | None = None
-    overloaded: bool = False
-
-
-def transport_of(url: str) -> str:
-    """The transport a worker URL names: grpc:// and grpcs:// are gRPC, ipc:// ZMQ, anything else HTTP."""
-    if url.startswith(("grpc://", "grpcs://")):
-        return "grpc"
-    if url.startswith("ipc://"):
-        return "zmq"
-    return "http"
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerRecord:
-    """What the control plane knows about one worker (built from a Worker row)."""
-
-    id: str
-    url: str
-    model_id: str | None
-    runtime_type: str
-    status: str
-    api_key: str | None = field(default=None, repr=False)
-    resilience: Resilience = field(default_factory=Resilience)
-    worker_type: str = "regular"
-
-    @property
-    def transport(self) -> str:
-        """How the gateway talks to it, from the URL: "http", "grpc" or "zmq"."""
-        return transport_of(self.url)
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerHandle:
-    """A worker as the request path sees it: its record plus its live load."""
-
-    record: WorkerRecord
-    load: WorkerLoad
-
-    @property
-    def id(self) -> str:
-        return self.record.id
-
-    @property
-    def url(self) -> str:
-        return self.record.url
+__all__ = ["RegistrySnapshot", "WorkerRegistry", "REGISTRY"]
 
 
 _EMPTY: Mapping[str, tuple[WorkerHandle, ...]] = MappingProxyType({})
@@ -131,14 +73,15 @@ class WorkerRegistry:
         for record in records:
             load = self._loads.get(record.id) or WorkerLoad()
             load.breaker.config = record.resilience
+            load.breaker.label = record.url
             loads[record.id] = load
             handle = WorkerHandle(record, load)
             handles.append(handle)
             if record.model_id:
                 known.add(record.model_id)
-            elif record.status != "ready":
+            elif record.status != WorkerStatus.READY:
                 undiscovered += 1
-            if record.status != "ready":
+            if record.status != WorkerStatus.READY:
                 continue
             if record.model_id:
                 by_model.setdefault(record.model_id, []).append(handle)

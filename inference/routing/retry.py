@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from inference.config import GatewayConfig
+from common.config import GatewayConfig
 
 __all__ = ["RetryPolicy", "RETRY_STATUSES"]
 

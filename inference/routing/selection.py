@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from inference import errors
-from inference.config import current_config
+from common.config import current_config
 from inference.routing.breaker import BreakerState
 from inference.routing.policies import PolicySet, SelectionRequest
-from inference.routing.registry import RegistrySnapshot, WorkerHandle
+from inference.routing.registry import RegistrySnapshot
+from inference.routing.workers import WorkerHandle
 from inference.routing.request_text import request_text
 
 __all__ = ["RoutingDecision", "select_worker"]

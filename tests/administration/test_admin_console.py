@@ -18,7 +18,8 @@ from django.utils import timezone
 
 from administration import console
 from administration.models import JobState, JobType, Worker, WorkerSource, WorkerStatus
-from inference.routing.registry import REGISTRY, WorkerLoad, WorkerRecord
+from inference.routing.registry import REGISTRY
+from inference.routing.workers import WorkerLoad, WorkerRecord
 
 pytestmark = pytest.mark.django_db
 

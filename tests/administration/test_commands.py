@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from administration.models import Worker, WorkerStatus
-from inference.config import GatewayConfig, install_config
+from common.config import GatewayConfig, install_config
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -33,7 +33,7 @@ from administration.control_auth import (
     control_plane_auth,
     reset_control_plane_auth,
 )
-from inference.config import GatewayConfig, current_config, install_config
+from common.config import GatewayConfig, current_config, install_config
 from tests.conftest import ALICE, SHARED_KEY
 
 AUDIENCE = "gateway-admin"

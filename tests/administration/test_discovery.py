@@ -1,4 +1,4 @@
-"""Runtime and model discovery over HTTP, and the fleet that makes workers routable."""
+"""DataPlane and model discovery over HTTP, and the fleet that makes workers routable."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import httpx
 import pytest
 
 from administration.discovery import WorkerRefused, WorkerUnreachable, discover_http_worker
-from administration.fleet import Fleet
+from administration.registry_sync import RegistrySync
 from administration.models import Worker, WorkerSource, WorkerStatus
-from administration.runtime import normalize_runtime_type
-from inference.config import GatewayConfig, install_config
+from inference.routing.workers import normalize_runtime_type
+from common.config import GatewayConfig, install_config
 from inference.routing.registry import REGISTRY
 from tests.conftest import free_port, until
 
@@ -87,7 +87,7 @@ async def test_worker_that_comes_up_later_becomes_routable(fleet_config) -> None
     url = f"http://127.0.0.1:{port}"
     config = dataclasses.replace(fleet_config, worker_urls=(url,))
     install_config(config, export=False)
-    fleet = Fleet(config)
+    fleet = RegistrySync(config)
     runner = None
     try:
         snapshot = await fleet.astart()
@@ -95,7 +95,7 @@ async def test_worker_that_comes_up_later_becomes_routable(fleet_config) -> None
         await asyncio.sleep(0.3)
         from aiohttp import web
 
-        from inference.testing.mock_worker import MockWorkerConfig, build_app
+        from standins.mock_worker import MockWorkerConfig, build_app
 
         runner = web.AppRunner(build_app(MockWorkerConfig(model="late-model", owned_by="vllm")))
         await runner.setup()
@@ -121,7 +121,7 @@ async def test_worker_that_comes_up_later_becomes_routable(fleet_config) -> None
 async def test_stale_cli_workers_are_removed_and_api_workers_kept(worker, fleet_config) -> None:
     await Worker.objects.acreate(url="http://old-cli:1", source=WorkerSource.CLI, registered=True)
     await Worker.objects.acreate(url="http://api-added:1", source=WorkerSource.API, status=WorkerStatus.READY, model_id="x", registered=True)
-    fleet = Fleet(dataclasses.replace(fleet_config, worker_urls=(worker.url,)))
+    fleet = RegistrySync(dataclasses.replace(fleet_config, worker_urls=(worker.url,)))
     try:
         await fleet.astart()
         urls = sorted([w.url async for w in Worker.objects.all()])
@@ -136,7 +136,7 @@ async def test_cli_worker_that_never_answers_is_released(fleet_config) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     config = dataclasses.replace(fleet_config, worker_urls=(url,), worker_startup_timeout_secs=0.6, worker_startup_check_interval=0.2)
     install_config(config, export=False)
-    fleet = Fleet(config)
+    fleet = RegistrySync(config)
     try:
         await fleet.astart()
 

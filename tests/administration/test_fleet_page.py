@@ -20,7 +20,8 @@ from django.test import AsyncClient, Client
 from administration import fleet_page
 from administration.models import Worker, WorkerStatus
 from inference.routing.breaker import Resilience
-from inference.routing.registry import REGISTRY, WorkerRecord
+from inference.routing.registry import REGISTRY
+from inference.routing.workers import WorkerRecord
 from tests.conftest import GatewayFactory, WorkerFactory, record_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,7 +208,7 @@ def test_data_query_count_does_not_grow_with_workers(admin_client: Client, djang
 
 
 def test_counters_read_the_per_worker_outcome_counter() -> None:
-    from administration import metrics
+    from common import telemetry as metrics
 
     url = "http://counted-in-process:1"
     before = fleet_page.worker_request_counters().get(url, {"requests": 0, "failures": 0})
@@ -222,7 +223,7 @@ def test_counters_in_multiprocess_mode_sum_every_process(tmp_path: Path) -> None
     """Two real processes write prometheus_client's multiprocess files; the page reads their sum."""
     script = (
         "import sys\n"
-        "from administration import metrics\n"
+        "from common import telemetry as metrics\n"
         "assert metrics.MULTIPROCESS\n"
         "for outcome in sys.argv[1:]:\n"
         "    metrics.record_breaker_outcome('http://a:1' if outcome[0] == 'a' else 'http://b:1', outcome.endswith('!'))\n"

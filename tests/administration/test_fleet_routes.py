@@ -12,9 +12,10 @@ import httpx
 import pytest
 
 from administration.control_auth import reset_control_plane_auth
-from administration.fleet import Fleet
-from inference.config import current_config
-from inference.routing.registry import REGISTRY, WorkerRecord
+from administration.registry_sync import RegistrySync
+from common.config import current_config
+from inference.routing.registry import REGISTRY
+from inference.routing.workers import WorkerRecord
 from tests.conftest import GatewayFactory, RunningWorker, WorkerFactory, record_for
 
 ADMIN_KEY = "sk-cp-admin-1"
@@ -378,7 +379,7 @@ async def gateway_with_fleet(make_gateway: GatewayFactory) -> AsyncIterator[http
     """The in-process gateway with its real control plane: registration jobs, health checks and the
     fleet loop publishing the registry from the store."""
     client = make_gateway([], worker_startup_check_interval=0.2, health_check_interval_secs=0.2)
-    fleet = Fleet(current_config())
+    fleet = RegistrySync(current_config())
     await fleet.astart()
     yield client
     await fleet.astop()

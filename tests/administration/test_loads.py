@@ -172,14 +172,14 @@ async def test_without_thresholds_a_busy_worker_stays_in_routing(
 async def test_fleet_polls_registered_workers_and_applies_their_overload_block(start_worker: WorkerFactory) -> None:
     from django.test import AsyncClient
 
-    from administration.fleet import Fleet
-    from inference.config import GatewayConfig, install_config
+    from administration.registry_sync import RegistrySync
+    from common.config import GatewayConfig, install_config
     from tests.administration.test_workers_api import FAST, register
     from tests.conftest import until
 
     config = dataclasses.replace(FAST, load_monitor_interval=0.1)
     install_config(config, export=False)
-    fleet = Fleet(config)
+    fleet = RegistrySync(config)
     await fleet.astart()
     try:
         api = AsyncClient()

@@ -76,7 +76,7 @@ def test_a_process_leaves_no_live_gauges_behind_at_exit(tmp_path: Path) -> None:
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory), "DJANGO_SETTINGS_MODULE": "gateway_project.settings_test"}
     script = (
         "import os\n"
-        "from administration import metrics\n"
+        "from common import telemetry as metrics\n"
         "assert metrics.MULTIPROCESS\n"
         "metrics.HTTP_ACTIVE.inc()\n"
         "metrics.WORKER_HEALTH.labels('http://w:1').set(1)\n"

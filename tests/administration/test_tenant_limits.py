@@ -16,12 +16,12 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.test import AsyncClient, Client
 
-from administration import fleet as fleet_module
-from administration.fleet import Fleet
+from administration import registry_sync as fleet_module
+from administration.registry_sync import RegistrySync
 from administration.models import TenantRateLimit, Worker, WorkerSource, WorkerStatus
 from administration.tenant_limits import stored_tenant_limits
-from inference.config import GatewayConfig, current_config, install_config
-from inference.runtime import runtime
+from common.config import GatewayConfig, current_config, install_config
+from inference.dataplane import data_plane
 from tests.conftest import Actor, RunningWorker, until
 
 LIST = "/admin/administration/tenantratelimit/"
@@ -39,7 +39,7 @@ async def limit_becomes(tenant_id: str, expected: int) -> None:
     """The fleet installs stored limits a moment after the write (an async refresh)."""
 
     async def reached() -> bool:
-        return runtime().tenant_limits.limit_for(tenant_id) == expected
+        return data_plane().tenant_limits.limit_for(tenant_id) == expected
 
     await until(reached)
 
@@ -62,7 +62,7 @@ ServedFactory = Callable[..., Awaitable[httpx.AsyncClient]]
 async def start_served(make_gateway, worker: RunningWorker, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ServedFactory]:
     """The gateway in-process with a running fleet over the store, which holds one ready worker (the
     mock worker). ``refresh_secs`` sets the fleet's safety-net refresh."""
-    fleets: list[Fleet] = []
+    fleets: list[RegistrySync] = []
 
     async def start(refresh_secs: float, **config: Any) -> httpx.AsyncClient:
         monkeypatch.setattr(fleet_module, "REFRESH_SECS", refresh_secs)
@@ -71,7 +71,7 @@ async def start_served(make_gateway, worker: RunningWorker, monkeypatch: pytest.
             registered=True, source=WorkerSource.API,
         )
         gateway = make_gateway([], disable_health_check=True, **config)
-        fleet = Fleet(current_config())
+        fleet = RegistrySync(current_config())
         fleets.append(fleet)
         await fleet.astart()
         return gateway
@@ -174,7 +174,7 @@ async def test_console_add_change_and_delete_reach_the_relay(start_served: Serve
     gateway = await start_served(refresh_secs=3600, tenant_api_keys=((actor.tenant_id, actor.key),))
     before = await chat(gateway, actor)
     assert before.status_code == 200 and "x-ratelimit-limit" not in before.headers
-    assert runtime().rate_limiter is None
+    assert data_plane().rate_limiter is None
 
     console = AsyncClient()
     await console.aforce_login(admin_user)
@@ -201,7 +201,7 @@ async def test_console_add_change_and_delete_reach_the_relay(start_served: Serve
     deleted = await console.post(f"{LIST}{row.pk}/delete/", {"post": "yes"})
     assert deleted.status_code == 302, deleted.content
     await limit_becomes(actor.tenant_id, 0)
-    assert runtime().rate_limiter is None  # no limit anywhere: the relay's fast None check again
+    assert data_plane().rate_limiter is None  # no limit anywhere: the relay's fast None check again
     after = await chat(gateway, actor)
     assert after.status_code == 200 and "x-ratelimit-limit" not in after.headers
 
@@ -215,7 +215,7 @@ async def test_fleet_refresh_installs_rows_written_without_a_notice(start_served
         default_tenant_rate_limit=100,
         tenant_rate_limits=((actor.tenant_id, "50"),),
     )
-    assert runtime().tenant_limits.limit_for(actor.tenant_id) == 50  # the flag, before any row
+    assert data_plane().tenant_limits.limit_for(actor.tenant_id) == 50  # the flag, before any row
 
     await TenantRateLimit.objects.acreate(tenant_id=actor.tenant_id, requests_per_minute=1)  # no notice
     await limit_becomes(actor.tenant_id, 1)  # the row overrides the flag

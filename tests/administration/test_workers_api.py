@@ -9,9 +9,9 @@ from typing import Any, AsyncIterator, Callable
 import pytest
 from django.test import AsyncClient
 
-from administration.fleet import Fleet
+from administration.registry_sync import RegistrySync
 from administration.models import Worker, WorkerStatus
-from inference.config import GatewayConfig, install_config
+from common.config import GatewayConfig, install_config
 from inference.routing.registry import REGISTRY
 from tests.conftest import free_port, until
 
@@ -28,9 +28,9 @@ FAST = GatewayConfig(
 
 
 @pytest.fixture
-async def fleet() -> AsyncIterator[Fleet]:
+async def fleet() -> AsyncIterator[RegistrySync]:
     install_config(FAST, export=False)
-    running = Fleet(FAST)
+    running = RegistrySync(FAST)
     await running.astart()
     yield running
     await running.astop()

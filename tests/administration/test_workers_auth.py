@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 
 from administration.control_auth import reset_control_plane_auth
-from inference.config import GatewayConfig, install_config
+from common.config import GatewayConfig, install_config
 from tests.conftest import ALICE, SHARED_KEY
 
 pytestmark = pytest.mark.django_db

@@ -10,7 +10,7 @@ import pytest
 from channels.layers import InMemoryChannelLayer
 from channels_redis.core import RedisChannelLayer
 
-from gateway_project.envconf import channel_layer_from_url
+from common.envconf import channel_layer_from_url
 
 REDIS = "redis://127.0.0.1:6379/0"
 

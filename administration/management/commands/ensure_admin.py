@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from gateway_project.envconf import env_secret, env_str
+from common.envconf import env_secret, env_str
 
 
 class Command(BaseCommand):

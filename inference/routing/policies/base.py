@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from inference.routing.registry import WorkerHandle
+from inference.routing.workers import WorkerHandle
 
 __all__ = ["SelectionRequest", "SelectionPolicy", "least_loaded"]
 

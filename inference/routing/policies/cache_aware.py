@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import Callable, Sequence
 
-from inference.config import GatewayConfig
+from common.config import GatewayConfig
 from inference.routing.policies.base import SelectionRequest, least_loaded
 from inference.routing.prefix_tree import PrefixTree
-from inference.routing.registry import WorkerHandle
+from inference.routing.workers import WorkerHandle
 
 __all__ = ["CacheAware"]
 

@@ -8,7 +8,7 @@ from hashlib import blake2b
 from typing import Sequence
 
 from inference.routing.policies.base import SelectionRequest
-from inference.routing.registry import WorkerHandle
+from inference.routing.workers import WorkerHandle
 
 __all__ = ["ConsistentHashing", "stable_hash"]
 

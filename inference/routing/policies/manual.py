@@ -7,7 +7,7 @@ from hashlib import blake2b
 from typing import Sequence
 
 from inference.routing.policies.base import SelectionRequest, least_loaded
-from inference.routing.registry import WorkerHandle
+from inference.routing.workers import WorkerHandle
 
 __all__ = ["Manual"]
 

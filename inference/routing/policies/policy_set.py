@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from inference.config import GatewayConfig
+from common.config import GatewayConfig
 from inference.routing.policies.base import SelectionPolicy
 from inference.routing.policies.cache_aware import CacheAware
 from inference.routing.policies.consistent_hashing import ConsistentHashing

@@ -7,7 +7,7 @@ import random
 from typing import Sequence
 
 from inference.routing.policies.base import SelectionRequest, least_loaded
-from inference.routing.registry import WorkerHandle
+from inference.routing.workers import WorkerHandle
 
 __all__ = ["RoundRobin", "RandomChoice", "PowerOfTwo", "LeastLoad"]
 

@@ -17,8 +17,8 @@ from inference.admission.rate_limit import (
     TenantLimits,
     refit_rate_limiter,
 )
-from inference.config import GatewayConfig
-from inference.runtime import Runtime
+from common.config import GatewayConfig
+from inference.dataplane import DataPlane
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -41,10 +41,10 @@ def test_limits_per_tenant_fall_back_to_the_default(settings) -> None:
     assert limits.limit_for("globex") == 10
     assert TenantLimits(0, (("acme", "0"),)).any is False
     settings.REDIS_URL = None
-    assert Runtime.build(GatewayConfig()).rate_limiter is None
-    assert isinstance(Runtime.build(GatewayConfig(tenant_rate_limits=(("acme", "5"),))).rate_limiter, LocalRateLimiter)
+    assert DataPlane.build(GatewayConfig()).rate_limiter is None
+    assert isinstance(DataPlane.build(GatewayConfig(tenant_rate_limits=(("acme", "5"),))).rate_limiter, LocalRateLimiter)
     settings.REDIS_URL = "redis://127.0.0.1:6379/0"
-    assert isinstance(Runtime.build(GatewayConfig(default_tenant_rate_limit=5)).rate_limiter, RedisRateLimiter)
+    assert isinstance(DataPlane.build(GatewayConfig(default_tenant_rate_limit=5)).rate_limiter, RedisRateLimiter)
 
 
 async def test_local_limiter_refuses_past_the_limit() -> None:
@@ -148,7 +148,7 @@ async def test_refitting_keeps_the_limiter_and_its_count() -> None:
 
 
 async def test_runtime_follows_limits_that_appear_change_and_disappear() -> None:
-    rt = Runtime.build(GatewayConfig(tenant_rate_limits=(("globex", "9"),)))
+    rt = DataPlane.build(GatewayConfig(tenant_rate_limits=(("globex", "9"),)))
     flag_limiter = rt.rate_limiter
     assert flag_limiter is not None and rt.tenant_limits.limit_for("acme") == 0
     rt.install_tenant_limits({"acme": 2})  # a row appears
@@ -156,7 +156,7 @@ async def test_runtime_follows_limits_that_appear_change_and_disappear() -> None
     rt.install_tenant_limits({"acme": 0, "globex": 0})  # rows exempt both: nothing left to count
     assert rt.rate_limiter is None
 
-    bare = Runtime.build(GatewayConfig())
+    bare = DataPlane.build(GatewayConfig())
     assert bare.rate_limiter is None  # no flags, no rows: the relay's one None check
     bare.install_tenant_limits({"acme": 1})
     limiter = bare.rate_limiter

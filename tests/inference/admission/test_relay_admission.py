@@ -10,7 +10,7 @@ import uuid
 import httpx
 
 from inference.admission.rate_limit import RedisRateLimiter
-from inference.runtime import runtime
+from inference.dataplane import data_plane
 from tests.conftest import ALICE, CHARLIE, SHARED_KEY, RunningWorker, record_for
 
 CHAT = {"model": "mock-model", "messages": [{"role": "user", "content": "hello"}]}
@@ -20,7 +20,7 @@ KEYS = {"tenant_api_keys": ((ALICE.tenant_id, ALICE.key), (CHARLIE.tenant_id, CH
 
 def _isolate_rate_limits() -> None:
     """With REDIS_URL set the counters live in Redis: give this test keys of its own."""
-    limiter = runtime().rate_limiter
+    limiter = data_plane().rate_limiter
     if isinstance(limiter, RedisRateLimiter):
         limiter.prefix = f"gw:test:rl:{uuid.uuid4().hex}:"
 
@@ -58,7 +58,7 @@ async def test_no_free_permit_and_no_queue_gives_429(make_gateway, worker: Runni
     assert refused.headers["x-gw-error-code"] == "admission_queue_full"
     assert refused.json()["error"]["type"] == "rate_limit_error"
     assert (await slow).status_code == 200
-    assert runtime().permits is not None and runtime().permits.in_flight == 0
+    assert data_plane().permits is not None and data_plane().permits.in_flight == 0
 
 
 async def test_waiting_past_the_queue_timeout_gives_503(make_gateway, worker: RunningWorker) -> None:
@@ -69,7 +69,7 @@ async def test_waiting_past_the_queue_timeout_gives_503(make_gateway, worker: Ru
     assert late.status_code == 503
     assert late.headers["x-gw-error-code"] == "admission_queue_timeout"
     assert (await slow).status_code == 200
-    pool = runtime().permits
+    pool = data_plane().permits
     assert pool is not None and pool.in_flight == 0 and pool.queued == 0
 
 
@@ -84,7 +84,7 @@ async def test_permit_is_released_after_a_routing_error(make_gateway) -> None:
     for _ in range(3):
         response = await gateway.post("/v1/chat/completions", json=CHAT)
         assert response.headers["x-gw-error-code"] == "model_not_found"
-    assert runtime().permits is not None and runtime().permits.in_flight == 0
+    assert data_plane().permits is not None and data_plane().permits.in_flight == 0
 
 
 async def test_permit_is_released_after_an_upstream_failure(make_gateway) -> None:
@@ -93,7 +93,7 @@ async def test_permit_is_released_after_an_upstream_failure(make_gateway) -> Non
     for _ in range(3):
         response = await gateway.post("/v1/chat/completions", json=CHAT)
         assert response.headers["x-gw-error-code"] == "upstream_unavailable"
-    assert runtime().permits is not None and runtime().permits.in_flight == 0
+    assert data_plane().permits is not None and data_plane().permits.in_flight == 0
 
 
 async def test_tenant_over_its_rate_limit_gets_429_with_headers(make_gateway, worker: RunningWorker) -> None:
@@ -134,12 +134,12 @@ async def test_media_over_the_budget_is_413(make_gateway, worker: RunningWorker)
     assert refused.headers["x-gw-error-code"] == "multimodal_payload_too_large"
     accepted = await gateway.post("/v1/chat/completions", json=_image_chat(400))
     assert accepted.status_code == 200
-    assert runtime().media is not None and runtime().media.in_use == 0
+    assert data_plane().media is not None and data_plane().media.in_use == 0
 
 
 async def test_media_budget_that_stays_full_gives_429(make_gateway, worker: RunningWorker) -> None:
     gateway = make_gateway([record_for(worker)], multimodal_max_inflight_bytes=1000)
-    runtime().media.wait_secs = 0.05  # type: ignore[union-attr]
+    data_plane().media.wait_secs = 0.05  # type: ignore[union-attr]
     slow = asyncio.create_task(gateway.post("/v1/chat/completions", json={**_image_chat(1200), "mock": SLOW["mock"]}))
     await asyncio.sleep(0.1)
     refused = await gateway.post("/v1/chat/completions", json=_image_chat(400))
@@ -148,7 +148,7 @@ async def test_media_budget_that_stays_full_gives_429(make_gateway, worker: Runn
     assert (await slow).status_code == 200
     text_only = await gateway.post("/v1/chat/completions", json=CHAT)
     assert text_only.status_code == 200
-    assert runtime().media.in_use == 0  # type: ignore[union-attr]
+    assert data_plane().media.in_use == 0  # type: ignore[union-attr]
 
 
 async def test_permits_return_to_zero_after_thousands_of_requests_with_disconnects(
@@ -181,7 +181,7 @@ async def test_permits_return_to_zero_after_thousands_of_requests_with_disconnec
 
     await asyncio.gather(*(one(i) for i in range(2000)))
     await asyncio.sleep(0.05)
-    rt = runtime()
+    rt = data_plane()
     assert rt.permits is not None and rt.media is not None
     assert rt.permits.in_flight == 0
     assert rt.permits.queued == 0
@@ -220,7 +220,7 @@ async def test_disconnect_while_queued_leaves_the_queue(make_gateway, worker: Ru
     }
     queued = asyncio.create_task(application(scope, receive, send))
     await asyncio.sleep(0.05)
-    pool = runtime().permits
+    pool = data_plane().permits
     assert pool is not None and pool.queued == 1
     left.set()
     await asyncio.wait_for(queued, 2)

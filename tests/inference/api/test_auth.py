@@ -93,16 +93,16 @@ def test_key_ring_resolves_tenant_identity() -> None:
 
 
 async def test_the_request_carries_the_tenant_identity(secured, monkeypatch) -> None:
-    from inference.backends.http import HttpBackend
+    from inference.upstreams.http import HttpRelay
 
     seen = []
-    original = HttpBackend.open
+    original = HttpRelay.open
 
     async def spy(self, request):
         seen.append(request.identity)
         return await original(self, request)
 
-    monkeypatch.setattr(HttpBackend, "open", spy)
+    monkeypatch.setattr(HttpRelay, "open", spy)
     await secured.post("/v1/chat/completions", json=CHAT, headers=CHARLIE.headers)
     await secured.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {SHARED_KEY}"})
     assert [(i.kind, i.tenant_id) for i in seen] == [("tenant", "globex"), ("shared", None)]

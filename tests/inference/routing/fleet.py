@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from inference.routing.policies import SelectionRequest
-from inference.routing.registry import WorkerHandle, WorkerLoad, WorkerRecord
+from inference.routing.workers import WorkerHandle, WorkerLoad, WorkerRecord
 
 
 def fleet(count: int, model: str = "m") -> tuple[WorkerHandle, ...]:

@@ -8,7 +8,8 @@ import pytest
 
 from inference import errors
 from inference.routing.policies import LeastLoad, PolicySet, PowerOfTwo, RandomChoice, RoundRobin, make_policy
-from inference.routing.registry import WorkerRecord, WorkerRegistry
+from inference.routing.registry import WorkerRegistry
+from inference.routing.workers import WorkerRecord
 from inference.routing.selection import select_worker
 
 

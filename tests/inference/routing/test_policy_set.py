@@ -6,10 +6,11 @@ from typing import Sequence
 
 import pytest
 
-from inference.config import parse_gateway_args
+from common.config import parse_gateway_args
 from inference.routing import selection
 from inference.routing.policies import CacheAware, LeastLoad, Manual, PolicySet, RoundRobin, SelectionRequest
-from inference.routing.registry import WorkerHandle, WorkerRecord, WorkerRegistry
+from inference.routing.registry import WorkerRegistry
+from inference.routing.workers import WorkerHandle, WorkerRecord
 from inference.routing.selection import select_worker
 
 SYSTEM = "Answer in French. " * 50

@@ -20,7 +20,7 @@ from aiohttp import web
 from inference.errors import GatewayError
 from inference.schemas.chat import validate_chat_completion
 from inference.schemas.completions import validate_completion
-from inference.testing.mock_worker import MockWorkerConfig, build_app
+from standins.mock_worker import MockWorkerConfig, build_app
 from tests.conftest import close_gateways, open_gateway, record_for
 
 JSON_SCALARS = (

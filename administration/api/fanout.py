@@ -1,0 +1,220 @@
+"""Control-plane fleet routes (spec 3, Cache and load; Other control-plane routes), admin only:
+
+* ``POST /flush_cache``: every registered HTTP worker drops its KV prefix cache, in parallel;
+* ``GET /get_loads``: deprecated alias of the public ``GET /loads``;
+* ``POST /start_profile``, ``POST /stop_profile``: every worker, or the one whose URL the body names.
+
+Native async Django views (the fan-outs await httpx, up to 45 s per worker): each one authenticates
+through :mod:`administration.control_auth`, parses its input, calls one fan-out function and renders
+the result. The fan-out functions take the registry's worker handles and an httpx client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import httpx
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from administration.api.errors import ErrorType, error_body
+from administration.control_auth import ControlPlaneDenied, control_plane_auth
+from common.http_clients import http_client
+from inference.routing.load_report import loads_report
+from inference.routing.registry import REGISTRY
+from inference.routing.workers import Transport, WorkerHandle
+
+__all__ = [
+    "FanOut",
+    "PROFILE_FIELDS",
+    "FLUSH_TIMEOUT_SECS",
+    "aflush_cache",
+    "aprofile",
+    "flush_cache_view",
+    "get_loads_view",
+    "start_profile_view",
+    "stop_profile_view",
+]
+
+FLUSH_TIMEOUT_SECS = 45.0
+PROFILE_TIMEOUT_SECS = 60.0
+PROFILE_FIELDS = (
+    "output_dir",
+    "start_step",
+    "num_steps",
+    "activities",
+    "with_stack",
+    "record_shapes",
+    "profile_by_stage",
+)
+_ERROR_TEXT_LIMIT = 300
+
+
+@dataclass(slots=True)
+class FanOut:
+    """Which workers answered a fan-out and which failed (with the reason)."""
+
+    successful: list[str] = field(default_factory=list)
+    failed: list[dict[str, str]] = field(default_factory=list)
+
+
+async def _apost(client: httpx.AsyncClient, handle: WorkerHandle, path: str, body: Any, timeout: float) -> str | None:
+    """POST to one worker with its key; None on a 2xx answer, else the reason."""
+    headers = {"Authorization": f"Bearer {handle.record.api_key}"} if handle.record.api_key else {}
+    try:
+        response = await client.post(handle.url + path, json=body, headers=headers, timeout=timeout)
+    except httpx.TimeoutException:
+        return f"timed out after {timeout:g} seconds"
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if response.is_success:
+        return None
+    return f"HTTP {response.status_code}: {response.text[:_ERROR_TEXT_LIMIT]}"
+
+
+async def _afan_out(
+    client: httpx.AsyncClient, handles: Sequence[WorkerHandle], path: str, body: Any, timeout: float
+) -> FanOut:
+    outcome = FanOut()
+    reasons = await asyncio.gather(*(_apost(client, handle, path, body, timeout) for handle in handles))
+    for handle, reason in zip(handles, reasons):
+        if reason is None:
+            outcome.successful.append(handle.url)
+        else:
+            outcome.failed.append({"worker": handle.url, "error": reason})
+    return outcome
+
+
+async def aflush_cache(client: httpx.AsyncClient, workers: Sequence[WorkerHandle]) -> tuple[int, dict[str, Any]]:
+    """POST {url}/flush_cache to every HTTP worker in parallel (45 s each); gRPC workers are reported
+    failed (no FlushCache RPC client here), ZMQ workers skipped. 200 when every called worker
+    succeeds (or none was called), 206 otherwise."""
+    http = [h for h in workers if h.record.transport is Transport.HTTP]
+    grpc = [h for h in workers if h.record.transport == "grpc"]
+    zmq = [h for h in workers if h.record.transport is Transport.ZMQ]
+    outcome = await _afan_out(client, http, "/flush_cache", None, FLUSH_TIMEOUT_SECS)
+    outcome.failed.extend({"worker": h.url, "error": "cache flush over gRPC is not supported"} for h in grpc)
+    body: dict[str, Any] = {
+        "status": "partial_success" if outcome.failed else "success",
+        "message": "",
+        "workers_flushed": len(outcome.successful),
+        "total_http_workers": len(http),
+        "total_grpc_workers": len(grpc),
+        "total_zmq_workers_skipped": len(zmq),
+        "total_workers": len(workers),
+    }
+    called = len(http) + len(grpc)
+    if outcome.failed:
+        body["message"] = f"Cache flush failed on {len(outcome.failed)} of {called} workers"
+        body["successful"] = outcome.successful
+        body["failed"] = outcome.failed
+        return 206, body
+    body["message"] = f"Cache flushed on {len(outcome.successful)} workers" if called else "No workers to flush"
+    return 200, body
+
+
+async def aprofile(
+    client: httpx.AsyncClient, workers: Sequence[WorkerHandle], action: str, options: dict[str, Any]
+) -> tuple[int, dict[str, Any]] | None:
+    """POST {url}/start_profile or /stop_profile to the targeted workers in parallel (all, or the one
+    whose URL ``options["url"]`` names). None when no worker matches; else 200 or 206."""
+    wanted = options.get("url")
+    targets = [h for h in workers if wanted is None or h.url == str(wanted).rstrip("/")]
+    if not targets:
+        return None
+    http = [h for h in targets if h.record.transport is Transport.HTTP]
+    body = {key: options[key] for key in PROFILE_FIELDS if key in options} if action == "start_profile" else None
+    outcome = await _afan_out(client, http, f"/{action}", body or None, PROFILE_TIMEOUT_SECS)
+    outcome.failed.extend(
+        {"worker": h.url, "error": f"profiling is not supported over {h.record.transport}"}
+        for h in targets
+        if h.record.transport is not Transport.HTTP
+    )
+    verb = "started" if action == "start_profile" else "stopped"
+    result: dict[str, Any] = {"successful": outcome.successful}
+    if outcome.failed:
+        result["status"] = "partial_success"
+        result["message"] = f"Profiling {verb} on {len(outcome.successful)} of {len(targets)} workers"
+        result["failed"] = outcome.failed
+        return 206, result
+    result["status"] = "success"
+    result["message"] = f"Profiling {verb} on {len(targets)} workers"
+    return 200, result
+
+
+# --- views ------------------------------------------------------------------------------------------
+
+
+async def _denied(request: HttpRequest) -> HttpResponse | None:
+    """None when the caller may use the control plane; else the 401 / 403 answer."""
+    auth = control_plane_auth()
+    try:
+        principal = await sync_to_async(auth.authenticate)(request.headers.get("Authorization"))
+        auth.authorize(principal)
+    except ControlPlaneDenied as denied:
+        unauthorized = denied.status == 401
+        error_type = ErrorType.UNAUTHORIZED if unauthorized else ErrorType.FORBIDDEN
+        response = JsonResponse(error_body(denied.message, error_type), status=denied.status)
+        if unauthorized:
+            response["WWW-Authenticate"] = "Bearer"
+        return response
+    return None
+
+
+def _json_options(request: HttpRequest) -> dict[str, Any] | HttpResponse:
+    if not request.body.strip():
+        return {}
+    try:
+        value = json.loads(request.body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return JsonResponse(error_body(f"Request body is not valid JSON: {exc}", ErrorType.BAD_REQUEST), status=400)
+    if not isinstance(value, dict):
+        return JsonResponse(error_body("Request body must be a JSON object", ErrorType.BAD_REQUEST), status=400)
+    return value
+
+
+@csrf_exempt
+@require_POST
+async def flush_cache_view(request: HttpRequest) -> HttpResponse:
+    if (denied := await _denied(request)) is not None:
+        return denied
+    status, body = await aflush_cache(http_client(), REGISTRY.snapshot.workers)
+    return JsonResponse(body, status=status)
+
+
+@require_GET
+async def get_loads_view(request: HttpRequest) -> HttpResponse:
+    if (denied := await _denied(request)) is not None:
+        return denied
+    return JsonResponse(loads_report(REGISTRY, request.GET.get("model") or None))
+
+
+async def _profile(request: HttpRequest, action: str) -> HttpResponse:
+    if (denied := await _denied(request)) is not None:
+        return denied
+    options = _json_options(request)
+    if isinstance(options, HttpResponse):
+        return options
+    result = await aprofile(http_client(), REGISTRY.snapshot.workers, action, options)
+    if result is None:
+        target = f"with url {options['url']}" if options.get("url") else "registered"
+        return JsonResponse(error_body(f"No worker {target}", ErrorType.NOT_FOUND), status=404)
+    status, body = result
+    return JsonResponse(body, status=status)
+
+
+@csrf_exempt
+@require_POST
+async def start_profile_view(request: HttpRequest) -> HttpResponse:
+    return await _profile(request, "start_profile")
+
+
+@csrf_exempt
+@require_POST
+async def stop_profile_view(request: HttpRequest) -> HttpResponse:
+    return await _profile(request, "stop_profile")

@@ -1,0 +1,126 @@
+"""Start and stop the gateway's background parts with the server.
+
+uvicorn sends ASGI lifespan events. daphne does not: ``manage.py rungateway --server daphne`` ties
+start and stop to Twisted's reactor instead, and under a bare ``daphne`` command the first request
+starts them. Either way the worker registry is loaded before any request is routed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+
+from administration.metrics_server import MetricsListener, ProbeListener
+from administration.registry_sync import RegistrySync
+from common import telemetry
+from common.config import current_config
+from common.http_clients import aclose_http_client
+from inference.api.routes import data_plane_paths
+from inference.asgi_io import ASGIApp, Receive, Scope, Send
+from inference.dataplane import data_plane, reset_data_plane
+from inference.gauges import sample_live_gauges
+
+__all__ = ["GatewayLifecycle", "LIFECYCLE"]
+
+log = logging.getLogger("administration.lifecycle")
+
+
+class GatewayLifecycle:
+    def __init__(self) -> None:
+        self.started = False
+        self.fleet: RegistrySync | None = None
+        self.metrics: MetricsListener | None = None
+        self.probes: ProbeListener | None = None
+        self._sampler: asyncio.Task[None] | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def astart(self) -> None:
+        if self.started:
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self.started:
+                return
+            config = current_config()
+            reset_data_plane(config)
+            telemetry.configure(config.prometheus_duration_buckets)
+            if config.health_check_port > 0:
+                probes = ProbeListener(config.host, config.health_check_port)
+                await probes.astart()
+                self.probes = probes
+            self.fleet = RegistrySync(config)
+            snapshot = await self.fleet.astart()
+            if config.prometheus_port > 0:
+                self.metrics = MetricsListener(config.prometheus_host, config.prometheus_port)
+                self.metrics.start()
+            self._sampler = asyncio.ensure_future(telemetry.run_sampler(sample_live_gauges))
+            log.info(
+                "gateway started: %d worker(s) registered, policy %s", len(snapshot.workers), config.policy
+            )
+            self.started = True
+            # Everything alive now (settings, apps, migrations, templates) lives as long as the
+            # process: keep it out of the collector's full passes, which otherwise stall requests.
+            gc.collect()
+            gc.freeze()
+
+    async def astop(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            await asyncio.gather(self._sampler, return_exceptions=True)
+            self._sampler = None
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.stop)
+            self.metrics = None
+        if self.probes is not None:
+            await self.probes.astop()
+            self.probes = None
+        telemetry.mark_process_dead()
+        if self.fleet is not None:
+            await self.fleet.astop()
+        await data_plane().aclose()
+        await aclose_http_client()
+        self.started = False
+        log.info("gateway stopped")
+
+    async def lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.astart()
+                except Exception as exc:  # report it and let the server exit
+                    log.exception("gateway failed to start")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.astop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def gate(self, app: ASGIApp) -> ASGIApp:
+        """Wrap the HTTP app so the first request starts the gateway when no lifespan came."""
+
+        # Data-plane requests are counted and timed here by their route (their patterns are fixed
+        # paths); Django's routes are covered by django-prometheus, unmatched paths are not recorded.
+        timed = data_plane_paths()
+
+        async def gated(scope: Scope, receive: Receive, send: Send) -> None:
+            if not self.started:
+                await self.astart()
+            path = scope.get("path")
+            if path not in timed:
+                await app(scope, receive, send)
+                return
+            timer = telemetry.HttpTimer(path, scope["method"], send)
+            try:
+                await app(scope, receive, timer.send)
+            finally:
+                timer.done()
+
+        return gated
+
+
+LIFECYCLE = GatewayLifecycle()

@@ -1,0 +1,206 @@
+"""The gateway process's side of the worker registry.
+
+On start it syncs --worker-urls into the store (their registration jobs run in this process), then
+keeps the data plane's registry snapshot current: it rebuilds it from the database when a job in
+this process says so, when a notice arrives over the Channels layer (jobs in Celery workers or
+other gateway processes), and every few seconds as a safety net. It also runs the health checks
+and the load monitor (engine load reports and overload protection, administration/loads.py).
+The same read loads the tenant rate limits stored in the console into the runtime's limiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from django.conf import settings
+
+from common.http_clients import aclose_http_client
+from administration.db import arun_db
+from administration.health import HealthChecker, HealthTarget
+from administration.loads import LoadMonitor, LoadTarget
+from administration.models import Worker, WorkerStatus
+from administration.notices import GROUP, add_local_listener, remove_local_listener
+from inference.routing.workers import RuntimeType
+from administration.tenant_limits import stored_tenant_limits
+from administration.workers import sync_cli_workers, worker_records
+from common.config import GatewayConfig
+from inference.routing.registry import REGISTRY, RegistrySnapshot
+from inference.routing.workers import Transport, WorkerRecord, transport_of
+from inference.dataplane import data_plane
+
+__all__ = ["Fleet", "FleetState", "load_fleet_state"]
+
+log = logging.getLogger(__name__)
+
+REFRESH_SECS = 5.0
+
+
+class FleetState:
+    def __init__(
+        self,
+        records: list[WorkerRecord],
+        aliases: dict[str, str],
+        health: list[HealthTarget],
+        loads: list[LoadTarget] | None = None,
+        tenant_limits: dict[str, int] | None = None,
+    ) -> None:
+        self.records = records
+        self.aliases = aliases
+        self.health = health
+        self.loads = loads or []
+        self.tenant_limits = tenant_limits or {}  # stored rate limits: tenant -> requests per minute
+
+
+def _health_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> HealthTarget | None:
+    block: dict[str, Any] = worker.setting("health", {})
+    disabled = block.get("disable_health_check", config.disable_health_check)
+    if disabled or worker.runtime_type == RuntimeType.EXTERNAL or transport_of(worker.url) is Transport.ZMQ:
+        return None
+    if worker.status not in (WorkerStatus.PENDING, WorkerStatus.READY, WorkerStatus.NOT_READY):
+        return None
+    return HealthTarget(
+        worker_id=str(worker.pk),
+        url=worker.url,
+        api_key=api_key,
+        status=worker.status,
+        endpoint=config.health_check_endpoint,
+        timeout_secs=float(block.get("timeout_secs", config.health_check_timeout_secs)),
+        interval_secs=float(block.get("check_interval_secs", config.health_check_interval_secs)) or 1.0,
+        success_threshold=max(1, int(block.get("success_threshold", config.health_success_threshold))),
+        failure_threshold=max(1, int(block.get("failure_threshold", config.health_failure_threshold))),
+        worker_type=worker.worker_type,
+    )
+
+
+def _load_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> LoadTarget | None:
+    """Ready self-hosted HTTP workers are polled for load; the overload block (either field turns
+    protection on) falls back to the --worker-overload-* flags."""
+    if worker.status != WorkerStatus.READY or worker.runtime_type == RuntimeType.EXTERNAL:
+        return None
+    if transport_of(worker.url) is not Transport.HTTP:
+        return None
+    block: dict[str, Any] = worker.setting("overload", {}) or {}
+    waiting: int | None = None
+    usage: float | None = None
+    if block.get("waiting_requests") or block.get("token_usage") or config.worker_overload_protection:
+        waiting = block.get("waiting_requests") or config.worker_overload_waiting_requests or None
+        usage = block.get("token_usage") or (config.worker_overload_token_usage if config.worker_overload_protection else None)
+    return LoadTarget(
+        worker_id=str(worker.pk),
+        url=worker.url,
+        api_key=api_key,
+        worker_type=worker.worker_type,
+        runtime_type=worker.runtime_type,
+        waiting_requests=None if waiting is None else int(waiting),
+        token_usage=None if usage is None else float(usage),
+    )
+
+
+def load_fleet_state(config: GatewayConfig) -> FleetState:
+    """One read of the store: registry records, aliases, health-check and load targets, tenant limits."""
+    records = worker_records(config)
+    aliases = dict(config.model_aliases)
+    targets = []
+    loads = []
+    by_id = {record.id: record for record in records}
+    for worker in Worker.objects.listed():
+        for card in worker.model_cards:
+            for alias in card.get("aliases", []):
+                aliases.setdefault(alias, card["id"])
+        record = by_id[str(worker.pk)]
+        target = _health_target(worker, config, record.api_key)
+        if target is not None:
+            targets.append(target)
+        load_target = _load_target(worker, config, record.api_key)
+        if load_target is not None:
+            loads.append(load_target)
+    return FleetState(records, aliases, targets, loads, stored_tenant_limits())
+
+
+class RegistrySync:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.health = HealthChecker(self.arefresh)
+        self.loads = LoadMonitor(config.load_monitor_interval)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._refreshing: asyncio.Task[None] | None = None
+        self._dirty = False
+
+    async def astart(self) -> RegistrySnapshot:
+        """Sync --worker-urls into the store, publish the first snapshot, start background work."""
+        self._loop = asyncio.get_running_loop()
+        add_local_listener(self.notify)
+        await arun_db(sync_cli_workers, self.config.worker_urls)
+        snapshot = await self.arefresh()
+        self.loads.start()
+        self._tasks.append(asyncio.ensure_future(self._periodic_refresh()))
+        if getattr(settings, "REDIS_URL", None):
+            self._tasks.append(asyncio.ensure_future(self._listen()))
+        return snapshot
+
+    async def astop(self) -> None:
+        remove_local_listener(self.notify)
+        tasks = [*self._tasks, *([self._refreshing] if self._refreshing else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.health.aclose()
+        await self.loads.aclose()
+        await aclose_http_client()
+
+    async def arefresh(self) -> RegistrySnapshot:
+        state = await arun_db(load_fleet_state, self.config)
+        snapshot = REGISTRY.publish(state.records, state.aliases)
+        data_plane().install_tenant_limits(state.tenant_limits)
+        self.health.reconcile(state.health)
+        self.loads.reconcile(state.loads)
+        return snapshot
+
+    def notify(self) -> None:
+        """Called from any thread (jobs): rebuild the snapshot soon, once for a burst of notices."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._schedule_refresh)
+
+    def _schedule_refresh(self) -> None:
+        if self._refreshing is not None and not self._refreshing.done():
+            self._dirty = True
+            return
+        self._refreshing = asyncio.ensure_future(self._refresh_until_clean())
+
+    async def _refresh_until_clean(self) -> None:
+        while True:
+            self._dirty = False
+            try:
+                await self.arefresh()
+            except Exception:
+                log.exception("registry refresh failed")
+            if not self._dirty:
+                return
+
+    async def _periodic_refresh(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_SECS)
+            self._schedule_refresh()
+
+    async def _listen(self) -> None:
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        while True:
+            try:
+                channel = await layer.new_channel()
+                await layer.group_add(GROUP, channel)
+                while True:
+                    await layer.receive(channel)
+                    self._schedule_refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("registry notice listener failed; retrying", exc_info=True)
+                await asyncio.sleep(1.0)

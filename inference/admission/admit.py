@@ -1,0 +1,54 @@
+"""Admission as one async context manager: a concurrency permit, then the request's inline media
+reserved from the in-flight budget; both released on every path out (answer, error, cancellation).
+
+    async with Admission(data_plane.permits, data_plane.media, media_bytes):
+        ...  # select a worker and run the attempts
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from inference.admission.media import MediaBudget
+from inference.admission.permits import PermitPool
+
+__all__ = ["Admission"]
+
+
+class Admission:
+    """Holds what the request was admitted with; either part is skipped when its limit is off."""
+
+    __slots__ = ("_permits", "_media", "_media_bytes", "_held_permit", "_held_media")
+
+    def __init__(self, permits: PermitPool | None, media: MediaBudget | None, media_bytes: int) -> None:
+        self._permits = permits
+        self._media = media if media_bytes else None
+        self._media_bytes = media_bytes
+        self._held_permit = False
+        self._held_media = False
+
+    async def __aenter__(self) -> Admission:
+        if self._permits is not None:
+            await self._permits.acquire()  # 429 queue full, 503 queue timeout
+            self._held_permit = True
+        if self._media is not None:
+            try:
+                await self._media.reserve(self._media_bytes)  # 429 when the budget stays full
+            except BaseException:
+                self._release()
+                raise
+            self._held_media = True
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._held_media and self._media is not None:
+            self._held_media = False
+            self._media.release(self._media_bytes)
+        if self._held_permit and self._permits is not None:
+            self._held_permit = False
+            self._permits.release()

@@ -1,0 +1,168 @@
+"""The few raw-ASGI helpers every data-plane surface needs: headers, bounded body reads, JSON and error
+responses, and a disconnect watch. Deliberately small; no framework."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from typing import Any, Awaitable, Callable, MutableMapping
+
+import orjson
+
+from inference import errors
+from inference.errors import GatewayError
+
+__all__ = [
+    "ASGIApp",
+    "Scope",
+    "Receive",
+    "Send",
+    "ClientDisconnected",
+    "header",
+    "request_id_for",
+    "read_body",
+    "parse_json_object",
+    "send_response",
+    "send_json",
+    "send_error",
+    "DisconnectWatch",
+    "SSE_HEADERS",
+]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+SSE_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+)
+_JSON = (b"content-type", b"application/json")
+
+
+class ClientDisconnected(Exception):
+    """The client went away before the gateway finished."""
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lowercase bytes), or None."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
+# A client's X-Request-ID is kept when it is 1-256 visible ASCII characters: it is echoed in the
+# response and written into the worker request's head, so no spaces, controls or line breaks.
+_SANE_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,256}")
+
+
+def request_id_for(scope: Scope) -> bytes:
+    """The client's X-Request-ID when it is a sane token, else a new one."""
+    given = header(scope, b"x-request-id")
+    if given and _SANE_REQUEST_ID.fullmatch(given):
+        return given
+    return b"req-" + os.urandom(12).hex().encode()
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """Read the whole request body, refusing (413) anything over ``limit`` bytes."""
+    declared = header(scope, b"content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise errors.payload_too_large(limit)
+        except ValueError:
+            raise errors.invalid_request("Content-Length is not a number") from None
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientDisconnected
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body"):
+        if len(body) > limit:
+            raise errors.payload_too_large(limit)
+        return body
+    parts = [body]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise errors.payload_too_large(limit)
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """Parse a JSON object body (400 json_parse_error otherwise)."""
+    if not raw:
+        raise errors.json_parse_error("Request body is empty; expected a JSON object")
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise errors.json_parse_error(f"Request body is not valid JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise errors.json_parse_error("Request body must be a JSON object")
+    return value
+
+
+async def send_response(
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_json(
+    send: Send, status: int, payload: Any, request_id: bytes | None = None
+) -> None:
+    headers = [_JSON]
+    if request_id is not None:
+        headers.append((b"x-request-id", request_id))
+    await send_response(send, status, orjson.dumps(payload), headers)
+
+
+async def send_error(send: Send, error: GatewayError, request_id: bytes | None = None) -> None:
+    headers, body = errors.render_json(error, request_id)
+    await send_response(send, error.status, body, headers)
+
+
+class DisconnectWatch:
+    """Cancels the current task when the client disconnects; use around upstream work.
+
+    Start it after the body is read. ``stop()`` before sending the final body message (after the
+    response completes, servers report ``http.disconnect`` too). ``fired`` tells whether the
+    cancellation came from a disconnect.
+    """
+
+    __slots__ = ("_task", "_target", "fired")
+
+    def __init__(self, receive: Receive) -> None:
+        self.fired = False
+        self._target = asyncio.current_task()
+        self._task: asyncio.Task[None] | None = asyncio.ensure_future(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if self._task is not None and self._target is not None:
+                    self.fired = True
+                    self._target.cancel()
+                return
+
+    def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()

@@ -1,0 +1,107 @@
+"""The data plane of this process, built once from the config: client keys, routing policies, the
+worker registry, one relay per transport (from the relay registry), retries, and admission (permits,
+media budget, rate limiter)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from django.conf import settings
+
+from common.config import GatewayConfig, current_config
+from inference import errors
+from inference.admission import MediaBudget, PermitPool, RateLimiter
+from inference.admission.rate_limit import TenantLimits, refit_rate_limiter
+from inference.auth import KeyRing
+from inference.routing.policies import PolicySet
+from inference.routing.registry import REGISTRY, WorkerRegistry
+from inference.routing.retry import RetryPolicy
+from inference.routing.workers import Transport
+from inference.upstreams import RELAYS, Relay
+
+__all__ = ["DataPlane", "data_plane", "reset_data_plane"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class DataPlane:
+    config: GatewayConfig
+    keys: KeyRing
+    policies: PolicySet
+    registry: WorkerRegistry
+    relays: dict[Transport, Relay]
+    retry: RetryPolicy
+    # Traffic control; each is None when its limit is 0 (the default), so the hot path only checks.
+    permits: PermitPool | None = None
+    media: MediaBudget | None = None
+    rate_limiter: RateLimiter | None = None
+    # The limits in force (flags + rows stored in the console), and the limiter kept while they come
+    # and go so its counters and Redis connections live on; rate_limiter is it, or None while no
+    # tenant has a limit. Installed on the event loop by install_tenant_limits, never per request.
+    tenant_limits: TenantLimits = field(default_factory=lambda: TenantLimits(0, ()))
+    _limiter: RateLimiter | None = None
+
+    @classmethod
+    def build(cls, config: GatewayConfig) -> DataPlane:
+        built = cls(
+            config=config,
+            keys=KeyRing(config.api_key, config.tenant_api_keys),
+            policies=PolicySet.from_config(config),
+            registry=REGISTRY,
+            relays={Transport(name): relay.from_config(config) for name, relay in RELAYS.items()},
+            retry=RetryPolicy.from_config(config),
+            permits=(
+                PermitPool(config.max_concurrent_requests, config.queue_size, config.queue_timeout_secs)
+                if config.max_concurrent_requests > 0
+                else None
+            ),
+            media=MediaBudget(config.multimodal_max_inflight_bytes) if config.multimodal_max_inflight_bytes > 0 else None,
+        )
+        built.install_tenant_limits({})
+        return built
+
+    def install_tenant_limits(self, stored: Mapping[str, int]) -> None:
+        """Apply the limits stored in the console (tenant -> requests per minute) over the flags.
+        Called by the fleet loop after it read the rows; a change counts on in the current window."""
+        config = self.config
+        limits = TenantLimits.combine(config.default_tenant_rate_limit, config.tenant_rate_limits, stored)
+        if limits == self.tenant_limits:
+            return
+        log.info("tenant rate limits (requests/min): default %d, per tenant %s", limits.default, limits.by_tenant)
+        self.tenant_limits = limits
+        if limits.any:
+            self._limiter = refit_rate_limiter(self._limiter, limits, getattr(settings, "REDIS_URL", None))
+        self.rate_limiter = self._limiter if limits.any else None
+
+    def relay_for(self, transport: Transport, path: str) -> Relay:
+        """The relay of ``transport``; 501 for a transport this gateway does not relay."""
+        relay = self.relays.get(transport)
+        if relay is None:
+            raise errors.endpoint_not_supported(path, str(transport))
+        return relay
+
+    async def aclose(self) -> None:
+        for relay in self.relays.values():
+            await relay.close()
+        if self._limiter is not None:
+            await self._limiter.aclose()
+
+
+_data_plane: DataPlane | None = None
+
+
+def data_plane() -> DataPlane:
+    global _data_plane
+    if _data_plane is None:
+        _data_plane = DataPlane.build(current_config())
+    return _data_plane
+
+
+def reset_data_plane(config: GatewayConfig | None = None) -> DataPlane:
+    """Rebuild the data plane (tests, and a server started after the config was installed)."""
+    global _data_plane
+    _data_plane = DataPlane.build(config or current_config())
+    return _data_plane

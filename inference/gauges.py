@@ -1,0 +1,35 @@
+"""The gauges that mirror the data plane's live state (admission, worker pool, per-worker status,
+load and breaker), read from it once a second by the telemetry sampler, never per request."""
+
+from __future__ import annotations
+
+from common import telemetry
+from inference.dataplane import DataPlane, data_plane
+from inference.routing.registry import WorkerRegistry
+from inference.routing.workers import WorkerStatus
+
+__all__ = ["sample_live_gauges"]
+
+
+def sample_live_gauges(dp: DataPlane | None = None, registry: WorkerRegistry | None = None) -> None:
+    """Set the live-state gauges from ``dp`` (this process's data plane) and its worker registry."""
+    dp = dp or data_plane()
+    permits = dp.permits
+    workers = (
+        telemetry.WorkerSample(
+            url=handle.record.url,
+            worker_type=handle.record.worker_type,
+            transport=handle.record.transport,
+            model=handle.record.model_id,
+            ready=handle.record.status == WorkerStatus.READY,
+            overloaded=handle.load.overloaded,
+            in_flight=handle.load.in_flight,
+            breaker_state=handle.load.breaker.state.value,
+            breaker_failures=handle.load.breaker.failures,
+            breaker_successes=handle.load.breaker.successes,
+        )
+        for handle in (registry or dp.registry).snapshot.workers
+    )
+    telemetry.sample_gauges(
+        permits.in_flight if permits is not None else 0, permits.queued if permits is not None else 0, workers
+    )

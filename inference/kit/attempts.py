@@ -1,0 +1,124 @@
+"""The attempts loop: try the chosen worker; on a retryable outcome, while nothing reached the client,
+try the next worker the policy picks (never one already tried) after a backoff.
+
+It knows nothing of transports. A surface gives it two steps per worker: ``open_on(worker)`` starts
+the request and returns an :class:`Answer` once its status is known (nothing sent to the client yet,
+so it can still be dropped), and ``deliver(answer)`` hands the answer to the client, returning False
+when the upstream broke off after the response started. Each attempt's outcome is recorded once, on
+the worker's circuit breaker (which counts it in gw_worker_cb_outcomes_total itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any, Awaitable, Callable, Mapping, Protocol, TypeVar
+
+from common import telemetry
+from inference.dataplane import DataPlane
+from inference.errors import GatewayError
+from inference.routing.retry import RETRY_STATUSES
+from inference.routing.selection import select_worker
+from inference.routing.workers import WorkerHandle
+from inference.upstreams.failures import UpstreamFailure
+from inference.writers import ResponseClock
+
+__all__ = ["Answer", "RoutePlan", "run_attempts"]
+
+log = logging.getLogger(__name__)
+
+
+class Answer(Protocol):
+    """An upstream's answer whose status is known and nothing of which reached the client."""
+
+    @property
+    def status(self) -> int: ...
+
+    async def discard(self) -> None: ...
+
+
+A = TypeVar("A", bound=Answer)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePlan:
+    """What choosing another worker needs, the same for every attempt of one request."""
+
+    endpoint: str  # the route, for metrics
+    model: str | None
+    routing_key: str | None
+    body: Mapping[str, Any]  # the parsed request (cache_aware matches on its text)
+    replay_bytes: int  # the size of what a retry sends again (--max-buffered-request-bytes)
+
+
+async def run_attempts(
+    dp: DataPlane,
+    plan: RoutePlan,
+    route: telemetry.RouteTimer,
+    clock: ResponseClock,
+    first: WorkerHandle,
+    open_on: Callable[[WorkerHandle], Awaitable[A]],
+    deliver: Callable[[A], Awaitable[bool]],
+) -> None:
+    """Raises the GatewayError to answer when no worker is left to try (502, 504, or what
+    ``open_on`` raised); after ``deliver`` started the response it never raises one."""
+    worker = first
+    tried: list[str] = []
+    retries = 0
+    while True:
+        if retries:  # back off before the next attempt, holding no worker's in-flight slot
+            backoff = dp.retry.backoff_secs(retries)
+            telemetry.record_retry(worker.record.worker_type, plan.endpoint, retries, backoff)
+            await asyncio.sleep(backoff)
+        tried.append(worker.id)
+        load = worker.load
+        breaker = load.breaker
+        load.in_flight += 1
+        try:
+            try:
+                opening = perf_counter()
+                try:
+                    answer = await open_on(worker)
+                finally:
+                    clock.upstream_secs += perf_counter() - opening
+                status = answer.status
+                route.upstream_status(status)
+                if status in RETRY_STATUSES:
+                    following = _next_worker(dp, plan, tried, retries)
+                    if following is None:
+                        telemetry.record_retries_exhausted(worker.record.worker_type, plan.endpoint)
+                    else:
+                        breaker.record(breaker.config.counts_as_failure(status))
+                        await answer.discard()
+                        log.info("worker %s answered %d; retrying on %s", worker.url, status, following.url)
+                        worker, retries = following, retries + 1
+                        continue
+                clean = await deliver(answer)
+                breaker.record(not clean or breaker.config.counts_as_failure(status))
+                return
+            except UpstreamFailure as failure:
+                record = worker.record
+                telemetry.record_worker_error(record.worker_type, record.transport, failure.timed_out)
+                breaker.record(True)
+                following = _next_worker(dp, plan, tried, retries)
+                if following is None:
+                    telemetry.record_retries_exhausted(record.worker_type, plan.endpoint)
+                    raise failure.to_error() from None
+                log.info("worker %s failed (%s); retrying on %s", worker.url, failure.detail, following.url)
+                worker, retries = following, retries + 1
+        finally:
+            load.in_flight -= 1  # the worker of this attempt
+
+
+def _next_worker(dp: DataPlane, plan: RoutePlan, tried: list[str], retries: int) -> WorkerHandle | None:
+    if not dp.retry.allows(retries, plan.replay_bytes):
+        return None
+    try:
+        return select_worker(
+            dp.registry.snapshot, plan.model, dp.policies,
+            routing_key=plan.routing_key, body=plan.body, exclude=frozenset(tried),
+        ).worker
+    except GatewayError:
+        return None

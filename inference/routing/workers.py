@@ -1,0 +1,136 @@
+"""What a worker is to the data plane: the closed sets that describe it (status, type, transport,
+runtime) and the record, live load and handle the request path reads.
+
+The statuses, types and runtimes are Django ``TextChoices`` because the control plane stores them in
+columns of these values (administration.models); the data plane compares them like strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from django.db import models
+
+from inference.routing.breaker import CircuitBreaker, Resilience
+
+__all__ = [
+    "WorkerStatus",
+    "WorkerType",
+    "RuntimeType",
+    "normalize_runtime_type",
+    "Transport",
+    "transport_of",
+    "WorkerLoad",
+    "WorkerRecord",
+    "WorkerHandle",
+]
+
+
+class WorkerStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    READY = "ready", "Ready"
+    NOT_READY = "not_ready", "Not ready"
+    DRAINING = "draining", "Draining"
+    FAILED = "failed", "Failed"
+
+
+class WorkerType(models.TextChoices):
+    REGULAR = "regular", "Regular"
+    PREFILL = "prefill", "Prefill"
+    DECODE = "decode", "Decode"
+    ENCODE = "encode", "Encode"
+
+
+class RuntimeType(models.TextChoices):
+    SGLANG = "sglang", "SGLang"
+    VLLM = "vllm", "vLLM"
+    TRTLLM = "trtllm", "TensorRT-LLM"
+    MLX = "mlx", "MLX"
+    TOKENSPEED = "tokenspeed", "TokenSpeed"
+    GENERIC = "generic", "Generic OpenAI-compatible"
+    EXTERNAL = "external", "External provider"
+    UNSPECIFIED = "unspecified", "Unspecified (auto-detect)"
+
+
+_ALIASES: dict[str, str] = {
+    "engine_a": RuntimeType.SGLANG,
+    "engine_b": RuntimeType.VLLM,
+    "engine_c": RuntimeType.TRTLLM,
+    "tensorrt-llm": RuntimeType.TRTLLM,
+    "engine_d": RuntimeType.MLX,
+    "engine_e": RuntimeType.TOKENSPEED,
+}
+
+
+def normalize_runtime_type(value: str) -> RuntimeType:
+    """The canonical runtime type for a real name or a spec alias. Raises ValueError when unknown."""
+    lowered = value.strip().lower()
+    return RuntimeType(_ALIASES.get(lowered, lowered))
+
+
+@dataclass(slots=True)
+class WorkerLoad:
+    """Mutable live state of one worker, shared by every snapshot that contains it: requests in
+    flight, the circuit breaker, and what the load monitor last learned (its load report entries,
+    one per data-parallel rank, and whether that report put the worker over its overload thresholds)."""
+
+    in_flight: int = 0
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    engine_load: tuple[dict[str, Any], ...] | None = None
+    overloaded: bool = False
+
+
+class Transport(StrEnum):
+    """How the gateway talks to a worker, named by its URL's scheme."""
+
+    HTTP = "http"
+    GRPC = "grpc"
+    ZMQ = "zmq"
+
+
+_SCHEME_TRANSPORTS = (("grpc://", Transport.GRPC), ("grpcs://", Transport.GRPC), ("ipc://", Transport.ZMQ))
+
+
+def transport_of(url: str) -> Transport:
+    """The transport a worker URL names: grpc:// and grpcs:// are gRPC, ipc:// ZMQ, anything else HTTP."""
+    for scheme, transport in _SCHEME_TRANSPORTS:
+        if url.startswith(scheme):
+            return transport
+    return Transport.HTTP
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """What the control plane knows about one worker (built from a Worker row)."""
+
+    id: str
+    url: str
+    model_id: str | None
+    runtime_type: str  # a RuntimeType value
+    status: WorkerStatus
+    api_key: str | None = field(default=None, repr=False)
+    resilience: Resilience = field(default_factory=Resilience)
+    worker_type: WorkerType = WorkerType.REGULAR
+
+    @property
+    def transport(self) -> Transport:
+        """How the gateway talks to it, from the URL."""
+        return transport_of(self.url)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerHandle:
+    """A worker as the request path sees it: its record plus its live load."""
+
+    record: WorkerRecord
+    load: WorkerLoad
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def url(self) -> str:
+        return self.record.url

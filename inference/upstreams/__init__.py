@@ -1,0 +1,27 @@
+"""Upstreams, two kinds behind one registry each (registered by name with a decorator):
+
+- relays (:mod:`inference.upstreams.base`), where the upstream speaks the client's API: HTTP workers
+  today (:mod:`inference.upstreams.http`);
+- engine clients (:mod:`inference.upstreams.engine`), where the gateway is the server and drives an
+  engine with token ids (gRPC per runtime, ZMQ).
+
+Importing this package registers every built-in upstream.
+"""
+
+from __future__ import annotations
+
+from inference.upstreams import http  # noqa: F401  (registers the HTTP relay)
+from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
+from inference.upstreams.engine import ENGINE_CLIENTS, EngineClient
+from inference.upstreams.failures import FailureKind, UpstreamFailure
+
+__all__ = [
+    "RELAYS",
+    "Relay",
+    "RelayAnswer",
+    "RelayRequest",
+    "ENGINE_CLIENTS",
+    "EngineClient",
+    "FailureKind",
+    "UpstreamFailure",
+]

@@ -1,0 +1,342 @@
+"""The engine-client seam: the gateway as the server in front of an inference engine.
+
+An engine client talks to one worker that takes token ids and returns token ids (the gRPC
+services of SGLang, vLLM, TensorRT-LLM, TokenSpeed and MLX, or vLLM's EngineCore over ZMQ); the
+gateway renders, tokenizes and detokenizes. Everything above the seam speaks the neutral frozen
+dataclasses below. Each runtime subclasses :class:`EngineClient` as a codec between them and its own
+protobuf or msgpack messages (defaults filled in, the constraint mapped to the engine's oneof, the
+finish-reason string mapped to :class:`FinishReason`); no runtime's messages leak upward.
+
+A runtime registers its client by name where it is defined::
+
+    @ENGINE_CLIENTS.register("sglang")
+    class SglangClient(EngineClient):
+        runtime = "sglang"
+        ...
+
+When a gRPC worker's runtime is not given, detection calls each runtime's health check in
+:data:`DETECTION_ORDER`; the first that answers wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, AsyncIterator, ClassVar, TypedDict
+
+from inference.upstreams.registry import NamedRegistry
+
+__all__ = [
+    "DETECTION_ORDER", "ENGINE_CLIENTS", "CommandResult", "Constraint", "ConstraintKind",
+    "DisaggregationParams", "EngineClient", "EngineHealth", "EngineLoadEntry", "EngineOutput",
+    "EngineRequest", "Finish", "FinishReason", "ModelInfo", "ProfileOptions", "SamplingParams",
+    "TokenLogprobs", "TokenizerBundle",
+]  # fmt: skip
+
+DETECTION_ORDER: tuple[str, ...] = ("sglang", "vllm", "trtllm", "tokenspeed", "mlx")
+"""Runtimes tried, in this order, when a gRPC worker's runtime must be detected."""
+
+
+class ConstraintKind(StrEnum):
+    """What a structured-output constraint's value is."""
+
+    JSON_SCHEMA = "json_schema"  # a JSON Schema document, as JSON text
+    REGEX = "regex"
+    GRAMMAR = "grammar"  # an EBNF grammar
+    STRUCTURAL_TAG = "structural_tag"  # a structural-tag specification, as JSON text
+    JSON_OBJECT = "json_object"  # any JSON object; no value
+    CHOICE = "choice"  # exactly one of the given strings
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """A constraint on the generated text. ``value`` is a string for every kind except
+    ``choice`` (a non-empty tuple of strings) and ``json_object`` (no value, the empty string)."""
+
+    kind: ConstraintKind
+    value: str | tuple[str, ...] = ""
+
+    def __post_init__(self) -> None:
+        if self.kind is ConstraintKind.CHOICE:
+            if not isinstance(self.value, tuple) or not self.value or not all(
+                isinstance(item, str) for item in self.value
+            ):
+                raise ValueError("a choice constraint needs a non-empty tuple of strings")
+        elif not isinstance(self.value, str):
+            raise ValueError(f"a {self.kind.value} constraint takes a string value")
+        elif self.kind is ConstraintKind.JSON_OBJECT and self.value:
+            raise ValueError("a json_object constraint takes no value")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample. The defaults change nothing; a codec sends them explicitly, as an engine
+    may read a proto3 zero as a setting (temperature 0 is greedy). ``top_k`` -1: no top-k;
+    ``max_new_tokens`` None: up to the context length. ``stop`` strings are matched by the gateway
+    (a codec may also pass them on). ``logprobs`` asks for the sampled tokens' logprobs,
+    ``top_logprobs`` for that many alternatives per token as well."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_new_tokens: int | None = None
+    min_new_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    ignore_eos: bool = False
+    n: int = 1
+    seed: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token_id, bias)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    constraint: Constraint | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DisaggregationParams:
+    """Where a decode worker fetches the KV cache a prefill worker computes (PD serving)."""
+
+    bootstrap_host: str
+    bootstrap_port: int
+    bootstrap_room: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One generation: the prompt as token ids and how to sample it.
+
+    ``request_id`` names the request to the engine (and to :meth:`EngineClient.abort`);
+    ``original_text`` is the rendered prompt, for engines that log or need it;
+    ``data_parallel_rank`` pins the request to one dp rank of the worker.
+    """
+
+    request_id: str
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stream: bool = True
+    original_text: str | None = None
+    data_parallel_rank: int | None = None
+    return_prompt_logprobs: bool = False
+    disaggregation: DisaggregationParams | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """The logprob of one token, with the most likely alternatives at its position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token_id, logprob), most likely first
+
+
+class FinishReason(StrEnum):
+    """Why a choice ended. An engine error is not a finish: the client raises instead."""
+
+    STOP = "stop"  # end of sequence, a stop token or a stop string
+    LENGTH = "length"  # max_new_tokens or the context length
+    ABORT = "abort"  # aborted by the gateway or the engine
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """How a choice ended; at most one of the matched token id and stop string is set."""
+
+    reason: FinishReason
+    matched_token_id: int | None = None
+    matched_stop_str: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.matched_token_id is not None and self.matched_stop_str is not None:
+            raise ValueError("a finish matches a stop token or a stop string, not both")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    """One step of one choice (``index`` tells the ``n`` choices apart).
+
+    ``token_ids`` are the tokens new since this choice's previous output, never the whole
+    completion again. The counts are cumulative. ``logprobs``, when asked for, has one entry per
+    new token; ``prompt_logprobs`` one per prompt token (None where the engine gives none, as for
+    the first). ``finish`` is set on the choice's last output only.
+    """
+
+    index: int = 0
+    token_ids: tuple[int, ...] = ()
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
+    finish: Finish | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the engine says about its model. None: the engine did not report it."""
+
+    model_path: str
+    served_model_name: str = ""
+    tokenizer_path: str = ""
+    max_context_length: int | None = None
+    vocab_size: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    pad_token_id: int | None = None
+    architectures: tuple[str, ...] = ()
+    model_type: str = ""
+    is_generation: bool = True
+    supports_vision: bool = False
+    max_req_input_len: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineHealth:
+    healthy: bool
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """The answer to a control command (cache flush, profiling)."""
+
+    success: bool
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileOptions:
+    """How to profile the engine. None: the engine's own default."""
+
+    output_dir: str | None = None
+    start_step: int | None = None
+    num_steps: int | None = None
+    activities: tuple[str, ...] = ()  # e.g. "CPU", "GPU"; empty: the engine's default
+    with_stack: bool | None = None
+    record_shapes: bool | None = None
+    profile_by_stage: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerBundle:
+    """The worker's tokenizer files as one zip archive, with the archive's SHA-256 (hex)."""
+
+    data: bytes
+    sha256: str
+
+    @property
+    def intact(self) -> bool:
+        """Whether ``data`` hashes to ``sha256``."""
+        return hashlib.sha256(self.data).hexdigest() == self.sha256.lower()
+
+
+class _EngineLoadRequired(TypedDict):
+    dp_rank: int
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_total_reqs: int
+    num_used_tokens: int
+    max_total_num_tokens: int
+    token_usage: float
+    gen_throughput: float
+    cache_hit_rate: float
+    utilization: float
+    max_running_requests: int
+
+
+class EngineLoadEntry(_EngineLoadRequired, total=False):
+    """One data-parallel rank of a worker's load: the gateway's load report entry, with the
+    engines' scheduler-load names. ``worker`` and ``worker_type`` are added by the gateway.
+    (Optional keys via ``total=False``: under postponed annotations 3.11 ignores ``NotRequired``.)
+    """
+
+    worker: str
+    worker_type: str
+    num_waiting_uncached_tokens: int
+    memory: dict[str, Any]
+    queues: dict[str, Any]
+    kv_transfer_latency_ms: float
+    kv_transfer_speed_gb_s: float
+    prefill_queue_reqs: int
+    decode_queue_reqs: int
+    disagg_mode: str
+
+
+class EngineClient(ABC):
+    """The connection to one engine worker; one instance per worker.
+
+    Every method may raise ``UpstreamFailure`` (``inference.upstreams.failures``) when the worker
+    cannot be reached or answers with an error. A runtime without an operation (TensorRT-LLM has no
+    cache flush, MLX no load report) raises it too, rather than pretending to succeed.
+    """
+
+    runtime: ClassVar[str]
+    """The runtime's name, as registered in :data:`ENGINE_CLIENTS`."""
+
+    def __init__(self, url: str, *, api_key: str | None = None) -> None:
+        self.url = url
+        self.api_key = api_key
+
+    @abstractmethod
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        """Run ``request``; yield each choice's outputs as the engine produces them.
+
+        Implement as an async generator (``async def`` with ``yield``). It raises
+        ``UpstreamFailure`` while nothing was yielded, so the caller may retry on another worker;
+        once an output was yielded a failure can no longer be retried. It ends after every choice
+        yielded an output with ``finish`` set. When the client goes away the caller cancels the
+        iteration (cancels the task consuming it, or ``aclose()`` on the generator) and must then
+        call :meth:`abort` with the request id.
+        """
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Stop a running request; an unknown or finished id is not an error."""
+
+    @abstractmethod
+    async def health(self) -> EngineHealth:
+        """Ask the engine whether it serves (also the runtime detection probe)."""
+
+    @abstractmethod
+    async def model_info(self) -> ModelInfo: ...
+
+    @abstractmethod
+    async def server_info(self) -> dict[str, Any]:
+        """The engine's server information, as JSON-ready values (runtime-specific keys)."""
+
+    @abstractmethod
+    async def loads(self) -> tuple[EngineLoadEntry, ...]:
+        """The current load, one entry per data-parallel rank."""
+
+    @abstractmethod
+    async def flush_cache(self) -> CommandResult:
+        """Drop the engine's prefix (KV) cache."""
+
+    @abstractmethod
+    async def start_profile(self, options: ProfileOptions) -> CommandResult: ...
+
+    @abstractmethod
+    async def stop_profile(self) -> CommandResult: ...
+
+    @abstractmethod
+    async def tokenizer(self) -> TokenizerBundle:
+        """Fetch the worker's tokenizer (when no local tokenizer path is configured)."""
+
+    async def close(self) -> None:
+        """Release the channel when the worker leaves. Nothing to release by default."""
+
+
+ENGINE_CLIENTS: NamedRegistry[EngineClient] = NamedRegistry("engine client")
+"""Engine clients by runtime name (``sglang``, ``vllm``, ``trtllm``, ``tokenspeed``, ``mlx``, ...)."""

@@ -1,0 +1,331 @@
+"""HTTP workers: relay the request with aiohttp and the worker's answer back, streaming as it arrives.
+The bytes go to the surface's response writer, which owns headers and framing.
+
+One aiohttp ClientSession per event loop (created lazily: daphne sends no lifespan events) owns the
+TCPConnector that pools keep-alive connections per worker. The request path uses that connector and
+aiohttp's response protocol (its C HTTP parser and payload reader) directly rather than
+``session.post``: the session's per-request machinery (ClientRequest, redirects, cookies, traces,
+middlewares, ClientResponse) cost ~50 us of a relay's ~200 us of CPU, and a relay to a worker needs
+none of it (docs/DECISIONS.md D13). What the session gave and this module keeps:
+
+- connections from the pool, released for reuse once the answer was read to its end, closed when it
+  was not (a cancelled or failed relay never returns a half-read connection to the pool);
+- the connect timeout, and the total ``--request-timeout-secs`` deadline over the whole exchange, up
+  to the last byte of the answer;
+- informational (1xx) answers skipped, chunked answers decoded by aiohttp's parser.
+
+Cancelling the relaying task (the client went away) closes the upstream connection, which is how a
+client disconnect reaches the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from time import perf_counter
+
+import aiohttp
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.connector import Connection
+from aiohttp.helpers import TimerNoop
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.streams import StreamReader
+from yarl import URL
+
+from common.config import GatewayConfig
+from inference.routing.workers import Transport
+from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
+from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.writers import ResponseWriter
+
+__all__ = ["HttpRelay", "KEEPALIVE_SECS"]
+
+log = logging.getLogger(__name__)
+
+_CONNECT_TIMEOUT_SECS = 10.0
+# An idle pooled connection is reused only this long. Engines' HTTP servers close idle keep-alive
+# connections after 5 s (uvicorn's default, which sglang and vllm keep); a request written on a
+# connection the worker is closing at that moment is lost (502). Staying under it avoids the race.
+KEEPALIVE_SECS = 4.0
+_READ_BUFSIZE = 2**16
+_ONE_WRITE_MAX = 2**16  # bodies up to this size go out in the same write as the head
+_NO_TIMER = TimerNoop()
+_BREAKS = frozenset(b"\r\n\x00")
+
+
+def _header_line(name: str, value: str) -> bytes:
+    line = f"{name}: {value}\r\n".encode("latin-1")
+    if _BREAKS.intersection(line[:-2]):
+        raise UpstreamFailure(FailureKind.CONNECT, f"header {name} holds a line break")
+    return line
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """One worker route, prepared once: what the connector pools on, and the request head's fixed
+    lines (request line, Host, Content-Type, the worker's key)."""
+
+    probe: aiohttp.ClientRequest  # never sent; names the pool (host, port, TLS) for connector.connect
+    head: bytes
+
+
+class _Deadline:
+    """The total request timeout: cancels the relaying task when it passes; ``expired`` tells that
+    cancellation from any other (a client disconnect)."""
+
+    __slots__ = ("_task", "_handle", "expired", "_pending")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+        self.expired = False
+        self._pending = False  # a cancellation of ours not yet undone
+        self._task = asyncio.current_task()
+        self._handle = loop.call_later(seconds, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        if self._task is not None:
+            self._pending = True
+            self._task.cancel()
+
+    def absorb(self) -> bool:
+        """After a CancelledError: True (and the cancellation undone) when it was this deadline."""
+        if not self.expired:
+            return False
+        self._undo()
+        return True
+
+    def cancel(self) -> None:
+        """The exchange is over. A deadline that fired as it ended must not cancel what comes next."""
+        self._handle.cancel()
+        self._undo()
+
+    def _undo(self) -> None:
+        if self._pending and self._task is not None:
+            self._pending = False
+            self._task.uncancel()
+
+
+class _Exchange:
+    """A request on a pooled connection whose answer's head is read and whose body is not."""
+
+    __slots__ = ("conn", "payload", "deadline")
+
+    def __init__(self, conn: Connection, payload: StreamReader, deadline: _Deadline) -> None:
+        self.conn = conn
+        self.payload = payload
+        self.deadline = deadline
+
+    def finish(self) -> None:
+        """Back to the pool when the answer was read to its end (and the worker keeps it alive)."""
+        self.deadline.cancel()
+        if self.payload.is_eof():
+            self.conn.release()
+        else:
+            self.conn.close()
+
+    def close(self) -> None:
+        self.deadline.cancel()
+        self.conn.close()
+
+
+@RELAYS.register(Transport.HTTP)
+class HttpRelay(Relay):
+    transport = Transport.HTTP
+
+    @classmethod
+    def from_config(cls, config: GatewayConfig) -> HttpRelay:
+        return cls(config.request_timeout_secs)
+
+    def __init__(self, request_timeout_secs: float, keepalive_secs: float = KEEPALIVE_SECS) -> None:
+        self._keepalive_secs = keepalive_secs
+        self._timeout = aiohttp.ClientTimeout(
+            total=request_timeout_secs, connect=_CONNECT_TIMEOUT_SECS, sock_connect=_CONNECT_TIMEOUT_SECS
+        )
+        self._request_timeout_secs = request_timeout_secs
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self._targets: dict[tuple[str, str, str | None], _Target] = {}
+
+    def session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            # No connection cap: a long stream holds its connection for minutes, and a cap would make
+            # request N+1 wait for the connect timeout and fail. --max-concurrent-requests is the limit.
+            connector = aiohttp.TCPConnector(
+                limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_secs, enable_cleanup_closed=True
+            )
+            session = aiohttp.ClientSession(
+                connector=connector,
+                cookie_jar=aiohttp.DummyCookieJar(),  # a relay keeps no cookies
+                timeout=self._timeout,
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                read_bufsize=_READ_BUFSIZE,
+            )
+            self._sessions[loop] = session
+        return session
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.pop(loop, None)
+        if session is not None:
+            await session.close()
+
+    def _target(self, base: str, path: str, api_key: str | None) -> _Target:
+        """The prepared route (URL parsing and the fixed head lines are a visible share of a relay)."""
+        key = (base, path, api_key)
+        target = self._targets.get(key)
+        if target is None:
+            if len(self._targets) > 4096:
+                self._targets.clear()
+            url = URL(base.rstrip("/") + path)
+            if url.scheme not in ("http", "https") or not url.host:
+                raise UpstreamFailure(FailureKind.CONNECT, f"not an HTTP worker URL: {base}")
+            head = b"POST " + url.raw_path_qs.encode("ascii") + b" HTTP/1.1\r\n"
+            head += _header_line("Host", url.host_port_subcomponent or url.host)
+            head += b"Content-Type: application/json\r\n"
+            if api_key:
+                head += _header_line("Authorization", f"Bearer {api_key}")
+            probe = aiohttp.ClientRequest("POST", url, loop=asyncio.get_running_loop(), ssl=True)
+            target = self._targets[key] = _Target(probe, head)
+        return target
+
+    def _head(self, target: _Target, request: RelayRequest) -> bytes:
+        parts = [target.head, b"Content-Length: %d\r\nX-Request-ID: " % len(request.body), request.request_id, b"\r\n"]
+        if request.stream:
+            parts.append(b"Accept: text/event-stream\r\n")
+        for name, value in request.headers:
+            parts.append(_header_line(name, value))
+        parts.append(b"\r\n")
+        return b"".join(parts)
+
+    def _failure(self, exc: BaseException) -> UpstreamFailure:
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            return UpstreamFailure(FailureKind.CONNECT, f"cannot connect to {exc.host}:{exc.port}")
+        if isinstance(exc, asyncio.TimeoutError):
+            return UpstreamFailure(FailureKind.CONNECT, f"no connection within {_CONNECT_TIMEOUT_SECS:g} seconds")
+        if isinstance(exc, aiohttp.ClientError):
+            return UpstreamFailure(FailureKind.BROKEN, type(exc).__name__)
+        return UpstreamFailure(FailureKind.BROKEN, f"{type(exc).__name__}: {exc}")
+
+    def _timed_out(self) -> UpstreamFailure:
+        return UpstreamFailure(FailureKind.TIMEOUT, "timed out", self._request_timeout_secs)
+
+    async def open(self, request: RelayRequest) -> RelayAnswer:
+        target = self._target(request.worker.url, request.path, request.worker.record.api_key)
+        head = self._head(target, request)
+        session = self.session()
+        connector = session.connector
+        assert connector is not None
+        deadline = _Deadline(asyncio.get_running_loop(), self._request_timeout_secs)
+        conn: Connection | None = None
+        try:
+            conn = await connector.connect(target.probe, traces=[], timeout=self._timeout)
+            protocol: ResponseHandler | None = conn.protocol
+            transport = conn.transport
+            if protocol is None or transport is None:
+                raise aiohttp.ServerDisconnectedError()
+            protocol.set_response_params(
+                timer=_NO_TIMER, auto_decompress=False, read_bufsize=_READ_BUFSIZE
+            )
+            body = request.body
+            if len(body) <= _ONE_WRITE_MAX:
+                transport.write(head + body)
+            else:
+                transport.writelines((head, body))
+            while True:
+                message, payload = await protocol.read()
+                if not (100 <= message.code <= 199) or message.code == 101:
+                    break
+        except asyncio.CancelledError:
+            if conn is not None:
+                conn.close()
+            deadline.cancel()
+            if deadline.absorb():
+                raise self._timed_out() from None
+            raise
+        except (aiohttp.ClientError, HttpProcessingError, OSError, asyncio.TimeoutError) as exc:
+            if conn is not None:
+                conn.close()
+            deadline.cancel()
+            raise self._failure(exc) from None
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            deadline.cancel()
+            raise
+        content_type = message.headers.get("Content-Type", "")
+        return _HttpAnswer(self, request, message.code, content_type, _Exchange(conn, payload, deadline))
+
+
+class _HttpAnswer(RelayAnswer):
+    """An HTTP worker's answer: its head is read, its body waits on the pooled connection."""
+
+    __slots__ = ("_relay", "_request", "_exchange")
+
+    def __init__(self, relay: HttpRelay, request: RelayRequest, status: int, content_type: str, exchange: _Exchange) -> None:
+        super().__init__(status, content_type)
+        self._relay = relay
+        self._request = request
+        self._exchange = exchange
+
+    async def discard(self) -> None:
+        self._exchange.close()
+
+    async def forward(self, writer: ResponseWriter) -> bool:
+        exchange = self._exchange
+        try:
+            if self._request.stream and self.status == 200 and self.content_type.startswith("text/event-stream"):
+                clean = await self._relay_stream(writer)
+            else:
+                await self._relay_whole(writer)
+                clean = True
+        except BaseException:
+            # Cancelled (client gone), timed out or failed: drop the upstream connection.
+            exchange.close()
+            raise
+        exchange.finish()
+        return clean
+
+    async def _relay_whole(self, writer: ResponseWriter) -> None:
+        exchange = self._exchange
+        reading = perf_counter()
+        try:
+            body = await exchange.payload.read()
+        except asyncio.CancelledError:
+            if exchange.deadline.absorb():
+                raise self._relay._timed_out() from None
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise self._relay._failure(exc) from None
+        await writer.whole(self.status, self.content_type.encode("latin-1"), body, perf_counter() - reading)
+
+    async def _relay_stream(self, writer: ResponseWriter) -> bool:
+        exchange = self._exchange
+        await writer.open_stream()
+        payload = exchange.payload
+        try:
+            while True:
+                chunk = await payload.readany()
+                if not chunk:
+                    break
+                if payload.is_eof():
+                    # The worker's stream ended with this chunk: it goes out as the last body message.
+                    await writer.chunk(chunk, last=True)
+                    return True
+                await writer.chunk(chunk)
+        except asyncio.CancelledError:
+            if not exchange.deadline.absorb():
+                raise
+            return await self._broken(writer, self._relay._timed_out())
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            return await self._broken(writer, self._relay._failure(exc))
+        await writer.end_stream()
+        return True
+
+    async def _broken(self, writer: ResponseWriter, failure: UpstreamFailure) -> bool:
+        """The response has started: the writer reports the failure in-band and ends the stream."""
+        log.warning("upstream stream from %s failed: %s", self._request.worker.url, failure.detail)
+        await writer.break_stream(failure.in_band())
+        return False

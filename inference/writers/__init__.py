@@ -1,0 +1,8 @@
+"""Response writers: one per response, owning what the client sees (headers, framing, timing)."""
+
+from __future__ import annotations
+
+from inference.writers.framing import OPENAI_SSE, Framing
+from inference.writers.response import ResponseClock, ResponseWriter, StreamObserver
+
+__all__ = ["Framing", "OPENAI_SSE", "ResponseClock", "ResponseWriter", "StreamObserver"]

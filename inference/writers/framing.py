@@ -1,0 +1,47 @@
+"""How each surface frames a stream: the event that closes it, and how an error that happens after
+the response started is reported in-band. The writer applies it; transports never frame.
+
+- OpenAI chat and completions (spec 1, Streaming): ``data: <json>`` events closed by
+  ``data: [DONE]``; an in-band error is ``data: {"error": {"message", "type": "internal_error"}}``
+  followed by ``[DONE]``.
+- Anthropic messages and Responses events close themselves (no sentinel); their framings arrive with
+  their surfaces.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import orjson
+
+from inference.errors import GatewayError
+
+__all__ = ["Framing", "OPENAI_SSE", "openai_error_event"]
+
+
+class Framing:
+    """One surface's stream framing. ``closing`` is appended at the end unless the stream already
+    ends with ``closed_mark`` (a relayed worker usually sends it itself)."""
+
+    __slots__ = ("name", "closing", "closed_mark", "error_event")
+
+    def __init__(
+        self, name: str, closing: bytes, closed_mark: bytes, error_event: Callable[[GatewayError], bytes]
+    ) -> None:
+        self.name = name
+        self.closing = closing
+        self.closed_mark = closed_mark
+        self.error_event = error_event
+
+    def closes(self, tail: bytes) -> bool:
+        """Whether a stream ending in ``tail`` is already closed: its last event is the closing one
+        (text inside an event that merely contains the mark does not count)."""
+        return not self.closing or tail.rstrip().endswith(self.closed_mark)
+
+
+def openai_error_event(error: GatewayError) -> bytes:
+    """The OpenAI in-band error: ``{error: {message, type}}`` as one SSE data event (no code)."""
+    return b"data: " + orjson.dumps({"error": {"message": error.message, "type": error.error_type}}) + b"\n\n"
+
+
+OPENAI_SSE = Framing("openai", b"data: [DONE]\n\n", b"[DONE]", openai_error_event)

@@ -1,0 +1,103 @@
+"""Flags and their environment variables."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.config import ConfigError, GatewayConfig, parse_gateway_args
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_match_the_spec(monkeypatch) -> None:
+    for name in ("GW_PORT", "GW_HOST", "GW_POLICY", "GW_WORKER_URLS", "GW_API_KEY", "GW_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    config = parse_gateway_args([])
+    assert (config.host, config.port, config.policy) == ("0.0.0.0", 30000, "round_robin")
+    assert config.request_timeout_secs == 1800 and config.server == "uvicorn"
+    assert not config.auth_enabled
+
+
+def test_every_flag_parses() -> None:
+    config = parse_gateway_args(
+        [
+            "--host", "127.0.0.1", "--port", "8080",
+            "--worker-urls", "http://a:1", "https://b:2/",
+            "--api-key", "sk-shared",
+            "--tenant-api-key", "acme:sk-a", "--tenant-api-key", "globex:sk:with:colons",
+            "--model-alias", "fast=llama", "--policy", "least_load",
+            "--request-timeout-secs", "30", "--max-payload-size", "1024", "--log-level", "debug",
+            "--server", "daphne",
+        ]
+    )
+    assert config.worker_urls == ("http://a:1", "https://b:2")
+    assert config.tenant_api_keys == (("acme", "sk-a"), ("globex", "sk:with:colons"))
+    assert config.model_aliases == (("fast", "llama"),)
+    assert (config.policy, config.server, config.max_payload_size) == ("least_load", "daphne", 1024)
+
+
+def test_flags_are_read_from_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv("GW_PORT", "31111")
+    monkeypatch.setenv("GW_WORKER_URLS", "http://a:1,http://b:2")
+    monkeypatch.setenv("GW_TENANT_API_KEYS", "acme:k1 globex:k2")
+    monkeypatch.setenv("GW_MODEL_ALIASES", "fast=llama")
+    monkeypatch.setenv("GW_POLICY", "random")
+    config = parse_gateway_args([])
+    assert config.port == 31111 and config.policy == "random"
+    assert config.worker_urls == ("http://a:1", "http://b:2")
+    assert config.tenant_api_keys == (("acme", "k1"), ("globex", "k2"))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--port", "abc"],
+        ["--port", "70000"],
+        ["--policy", "fastest"],
+        ["--worker-urls", "ftp://x"],
+        ["--worker-urls", "grpc://x:1"],
+        ["--tenant-api-key", "nocolon"],
+        ["--model-alias", "=model"],
+        ["--request-timeout-secs", "-1"],
+        ["--max-payload-size", "0"],
+        ["--no-such-flag"],
+    ],
+)
+def test_malformed_flags_are_rejected(argv: list[str]) -> None:
+    with pytest.raises(ConfigError):
+        parse_gateway_args(argv)
+
+
+def test_malformed_env_value_is_rejected(monkeypatch) -> None:
+    monkeypatch.setenv("GW_TENANT_API_KEYS", "broken")
+    with pytest.raises(ConfigError, match="GW_TENANT_API_KEYS"):
+        parse_gateway_args([])
+
+
+def test_config_round_trips_through_the_environment_form() -> None:
+    config = parse_gateway_args(["--api-key", "k", "--tenant-api-key", "t:k2", "--model-alias", "a=b"])
+    assert GatewayConfig.from_json(config.to_json()) == config
+
+
+def test_repr_hides_keys() -> None:
+    config = parse_gateway_args(["--api-key", "sk-very-secret", "--tenant-api-key", "t:sk-tenant-secret"])
+    assert "sk-very-secret" not in repr(config) and "sk-tenant-secret" not in repr(config)
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["--port", "nope"], ["--policy", "x"]])
+def test_rungateway_exits_with_a_clear_message(argv: list[str], tmp_path) -> None:
+    result = subprocess.run(
+        [sys.executable, "manage.py", "rungateway", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "GW_DATA_DIR": str(tmp_path)},
+    )
+    assert result.returncode != 0
+    assert "error" in result.stderr.lower()
+    assert "Traceback" not in result.stderr

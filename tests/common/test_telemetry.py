@@ -1,0 +1,207 @@
+"""The gw_* metrics: real traffic through the in-process gateway, then /metrics scraped over HTTP from
+the separate metrics listener."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from common import telemetry as metrics
+from administration.metrics_server import MetricsListener
+from inference.gauges import sample_live_gauges
+from inference.routing.registry import REGISTRY
+from tests.conftest import free_port, record_for
+
+CHAT = {"model": "mock-model", "messages": [{"role": "user", "content": "hello"}]}
+SLOW = {**CHAT, "mock": {"tokens": 4, "delay_ms": 300}}
+FAST_RETRY = {"retry_initial_backoff_ms": 1, "retry_max_backoff_ms": 5}
+
+
+@pytest.fixture
+async def scrape() -> AsyncIterator:
+    listener = MetricsListener("127.0.0.1", free_port())
+    assert listener.start()
+
+    async def fetch() -> dict:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            response = await client.get(f"http://127.0.0.1:{listener.port}/metrics")
+        assert response.status_code == 200
+        return {family.name: family for family in text_string_to_metric_families(response.text)}
+
+    yield fetch
+    await asyncio.to_thread(listener.stop)
+
+
+def _value(families: dict, family: str, sample: str, **labels: str) -> float:
+    total = 0.0
+    found = False
+    for s in families[family].samples:
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+            total += s.value
+            found = True
+    assert found, f"no {sample} {labels}"
+    return total
+
+
+def _labels(families: dict, family: str) -> set[str]:
+    return {key for sample in families[family].samples for key in sample.labels}
+
+
+async def test_traffic_shows_up_in_every_family(make_gateway, start_worker, scrape) -> None:
+    failing, healthy = await start_worker(), await start_worker()
+    failing.state.fault_status = 500
+    client = make_gateway(
+        [record_for(failing), record_for(healthy)], policy="round_robin", max_concurrent_requests=1, queue_size=0,
+        **FAST_RETRY,
+    )
+    before = await scrape()
+    for _ in range(2):  # one of them starts on the failing worker and is retried
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    streamed = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert streamed.status_code == 200
+    assert (await client.post("/v1/chat/completions", content=b"{nope")).status_code == 400
+    slow = asyncio.create_task(client.post("/v1/chat/completions", json=SLOW))
+    await asyncio.sleep(0.1)
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 429
+    assert (await slow).status_code == 200
+    sample_live_gauges()
+    after = await scrape()
+
+    def delta(family: str, sample: str, **labels: str) -> float:
+        old = _value(before, family, sample, **labels) if family in before and any(
+            s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()) for s in before[family].samples
+        ) else 0.0
+        return _value(after, family, sample, **labels) - old
+
+    path = "/v1/chat/completions"
+    assert after["gw_http_requests"].type == "counter"
+    assert delta("gw_http_requests", "gw_http_requests_total", method="POST", path=path) == 6
+    assert delta("gw_http_responses", "gw_http_responses_total", path=path, status_code="200", error_code="") == 4
+    assert delta("gw_http_responses", "gw_http_responses_total", path=path, status_code="400",
+                 error_code="json_parse_error") == 1
+    assert delta("gw_http_responses", "gw_http_responses_total", path=path, status_code="429",
+                 error_code="admission_queue_full") == 1
+    assert after["gw_http_request_duration_seconds"].type == "histogram"
+    assert delta("gw_http_request_duration_seconds", "gw_http_request_duration_seconds_count", path=path) == 6
+    assert after["gw_http_connections_active"].type == "gauge"
+
+    assert delta("gw_admission_queue_rejected", "gw_admission_queue_rejected_total", reason="full") == 1
+    assert after["gw_admission_inflight"].type == "gauge"
+    assert _value(after, "gw_admission_inflight", "gw_admission_inflight") == 0
+    assert _value(after, "gw_admission_queue_depth", "gw_admission_queue_depth") == 0
+
+    router = {"router_type": "http", "backend_type": "regular", "connection_mode": "http", "model": "mock-model",
+              "endpoint": path}
+    assert delta("gw_router_requests", "gw_router_requests_total", **router, streaming="false") == 3
+    assert delta("gw_router_requests", "gw_router_requests_total", **router, streaming="true") == 1
+    assert after["gw_router_request_duration_seconds"].type == "histogram"
+    assert delta("gw_router_request_duration_seconds", "gw_router_request_duration_seconds_count", **router) == 4
+    stream_labels = {"router_type": "http", "backend_type": "regular", "model": "mock-model", "endpoint": path}
+    assert delta("gw_router_ttft_seconds", "gw_router_ttft_seconds_count", **stream_labels) == 1
+    assert delta("gw_router_generation_duration_seconds", "gw_router_generation_duration_seconds_count",
+                 **stream_labels) == 1
+    assert _labels(after, "gw_router_request_errors") >= {*router, "error_type"}
+    assert delta("gw_router_upstream_responses", "gw_router_upstream_responses_total", router_type="http",
+                 status_code="500") >= 1
+
+    assert delta("gw_worker_retries", "gw_worker_retries_total", worker_type="regular", endpoint=path) >= 1
+    assert after["gw_worker_retry_backoff_seconds"].type == "summary"
+    assert delta("gw_worker_retry_backoff_seconds", "gw_worker_retry_backoff_seconds_count", attempt="1") >= 1
+    assert delta("gw_worker_selection", "gw_worker_selection_total", worker_type="regular", connection_mode="http",
+                 model="mock-model", policy="round_robin") == 4
+    assert delta("gw_worker_cb_outcomes", "gw_worker_cb_outcomes_total", worker=failing.url, outcome="failure") >= 1
+    assert delta("gw_worker_cb_outcomes", "gw_worker_cb_outcomes_total", worker=healthy.url, outcome="success") >= 3
+    for url in (failing.url, healthy.url):
+        assert _value(after, "gw_worker_health", "gw_worker_health", worker=url) == 1
+        assert _value(after, "gw_worker_cb_state", "gw_worker_cb_state", worker=url) == 0
+        assert _value(after, "gw_worker_requests_active", "gw_worker_requests_active", worker=url) == 0
+    assert _value(after, "gw_worker_cb_consecutive_failures", "gw_worker_cb_consecutive_failures",
+                  worker=failing.url) >= 1
+    assert _value(after, "gw_worker_pool_size", "gw_worker_pool_size", worker_type="regular",
+                  connection_mode="http", model="mock-model") == 2
+    assert _value(after, "gw_worker_overload_shed", "gw_worker_overload_shed_total", stage="dispatch") == 0
+    assert after["gw_runtime_event_loop_delay_seconds"].type == "histogram"
+    assert after["gw_runtime_event_loop_stalls"].type == "counter"
+
+
+async def test_streams_record_ttft_tpot_and_generation(make_gateway, worker, scrape) -> None:
+    client = make_gateway([record_for(worker)])
+    labels = {"router_type": "http", "backend_type": "regular", "model": "mock-model", "endpoint": "/v1/chat/completions"}
+
+    def counts(families: dict) -> dict[str, float]:
+        found = {}
+        for family in ("gw_router_ttft_seconds", "gw_router_tpot_seconds", "gw_router_generation_duration_seconds"):
+            for suffix in ("_count", "_sum"):
+                try:
+                    found[family + suffix] = _value(families, family, family + suffix, **labels)
+                except (KeyError, StopIteration, AssertionError):
+                    found[family + suffix] = 0.0
+        return found
+
+    before = counts(await scrape())
+    body = {**CHAT, "stream": True, "mock": {"tokens": 6, "delay_ms": 20}}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert [line async for line in response.aiter_lines() if line][-1] == "data: [DONE]"
+    after = counts(await scrape())
+    for family in ("gw_router_ttft_seconds", "gw_router_tpot_seconds", "gw_router_generation_duration_seconds"):
+        assert after[family + "_count"] - before[family + "_count"] == 1
+    # The mock sleeps 20 ms before each of its 6 tokens; its closing chunk follows the last token at
+    # once, so the 7 events after the first span at least 5 sleeps: 100 ms / 6 intervals.
+    assert after["gw_router_tpot_seconds_sum"] - before["gw_router_tpot_seconds_sum"] >= 0.1 / 6 - 0.001
+    generation = after["gw_router_generation_duration_seconds_sum"] - before["gw_router_generation_duration_seconds_sum"]
+    assert generation >= after["gw_router_ttft_seconds_sum"] - before["gw_router_ttft_seconds_sum"]
+
+
+async def test_breaker_transitions_and_removed_workers(make_gateway, start_worker, scrape) -> None:
+    failing, healthy = await start_worker(), await start_worker()
+    failing.state.fault_status = 500
+    client = make_gateway(
+        [record_for(failing), record_for(healthy)], policy="round_robin", cb_failure_threshold=1, **FAST_RETRY
+    )
+    for _ in range(2):
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    sample_live_gauges()
+    families = await scrape()
+    assert _value(families, "gw_worker_cb_transitions", "gw_worker_cb_transitions_total",
+                  worker=failing.url, **{"from": "closed", "to": "open"}) >= 1
+    assert _value(families, "gw_worker_cb_state", "gw_worker_cb_state", worker=failing.url) == 1
+
+    REGISTRY.publish([record for record in (h.record for h in REGISTRY.snapshot.workers) if record.url == healthy.url], {})
+    sample_live_gauges()
+    families = await scrape()
+    assert _value(families, "gw_worker_health", "gw_worker_health", worker=failing.url) == -1
+    assert _value(families, "gw_worker_cb_state", "gw_worker_cb_state", worker=failing.url) == -1
+    assert _value(families, "gw_worker_requests_active", "gw_worker_requests_active", worker=failing.url) == 0
+
+
+async def test_engine_gauges_follow_load_reports(scrape) -> None:
+    entry = {"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 2, "token_usage": 0.5,
+             "gen_throughput": 12.0, "cache_hit_rate": 0.25}
+    metrics.record_engine_load("http://engine-a:1", "engine-model", [entry])
+    families = await scrape()
+    labels = {"worker": "http://engine-a:1", "model": "engine-model", "dp_rank": "0"}
+    assert _value(families, "gw_engine_running_requests", "gw_engine_running_requests", **labels) == 3
+    assert _value(families, "gw_engine_waiting_requests", "gw_engine_waiting_requests", **labels) == 2
+    assert _value(families, "gw_engine_token_usage", "gw_engine_token_usage", **labels) == 0.5
+    metrics.record_engine_load("http://engine-a:1", "engine-model", None)
+    families = await scrape()
+    assert _value(families, "gw_engine_cache_hit_rate", "gw_engine_cache_hit_rate", **labels) == -1
+
+
+def test_model_label_keeps_the_first_1024_values(monkeypatch) -> None:
+    monkeypatch.setattr(metrics, "_models", {f"m{i}" for i in range(1024)})
+    assert metrics.bounded_model("m5") == "m5"
+    assert metrics.bounded_model("brand-new") == "other"
+
+
+def test_duration_buckets_come_from_the_flag() -> None:
+    metrics.configure((0.5, 0.1))
+    try:
+        assert metrics.HTTP_DURATION._upper_bounds[:2] == [0.1, 0.5]
+    finally:
+        metrics.configure(())
+    assert metrics.HTTP_DURATION._upper_bounds[0] == metrics.DEFAULT_DURATION_BUCKETS[0]
