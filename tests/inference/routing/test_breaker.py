@@ -68,3 +68,36 @@ def test_retries_need_budget_and_a_replayable_body() -> None:
     policy = RetryPolicy(max_retries=2, max_replayable_bytes=100)
     assert policy.allows(0, 100) and policy.allows(1, 10)
     assert not policy.allows(2, 10) and not policy.allows(0, 101)
+
+
+def _cb_sample(name: str, **labels: str) -> float:
+    from common import telemetry
+
+    return telemetry.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_a_labelled_breaker_records_its_own_outcomes_and_transitions() -> None:
+    url = "http://breaker-label-test:1"
+    breaker = CircuitBreaker(Resilience(failure_threshold=1, success_threshold=1, timeout_secs=0), label=url)
+    breaker.record(True, now=0)
+    assert breaker.allows(now=1) and breaker.state is BreakerState.HALF_OPEN
+    breaker.record(False, now=1)
+    assert _cb_sample("gw_worker_cb_outcomes_total", worker=url, outcome="failure") == 1
+    assert _cb_sample("gw_worker_cb_outcomes_total", worker=url, outcome="success") == 1
+    for old, new in (("closed", "open"), ("open", "half_open"), ("half_open", "closed")):
+        assert _cb_sample("gw_worker_cb_transitions_total", worker=url, **{"from": old, "to": new}) == 1
+    assert _cb_sample("gw_worker_cb_state", worker=url) == 0
+
+
+def test_the_registry_labels_each_breaker_with_its_worker() -> None:
+    from inference.routing.registry import WorkerRegistry
+    from inference.routing.workers import WorkerRecord, WorkerStatus
+
+    registry = WorkerRegistry()
+    record = WorkerRecord(id="w", url="http://old:1", model_id="m", runtime_type="sglang", status=WorkerStatus.READY)
+    registry.publish([record], {})
+    load = registry.load_of("w")
+    assert load is not None and load.breaker.label == "http://old:1"
+    registry.publish([WorkerRecord(id="w", url="http://new:1", model_id="m", runtime_type="sglang",
+                                   status=WorkerStatus.READY)], {})
+    assert registry.load_of("w") is load and load.breaker.label == "http://new:1"

@@ -1,0 +1,130 @@
+"""The attempts loop on its own, with a transport it has never heard of: a retryable status moves to
+another worker (the answer dropped, never delivered), a failure before the answer moves on too, and
+the last worker's retryable answer is delivered as it is. Every attempt's outcome is recorded once on
+its worker's breaker, and every in-flight slot is given back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from common import telemetry
+from common.config import GatewayConfig
+from inference.dataplane import DataPlane
+from inference.errors import GatewayError
+from inference.kit import RoutePlan, run_attempts
+from inference.routing.registry import WorkerRegistry
+from inference.routing.workers import WorkerHandle, WorkerRecord, WorkerStatus
+from inference.upstreams import FailureKind, UpstreamFailure
+from inference.writers import ResponseClock
+
+
+@dataclass
+class FakeAnswer:
+    status: int
+    worker: str
+    discarded: bool = False
+
+    async def discard(self) -> None:
+        self.discarded = True
+
+
+@dataclass
+class FakeUpstream:
+    """Answers per worker URL: a status, or a failure kind raised before any answer."""
+
+    script: dict[str, int | FailureKind]
+    opened: list[FakeAnswer] = field(default_factory=list)
+    delivered: list[FakeAnswer] = field(default_factory=list)
+    clean: bool = True
+
+    async def open_on(self, worker: WorkerHandle) -> FakeAnswer:
+        assert worker.load.in_flight == 1  # the attempt holds its worker's slot
+        outcome = self.script[worker.url]
+        if isinstance(outcome, FailureKind):
+            raise UpstreamFailure(outcome, "scripted", 1.0)
+        answer = FakeAnswer(outcome, worker.url)
+        self.opened.append(answer)
+        return answer
+
+    async def deliver(self, answer: FakeAnswer) -> bool:
+        self.delivered.append(answer)
+        return self.clean
+
+
+def data_plane_with(*urls: str, max_retries: int = 5) -> tuple[DataPlane, WorkerRegistry]:
+    config = GatewayConfig(retry_max_retries=max_retries, retry_initial_backoff_ms=1, retry_max_backoff_ms=1,
+                           policy="round_robin")
+    dp = DataPlane.build(config)
+    registry = WorkerRegistry()
+    registry.publish(
+        [WorkerRecord(id=url, url=url, model_id="m", runtime_type="sglang", status=WorkerStatus.READY) for url in urls],
+        {},
+    )
+    dp.registry = registry
+    return dp, registry
+
+
+def outcomes(url: str, outcome: str) -> float:
+    return telemetry.REGISTRY.get_sample_value(
+        "gw_worker_cb_outcomes_total", {"worker": url, "outcome": outcome}
+    ) or 0.0
+
+
+async def run(dp: DataPlane, registry: WorkerRegistry, upstream: FakeUpstream, first: str) -> None:
+    plan = RoutePlan("/v1/chat/completions", "m", None, {}, 10)
+    route = telemetry.RouteTimer("/v1/chat/completions", "m", False, 0.0)
+    handle = next(h for h in registry.snapshot.workers if h.url == first)
+    await run_attempts(dp, plan, route, ResponseClock(0.0), handle, upstream.open_on, upstream.deliver)
+
+
+async def test_a_retryable_status_moves_to_the_next_worker() -> None:
+    a, b = "fake://attempts-a1", "fake://attempts-b1"
+    dp, registry = data_plane_with(a, b)
+    upstream = FakeUpstream({a: 503, b: 200})
+    await run(dp, registry, upstream, a)
+    first, second = upstream.opened
+    assert first.discarded and not second.discarded
+    assert upstream.delivered == [second]
+    assert (outcomes(a, "failure"), outcomes(b, "success")) == (1, 1)
+    assert all(h.load.in_flight == 0 for h in registry.snapshot.workers)
+
+
+async def test_a_failure_before_the_answer_moves_on_and_the_last_one_is_the_error() -> None:
+    a, b = "fake://attempts-a2", "fake://attempts-b2"
+    dp, registry = data_plane_with(a, b)
+    upstream = FakeUpstream({a: FailureKind.CONNECT, b: FailureKind.TIMEOUT})
+    with pytest.raises(GatewayError) as raised:
+        await run(dp, registry, upstream, a)
+    assert raised.value.status == 504 and raised.value.code == "upstream_timeout"
+    assert (outcomes(a, "failure"), outcomes(b, "failure")) == (1, 1)
+    assert not upstream.delivered
+    assert all(h.load.in_flight == 0 for h in registry.snapshot.workers)
+
+
+async def test_the_last_workers_retryable_answer_is_delivered_as_it_is() -> None:
+    a = "fake://attempts-a3"
+    dp, registry = data_plane_with(a)
+    upstream = FakeUpstream({a: 503})
+    await run(dp, registry, upstream, a)
+    [answer] = upstream.delivered
+    assert answer.status == 503 and not answer.discarded
+    assert outcomes(a, "failure") == 1  # 503 counts against the breaker, once
+
+
+async def test_a_stream_broken_after_it_started_counts_as_a_failure() -> None:
+    a = "fake://attempts-a4"
+    dp, registry = data_plane_with(a)
+    upstream = FakeUpstream({a: 200}, clean=False)
+    await run(dp, registry, upstream, a)
+    assert outcomes(a, "failure") == 1 and outcomes(a, "success") == 0
+
+
+async def test_no_retry_when_retries_are_off() -> None:
+    a, b = "fake://attempts-a5", "fake://attempts-b5"
+    dp, registry = data_plane_with(a, b, max_retries=0)
+    upstream = FakeUpstream({a: FailureKind.BROKEN, b: 200})
+    with pytest.raises(GatewayError) as raised:
+        await run(dp, registry, upstream, a)
+    assert raised.value.status == 502 and not upstream.opened
