@@ -8,38 +8,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import transaction
 
-__all__ = ["enqueue", "JOB_FUNCTIONS", "run_job", "wait_for_local_jobs"]
+from administration.registration import JOB_FUNCTIONS, run_job
+from administration.tasks import run_job_task
+
+__all__ = ["enqueue", "wait_for_local_jobs"]
 
 log = logging.getLogger(__name__)
 
 _executor: ThreadPoolExecutor | None = None
 _pending: list[Any] = []
-
-
-def _job_functions() -> dict[str, Any]:
-    import administration.registration as registration
-
-    return {
-        "register": registration.run_registration,
-        "update": registration.run_update,
-        "remove": registration.run_removal,
-    }
-
-
-JOB_FUNCTIONS = ("register", "update", "remove")
-
-
-def run_job(name: str, *args: Any) -> None:
-    """Run one job in this thread (Celery task bodies and local threads both come here)."""
-    close_old_connections()
-    try:
-        _job_functions()[name](*args)
-    except Exception:
-        log.exception("job %s%s failed", name, args[:1])
-    finally:
-        close_old_connections()
 
 
 def _submit_local(name: str, args: tuple[Any, ...]) -> None:
@@ -61,8 +40,6 @@ def enqueue(name: str, *args: Any, local: bool = False) -> None:
 
     def submit() -> None:
         if settings.CELERY_BROKER_URL and not local:
-            from administration.tasks import run_job_task
-
             run_job_task.delay(name, *args)
         else:
             _submit_local(name, args)

@@ -19,13 +19,14 @@ import math
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence, TypedDict
+from typing import Any, Sequence
 
 import httpx
 
 from common.http_clients import http_client
 
 from common.telemetry import record_engine_load
+from inference.routing.load_report import LoadEntry
 from inference.routing.registry import REGISTRY, WorkerRegistry
 
 __all__ = [
@@ -57,35 +58,6 @@ class LoadTarget:
     @property
     def protected(self) -> bool:
         return self.waiting_requests is not None or self.token_usage is not None
-
-
-class _LoadEntryRequired(TypedDict):
-    worker: str
-    worker_type: str
-    dp_rank: int
-    num_running_reqs: int
-    num_waiting_reqs: int
-    num_waiting_uncached_tokens: int
-    num_total_reqs: int
-    num_used_tokens: int
-    max_total_num_tokens: int
-    token_usage: float
-    gen_throughput: float
-    cache_hit_rate: float
-    utilization: float
-    max_running_requests: int
-
-
-class LoadEntry(_LoadEntryRequired, total=False):
-    """One data-parallel rank of one worker (spec 3, Load report entry)."""
-
-    memory: dict[str, Any]
-    queues: dict[str, Any]
-    kv_transfer_latency_ms: float
-    kv_transfer_speed_gb_s: float
-    prefill_queue_reqs: int
-    decode_queue_reqs: int
-    disagg_mode: str
 
 
 _OPTIONAL_FIELDS = (

@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import httpx
+from django.db import close_old_connections
 from django.utils import timezone
 
 from administration.discovery import Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker
@@ -22,7 +23,7 @@ from inference.routing.workers import RuntimeType
 from common.config import current_config
 from inference.routing.workers import Transport, transport_of
 
-__all__ = ["run_registration", "run_update", "run_removal", "RegistrationFailed"]
+__all__ = ["run_registration", "run_update", "run_removal", "RegistrationFailed", "JOB_FUNCTIONS", "run_job"]
 
 log = logging.getLogger(__name__)
 
@@ -210,3 +211,22 @@ def run_removal(worker_id: str, generation: int) -> None:
 
 
 JOB_TYPES = {"register": JobType.ADD, "update": JobType.UPDATE, "remove": JobType.REMOVE}
+
+
+# The jobs by name: what jobs.enqueue queues and run_job runs (in a Celery task or a local thread).
+JOB_FUNCTIONS: dict[str, Callable[..., None]] = {
+    "register": run_registration,
+    "update": run_update,
+    "remove": run_removal,
+}
+
+
+def run_job(name: str, *args: Any) -> None:
+    """Run one job in this thread (Celery task bodies and local threads both come here)."""
+    close_old_connections()
+    try:
+        JOB_FUNCTIONS[name](*args)
+    except Exception:
+        log.exception("job %s%s failed", name, args[:1])
+    finally:
+        close_old_connections()

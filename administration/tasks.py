@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
-from administration.jobs import run_job
+from administration.registration import run_job
 
 __all__ = ["run_job_task"]
 

@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from administration.jobs import enqueue
 from administration.models import JobState, JobType, Worker, WorkerSource, WorkerStatus, WorkerType
-from administration.worker_spec import SpecRuleError, WorkerSpec
+from administration.notices import publish_registry_changed
+from administration.worker_spec import SpecRuleError, WorkerSpec, parse_worker_spec
 from common.config import GatewayConfig
 from inference.routing.breaker import DEFAULT_CAPACITY, DEFAULT_RETRYABLE, Resilience
 from inference.routing.workers import WorkerRecord
@@ -189,8 +190,6 @@ def remove_worker(worker_id: uuid.UUID) -> Worker:
 
 def drain_worker(worker_id: uuid.UUID) -> Worker:
     """Stop sending new requests to a worker (in-flight ones finish); it stays registered."""
-    from administration.notices import publish_registry_changed
-
     worker = get_worker(worker_id)
     if worker.status != WorkerStatus.DRAINING:
         Worker.objects.filter(pk=worker.pk).update(status=WorkerStatus.DRAINING)
@@ -263,8 +262,6 @@ def sync_cli_workers(urls: Sequence[str]) -> list[Worker]:
     serving (the other gateways route to it meanwhile); one that is not is registered anew. Workers
     registered through the admin API are left alone, even when a flag names the same URL.
     """
-    from administration.worker_spec import parse_worker_spec
-
     if not urls:
         return list(Worker.objects.from_cli())
     with transaction.atomic():

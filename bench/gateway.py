@@ -110,8 +110,8 @@ def mock_worker_argv(port: int, tokens: int, delay_ms: float) -> list[str]:
 def start_mock_worker(
     group: ProcessGroup, *, port: int, tokens: int, delay_ms: float, core: int | str
 ) -> ManagedProcess:
-    if not (REPO / "inference" / "testing" / "mock_worker.py").exists():
-        raise FileNotFoundError("inference/testing/mock_worker.py is missing")
+    if not (REPO / "standins" / "mock_worker.py").exists():
+        raise FileNotFoundError("standins/mock_worker.py is missing")
     env = child_env({"DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
     proc = group.start("mockworker", pinned(core, mock_worker_argv(port, tokens, delay_ms)), env=env, cwd=REPO)
     url = f"http://{LOOPBACK}:{port}/v1/models"

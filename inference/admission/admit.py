@@ -8,6 +8,7 @@ reserved from the in-flight budget; both released on every path out (answer, err
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Any, Awaitable, Generator
 
 from inference.admission.media import MediaBudget
 from inference.admission.permits import PermitPool
@@ -27,7 +28,20 @@ class Admission:
         self._held_permit = False
         self._held_media = False
 
-    async def __aenter__(self) -> Admission:
+    # Plain methods returning awaitables: with no limit on (the default) entering and leaving cost no
+    # coroutine at all, on every inference request.
+    def __aenter__(self) -> Awaitable[None]:
+        if self._permits is None and self._media is None:
+            return _NOTHING
+        return self._acquire()
+
+    def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> Awaitable[None]:
+        self._release()
+        return _NOTHING
+
+    async def _acquire(self) -> None:
         if self._permits is not None:
             await self._permits.acquire()  # 429 queue full, 503 queue timeout
             self._held_permit = True
@@ -38,12 +52,6 @@ class Admission:
                 self._release()
                 raise
             self._held_media = True
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self._release()
 
     def _release(self) -> None:
         if self._held_media and self._media is not None:
@@ -52,3 +60,15 @@ class Admission:
         if self._held_permit and self._permits is not None:
             self._held_permit = False
             self._permits.release()
+
+
+class _Nothing:
+    """An awaitable that is already done (awaiting it returns None at once)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return iter(())  # type: ignore[return-value]
+
+
+_NOTHING = _Nothing()

@@ -9,9 +9,47 @@ from typing import Any, NotRequired, TypedDict
 
 from inference.routing.registry import WorkerRegistry
 
-__all__ = ["GATEWAY_VERSION", "LoadsAggregate", "LoadsReport", "loads_report"]
+__all__ = ["GATEWAY_VERSION", "EngineLoad", "LoadEntry", "LoadsAggregate", "LoadsReport", "loads_report"]
 
 GATEWAY_VERSION = "0.1.0"
+
+
+class _EngineLoadRequired(TypedDict):
+    dp_rank: int
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_waiting_uncached_tokens: int
+    num_total_reqs: int
+    num_used_tokens: int
+    max_total_num_tokens: int
+    token_usage: float
+    gen_throughput: float
+    cache_hit_rate: float
+    utilization: float
+    max_running_requests: int
+
+
+class EngineLoad(_EngineLoadRequired, total=False):
+    """One data-parallel rank's load as an engine reports it (HTTP /get_load or metrics, gRPC
+    GetLoads), with the engines' scheduler-load names. (Optional keys through ``total=False``:
+    with postponed annotations Python 3.11 does not see ``NotRequired``.)"""
+
+    memory: dict[str, Any]
+    queues: dict[str, Any]
+    kv_transfer_latency_ms: float
+    kv_transfer_speed_gb_s: float
+    prefill_queue_reqs: int
+    decode_queue_reqs: int
+    disagg_mode: str
+
+
+class LoadEntry(EngineLoad):
+    """One entry of the load report (spec 3, Load report entry): an engine's rank load plus the
+    worker it came from, added by the gateway."""
+
+    worker: str
+    worker_type: str
+
 
 
 class LoadsAggregate(TypedDict):

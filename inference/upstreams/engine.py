@@ -24,13 +24,14 @@ import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, AsyncIterator, ClassVar, TypedDict
+from typing import Any, AsyncIterator, ClassVar
 
+from inference.routing.load_report import EngineLoad
 from inference.upstreams.registry import NamedRegistry
 
 __all__ = [
     "DETECTION_ORDER", "ENGINE_CLIENTS", "CommandResult", "Constraint", "ConstraintKind",
-    "DisaggregationParams", "EngineClient", "EngineHealth", "EngineLoadEntry", "EngineOutput",
+    "DisaggregationParams", "EngineClient", "EngineHealth", "EngineOutput",
     "EngineRequest", "Finish", "FinishReason", "ModelInfo", "ProfileOptions", "SamplingParams",
     "TokenLogprobs", "TokenizerBundle",
 ]  # fmt: skip
@@ -242,38 +243,6 @@ class TokenizerBundle:
         return hashlib.sha256(self.data).hexdigest() == self.sha256.lower()
 
 
-class _EngineLoadRequired(TypedDict):
-    dp_rank: int
-    num_running_reqs: int
-    num_waiting_reqs: int
-    num_total_reqs: int
-    num_used_tokens: int
-    max_total_num_tokens: int
-    token_usage: float
-    gen_throughput: float
-    cache_hit_rate: float
-    utilization: float
-    max_running_requests: int
-
-
-class EngineLoadEntry(_EngineLoadRequired, total=False):
-    """One data-parallel rank of a worker's load: the gateway's load report entry, with the
-    engines' scheduler-load names. ``worker`` and ``worker_type`` are added by the gateway.
-    (Optional keys via ``total=False``: under postponed annotations 3.11 ignores ``NotRequired``.)
-    """
-
-    worker: str
-    worker_type: str
-    num_waiting_uncached_tokens: int
-    memory: dict[str, Any]
-    queues: dict[str, Any]
-    kv_transfer_latency_ms: float
-    kv_transfer_speed_gb_s: float
-    prefill_queue_reqs: int
-    decode_queue_reqs: int
-    disagg_mode: str
-
-
 class EngineClient(ABC):
     """The connection to one engine worker; one instance per worker.
 
@@ -317,7 +286,7 @@ class EngineClient(ABC):
         """The engine's server information, as JSON-ready values (runtime-specific keys)."""
 
     @abstractmethod
-    async def loads(self) -> tuple[EngineLoadEntry, ...]:
+    async def loads(self) -> tuple[EngineLoad, ...]:
         """The current load, one entry per data-parallel rank."""
 
     @abstractmethod

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from administration.lifecycle import LIFECYCLE
 from common.config import ConfigError, GatewayConfig, add_gateway_arguments, config_from_namespace, install_config
 
 log = logging.getLogger("administration.lifecycle")
@@ -80,8 +81,6 @@ def _tie_lifecycle_to_twisted() -> None:
     from daphne.server import twisted_loop  # importing daphne.server installs the asyncio reactor
     from twisted.internet import defer
     from twisted.internet import reactor as installed_reactor
-
-    from administration.lifecycle import LIFECYCLE
 
     reactor: Any = installed_reactor  # zope interfaces confuse the type checker
     def start() -> defer.Deferred[None]:

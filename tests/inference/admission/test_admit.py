@@ -55,5 +55,8 @@ async def test_a_full_media_budget_gives_the_permit_back() -> None:
 
 
 async def test_limits_that_are_off_are_skipped() -> None:
-    async with Admission(None, None, 0) as admitted:
-        assert isinstance(admitted, Admission)
+    permits = PermitPool(1, 0, 1.0)
+    async with Admission(None, None, 0):
+        async with Admission(permits, None, 0):  # no media: only the permit
+            assert permits.in_flight == 1
+    assert permits.in_flight == 0

@@ -7,7 +7,7 @@ import string
 
 from inference.routing.policies import CacheAware
 
-from tests.inference.routing.fleet import ask, fleet
+from tests.inference.routing.handles import ask, fleet
 
 SYSTEM = "You are a careful assistant. " * 40  # a long shared prefix (1,160 chars)
 

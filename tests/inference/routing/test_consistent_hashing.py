@@ -7,7 +7,7 @@ from collections import Counter
 from inference.routing.policies import ConsistentHashing
 from inference.routing.policies.consistent_hashing import stable_hash
 
-from tests.inference.routing.fleet import ask, fleet
+from tests.inference.routing.handles import ask, fleet
 
 KEYS = [f"session-{i}" for i in range(4000)]
 

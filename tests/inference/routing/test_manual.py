@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from inference.routing.policies import Manual
 
-from tests.inference.routing.fleet import ask, fleet
+from tests.inference.routing.handles import ask, fleet
 
 
 def test_first_request_picks_the_least_loaded_and_later_ones_stick() -> None:

@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator, Iterator
 
 import pytest
 
+from inference.routing.load_report import EngineLoad, LoadEntry
 from inference.upstreams.engine import (
     DETECTION_ORDER,
     ENGINE_CLIENTS,
@@ -18,7 +19,6 @@ from inference.upstreams.engine import (
     DisaggregationParams,
     EngineClient,
     EngineHealth,
-    EngineLoadEntry,
     EngineOutput,
     EngineRequest,
     Finish,
@@ -90,7 +90,7 @@ class ScriptedEngine(EngineClient):
     async def server_info(self) -> dict[str, Any]:
         return {"server_type": "scripted"}
 
-    async def loads(self) -> tuple[EngineLoadEntry, ...]:
+    async def loads(self) -> tuple[EngineLoad, ...]:
         return ()
 
     async def flush_cache(self) -> CommandResult:
@@ -280,11 +280,8 @@ def test_a_tokenizer_bundle_checks_its_digest() -> None:
     assert not TokenizerBundle(data=data + b"!", sha256=hashlib.sha256(data).hexdigest()).intact
 
 
-def test_load_entry_keeps_the_load_monitors_keys() -> None:
-    from administration.loads import LoadEntry
-
-    ours = EngineLoadEntry.__required_keys__ | EngineLoadEntry.__optional_keys__
-    theirs = LoadEntry.__required_keys__ | LoadEntry.__optional_keys__
-    assert ours == theirs
-    assert "worker" in EngineLoadEntry.__optional_keys__  # filled in by the gateway, not the engine
-    assert "dp_rank" in EngineLoadEntry.__required_keys__
+def test_an_engine_load_is_a_load_report_entry_without_its_worker() -> None:
+    ours = EngineLoad.__required_keys__ | EngineLoad.__optional_keys__
+    report = LoadEntry.__required_keys__ | LoadEntry.__optional_keys__
+    assert report - ours == {"worker", "worker_type"}  # filled in by the gateway, not the engine
+    assert "dp_rank" in EngineLoad.__required_keys__ and "worker" in LoadEntry.__required_keys__
