@@ -21,6 +21,7 @@ from common.http_clients import http_client
 from administration.db import arun_db
 from common.telemetry import record_health_check
 from administration.models import Worker, WorkerStatus, WorkerType
+from administration.notices import bump_registry_version
 
 __all__ = ["HealthTarget", "HealthChecker", "transition"]
 
@@ -44,8 +45,12 @@ class HealthTarget:
 
 
 def transition(worker_id: str, old: str, new: str) -> bool:
-    """Move a worker from ``old`` to ``new``; False when its status was no longer ``old``."""
-    return Worker.objects.filter(pk=worker_id, status=old, registered=True).update(status=new) == 1
+    """Move a worker from ``old`` to ``new``; False when its status was no longer ``old``. A move is
+    counted in the registry version, so every gateway process routes by it within about a second."""
+    moved = Worker.objects.filter(pk=worker_id, status=old, registered=True).update(status=new) == 1
+    if moved:
+        bump_registry_version()
+    return moved
 
 
 class HealthChecker:

@@ -11,6 +11,9 @@ import asyncio
 import gc
 import logging
 
+from django.conf import settings
+
+from administration.host import host_peers
 from administration.metrics_server import MetricsListener, ProbeListener
 from administration.registry_sync import RegistrySync
 from common import telemetry
@@ -29,6 +32,7 @@ log = logging.getLogger("administration.lifecycle")
 class GatewayLifecycle:
     def __init__(self) -> None:
         self.started = False
+        self.in_flight = 0  # HTTP requests being answered by this process (drained on shutdown)
         self.fleet: RegistrySync | None = None
         self.metrics: MetricsListener | None = None
         self.probes: ProbeListener | None = None
@@ -44,13 +48,16 @@ class GatewayLifecycle:
             if self.started:
                 return
             config = current_config()
-            reset_data_plane(config)
+            peers = host_peers()
+            # A supervised gateway's serving processes split its limits between them.
+            shares = config.share(peers.index, peers.count, bool(settings.REDIS_URL)) if peers else config
+            reset_data_plane(shares)
             telemetry.configure(config.prometheus_duration_buckets)
             if config.health_check_port > 0:
-                probes = ProbeListener(config.host, config.health_check_port)
+                probes = ProbeListener(config.host, config.health_check_port, shared=peers is not None)
                 await probes.astart()
                 self.probes = probes
-            self.fleet = RegistrySync(config)
+            self.fleet = RegistrySync(config, peers)
             snapshot = await self.fleet.astart()
             if config.prometheus_port > 0:
                 self.metrics = MetricsListener(config.prometheus_host, config.prometheus_port)
@@ -100,6 +107,21 @@ class GatewayLifecycle:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    def begin_drain(self) -> None:
+        """Shutting down: /readiness answers 503 from now on (the server stops accepting)."""
+        if not self.started:
+            return
+        data_plane().draining = True
+        log.info("draining: %d request(s) in flight", self.in_flight)
+
+    async def await_idle(self, timeout_secs: float) -> None:
+        """Until no request is in flight, or ``timeout_secs`` passed (then they are cut off)."""
+        deadline = asyncio.get_running_loop().time() + timeout_secs
+        while self.in_flight and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.in_flight:
+            log.warning("shutdown grace period over: %d request(s) cut off", self.in_flight)
+
     def gate(self, app: ASGIApp) -> ASGIApp:
         """Wrap the HTTP app so the first request starts the gateway when no lifespan came."""
 
@@ -110,15 +132,19 @@ class GatewayLifecycle:
         async def gated(scope: Scope, receive: Receive, send: Send) -> None:
             if not self.started:
                 await self.astart()
-            path = scope.get("path")
-            if path not in timed:
-                await app(scope, receive, send)
-                return
-            timer = telemetry.HttpTimer(path, scope["method"], send)
+            self.in_flight += 1
             try:
-                await app(scope, receive, timer.send)
+                path = scope.get("path")
+                if path not in timed:
+                    await app(scope, receive, send)
+                    return
+                timer = telemetry.HttpTimer(path, scope["method"], send)
+                try:
+                    await app(scope, receive, timer.send)
+                finally:
+                    timer.done()
             finally:
-                timer.done()
+                self.in_flight -= 1
 
         return gated
 

@@ -19,7 +19,7 @@ import math
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
 
@@ -224,6 +224,8 @@ class LoadMonitor:
         self.registry = registry
         self._targets: dict[str, LoadTarget] = {}
         self._task: asyncio.Task[None] | None = None
+        # Called after each poll round (the leader of a supervised gateway shares its reports).
+        self.after_poll: Callable[[], Awaitable[None]] | None = None
 
     @property
     def targets(self) -> tuple[LoadTarget, ...]:
@@ -274,6 +276,8 @@ class LoadMonitor:
                     )
                 load.overloaded = overloaded
         self.registry.loads_polled_at = time.time()
+        if self.after_poll is not None:
+            await self.after_poll()
 
     async def _run(self) -> None:
         while True:

@@ -142,11 +142,13 @@ async def _call_asgi(app: ASGIApp, request: web.Request) -> web.Response:
 
 
 class ProbeListener:
-    """/health, /liveness, /readiness on --health-check-port."""
+    """/health, /liveness, /readiness on --health-check-port. ``shared``: the serving processes of a
+    supervised gateway all bind the port (SO_REUSEPORT) and the kernel spreads the probes over them."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, shared: bool = False) -> None:
         self.host = host
         self.port = port
+        self.shared = shared
         self._runner: web.AppRunner | None = None
 
     async def astart(self) -> None:
@@ -161,7 +163,7 @@ class ProbeListener:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         try:
-            await web.TCPSite(runner, self.host, self.port).start()
+            await web.TCPSite(runner, self.host, self.port, reuse_port=self.shared or None).start()
         except OSError:
             await runner.cleanup()
             raise

@@ -10,7 +10,9 @@ from django.db import models
 
 from inference.routing.workers import RuntimeType, WorkerStatus, WorkerType
 
-__all__ = ["Worker", "WorkerStatus", "WorkerSource", "WorkerType", "JobType", "JobState", "TenantRateLimit"]
+__all__ = [
+    "Worker", "WorkerStatus", "WorkerSource", "WorkerType", "JobType", "JobState", "TenantRateLimit", "RegistryVersion",
+]
 
 
 class WorkerSource(models.TextChoices):
@@ -121,3 +123,16 @@ class TenantRateLimit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}: {self.requests_per_minute or 'unlimited'} req/min"
+
+
+class RegistryVersion(models.Model):
+    """One row whose ``version`` goes up with every committed registry change (workers, tenant
+    limits). Every gateway process polls it, so a change made in any process (API, console, command,
+    Celery job, another gateway on the store) reaches them all within about a second, with or
+    without Redis. Never read on a request's path."""
+
+    version = models.BigIntegerField(default=0)
+    changed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "registry version"

@@ -21,7 +21,8 @@ from administration.db import arun_db
 from administration.health import HealthChecker, HealthTarget
 from administration.loads import LoadMonitor, LoadTarget
 from administration.models import Worker, WorkerStatus
-from administration.notices import GROUP, add_local_listener, remove_local_listener
+from administration.host import HostPeers, Leadership, read_load_reports, write_load_reports
+from administration.notices import GROUP, add_local_listener, registry_version, remove_local_listener
 from inference.routing.workers import RuntimeType
 from administration.tenant_limits import stored_tenant_limits
 from administration.workers import sync_cli_workers, worker_records
@@ -35,6 +36,8 @@ __all__ = ["Fleet", "FleetState", "load_fleet_state"]
 log = logging.getLogger(__name__)
 
 REFRESH_SECS = 5.0
+VERSION_POLL_SECS = 0.5  # how often the store's registry version is read (a change is seen within it)
+LOAD_FOLLOW_SECS = 1.0  # how often a follower looks for the leader's new load reports
 
 
 class FleetState:
@@ -45,12 +48,14 @@ class FleetState:
         health: list[HealthTarget],
         loads: list[LoadTarget] | None = None,
         tenant_limits: dict[str, int] | None = None,
+        version: int = 0,
     ) -> None:
         self.records = records
         self.aliases = aliases
         self.health = health
         self.loads = loads or []
         self.tenant_limits = tenant_limits or {}  # stored rate limits: tenant -> requests per minute
+        self.version = version  # the store's registry version, read before everything else
 
 
 def _health_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> HealthTarget | None:
@@ -99,7 +104,9 @@ def _load_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> 
 
 
 def load_fleet_state(config: GatewayConfig) -> FleetState:
-    """One read of the store: registry records, aliases, health-check and load targets, tenant limits."""
+    """One read of the store: registry records, aliases, health-check and load targets, tenant limits,
+    and the registry version first (a change during the read is seen by the next poll)."""
+    version = registry_version()
     records = worker_records(config)
     aliases = dict(config.model_aliases)
     targets = []
@@ -116,30 +123,62 @@ def load_fleet_state(config: GatewayConfig) -> FleetState:
         load_target = _load_target(worker, config, record.api_key)
         if load_target is not None:
             loads.append(load_target)
-    return FleetState(records, aliases, targets, loads, stored_tenant_limits())
+    return FleetState(records, aliases, targets, loads, stored_tenant_limits(), version)
 
 
 class RegistrySync:
-    def __init__(self, config: GatewayConfig) -> None:
+    """This process's registry snapshot kept in step with the store. ``peers`` (a supervised
+    gateway's serving processes) makes the host's control loops (command-line registrations, health
+    checks, the load monitor) run in the elected leader only; without it this process leads."""
+
+    def __init__(self, config: GatewayConfig, peers: HostPeers | None = None) -> None:
         self.config = config
+        self.peers = peers
         self.health = HealthChecker(self.arefresh)
         self.loads = LoadMonitor(config.load_monitor_interval)
+        self.leadership = Leadership(peers.lock_path, self._lead) if peers is not None else None
+        self.leading = peers is None
+        self._version = -1  # the store's registry version the snapshot was read at
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._refreshing: asyncio.Task[None] | None = None
         self._dirty = False
+        self._follower: asyncio.Task[None] | None = None
+        if peers is not None:
+            self.loads.after_poll = self._share_load_reports
 
     async def astart(self) -> RegistrySnapshot:
-        """Sync --worker-urls into the store, publish the first snapshot, start background work."""
+        """Lead or follow, publish the first snapshot, start background work."""
         self._loop = asyncio.get_running_loop()
         add_local_listener(self.notify)
-        await arun_db(sync_cli_workers, self.config.worker_urls)
+        if self.leadership is not None and self.leadership.try_acquire():
+            self.leading = self.leadership.leader = True
+            log.info("this process leads the host's health checks, registrations and load polls")
+        if self.leading:
+            await arun_db(sync_cli_workers, self.config.worker_urls)
         snapshot = await self.arefresh()
-        self.loads.start()
+        if self.leading:
+            self.loads.start()
+        elif self.leadership is not None:
+            self._tasks.append(asyncio.ensure_future(self.leadership.run()))
+            self._follower = asyncio.ensure_future(self._follow_load_reports())
+            self._tasks.append(self._follower)
         self._tasks.append(asyncio.ensure_future(self._periodic_refresh()))
+        self._tasks.append(asyncio.ensure_future(self._watch_version()))
         if getattr(settings, "REDIS_URL", None):
             self._tasks.append(asyncio.ensure_future(self._listen()))
         return snapshot
+
+    async def _lead(self) -> None:
+        """Elected after the leader left: take over its control loops (not while shutting down)."""
+        if data_plane().draining:
+            return
+        self.leading = True
+        if self._follower is not None:
+            self._follower.cancel()
+        await arun_db(sync_cli_workers, self.config.worker_urls)
+        await self.arefresh()
+        self.loads.start()
 
     async def astop(self) -> None:
         remove_local_listener(self.notify)
@@ -150,14 +189,18 @@ class RegistrySync:
         self._tasks.clear()
         await self.health.aclose()
         await self.loads.aclose()
+        if self.leadership is not None:
+            self.leadership.release()
         await aclose_http_client()
 
     async def arefresh(self) -> RegistrySnapshot:
         state = await arun_db(load_fleet_state, self.config)
         snapshot = REGISTRY.publish(state.records, state.aliases)
+        self._version = state.version
         data_plane().install_tenant_limits(state.tenant_limits)
-        self.health.reconcile(state.health)
-        self.loads.reconcile(state.loads)
+        if self.leading:
+            self.health.reconcile(state.health)
+            self.loads.reconcile(state.loads)
         return snapshot
 
     def notify(self) -> None:
@@ -185,6 +228,35 @@ class RegistrySync:
         while True:
             await asyncio.sleep(REFRESH_SECS)
             self._schedule_refresh()
+
+    async def _watch_version(self) -> None:
+        """Refresh when the store's registry version moved past the snapshot's (a change made
+        anywhere: another process, a command, a Celery job, a health transition of the leader)."""
+        while True:
+            await asyncio.sleep(VERSION_POLL_SECS)
+            try:
+                version = await arun_db(registry_version)
+            except Exception:
+                log.debug("registry version poll failed", exc_info=True)
+                continue
+            if version != self._version:
+                self._schedule_refresh()
+
+    async def _share_load_reports(self) -> None:
+        """The leader hands its load reports to the other processes after each poll."""
+        assert self.peers is not None
+        await asyncio.to_thread(write_load_reports, self.peers.loads_path, REGISTRY)
+
+    async def _follow_load_reports(self) -> None:
+        """A follower reads the leader's load reports when they change."""
+        assert self.peers is not None
+        seen = 0.0
+        while True:
+            await asyncio.sleep(LOAD_FOLLOW_SECS)
+            try:
+                seen = read_load_reports(self.peers.loads_path, REGISTRY, seen)
+            except Exception:
+                log.debug("reading the leader's load reports failed", exc_info=True)
 
     async def _listen(self) -> None:
         from channels.layers import get_channel_layer

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, NoReturn, Sequence
 
 import orjson
@@ -51,6 +51,8 @@ class GatewayConfig:
     port: int = 30000
     server: str = "uvicorn"
     log_level: str = "info"
+    workers: int = 1  # serving processes; more than 1: a supervisor runs them on the one port
+    shutdown_grace_period_secs: float = 180.0  # in-flight requests and streams may finish this long
     # Workers and models
     worker_urls: tuple[str, ...] = ()
     model_aliases: tuple[tuple[str, str], ...] = ()
@@ -115,6 +117,9 @@ class GatewayConfig:
     prometheus_port: int = 29000
     prometheus_duration_buckets: tuple[float, ...] = ()
     health_check_port: int = 0  # 0: probes only on the main listener
+    # Not flags: set by share() in each serving process of a supervised gateway
+    media_request_limit: int = 0  # the whole gateway's media budget: the most one request may hold (0: the budget)
+    rate_limit_share: int = 1  # tenant limits (flags and console rows) are divided by it, rounded up
 
     @property
     def auth_enabled(self) -> bool:
@@ -123,6 +128,32 @@ class GatewayConfig:
     @property
     def control_plane_auth_enabled(self) -> bool:
         return bool(self.control_plane_api_keys or (self.jwt_issuer and self.jwt_audience))
+
+    def share(self, index: int, count: int, shared_rate_counts: bool) -> GatewayConfig:
+        """The limits serving process ``index`` of ``count`` enforces, so that together they keep the
+        gateway's: concurrency permits, queue places and media bytes are split as evenly as whole
+        numbers allow (the first processes take the remainder; a process gets at least one permit
+        and one byte of a limit that is on; a request's media may use the whole budget while its
+        process holds no other). A tenant's requests per minute stay whole when the
+        processes count them together (``shared_rate_counts``: Redis); counted in each process, each
+        gets its share rounded up, so the gateway admits at most limit + count - 1 a minute.
+        """
+        if count <= 1:
+            return self
+
+        def split(total: int, floor: int) -> int:
+            if total <= 0:
+                return total
+            return max(floor, total // count + (1 if index < total % count else 0))
+
+        return replace(
+            self,
+            max_concurrent_requests=split(self.max_concurrent_requests, 1),
+            queue_size=split(self.queue_size, 0),
+            multimodal_max_inflight_bytes=split(self.multimodal_max_inflight_bytes, 1),
+            media_request_limit=self.multimodal_max_inflight_bytes,
+            rate_limit_share=1 if shared_rate_counts else count,
+        )
 
     def to_json(self) -> str:
         return orjson.dumps(asdict(self)).decode()
@@ -162,6 +193,21 @@ _count = _number(int, "an integer", -0.5)  # 0 or more
 _non_negative_float = _number(float, "a number", -1e-12)
 _port = _number(int, "a port number", 1, 65535)
 _fraction = _number(float, "a number", -1e-12, 1.0)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _workers(text: str) -> int:
+    """A number of serving processes, or ``auto``: one per usable core."""
+    if text.strip().lower() == "auto":
+        return usable_cores()
+    return int(_number(int, "an integer or auto", 1, 1024)(text))
 
 
 def _choice(options: Sequence[str]) -> Callable[[str], str]:
@@ -267,6 +313,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("port", _port, "listen port"),
     Flag("server", _choice(SERVERS), "ASGI server: uvicorn (uvloop + httptools) or daphne"),
     Flag("log_level", _choice(LOG_LEVELS), "log level"),
+    Flag("workers", _workers, "serving processes on the one port (auto: one per usable core); above 1 the "
+         "command supervises them", metavar="N|auto"),
+    Flag("shutdown_grace_period_secs", _non_negative_float,
+         "on SIGTERM, how long requests and streams in flight may take to finish"),
     Flag("worker_urls", _worker_url, "HTTP worker base URLs", kind="list", metavar="URL"),
     Flag("model_aliases", _pair("=", "alias=model"), "model alias, repeatable", kind="append",
          option="--model-alias", metavar="ALIAS=MODEL"),

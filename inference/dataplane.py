@@ -38,6 +38,8 @@ class DataPlane:
     permits: PermitPool | None = None
     media: MediaBudget | None = None
     rate_limiter: RateLimiter | None = None
+    # On SIGTERM: /readiness answers 503 while requests in flight finish.
+    draining: bool = False
     # The limits in force (flags + rows stored in the console), and the limiter kept while they come
     # and go so its counters and Redis connections live on; rate_limiter is it, or None while no
     # tenant has a limit. Installed on the event loop by install_tenant_limits, never per request.
@@ -58,7 +60,11 @@ class DataPlane:
                 if config.max_concurrent_requests > 0
                 else None
             ),
-            media=MediaBudget(config.multimodal_max_inflight_bytes) if config.multimodal_max_inflight_bytes > 0 else None,
+            media=(
+                MediaBudget(config.multimodal_max_inflight_bytes, request_limit=config.media_request_limit or None)
+                if config.multimodal_max_inflight_bytes > 0
+                else None
+            ),
         )
         built.install_tenant_limits({})
         return built
@@ -67,7 +73,9 @@ class DataPlane:
         """Apply the limits stored in the console (tenant -> requests per minute) over the flags.
         Called by the fleet loop after it read the rows; a change counts on in the current window."""
         config = self.config
-        limits = TenantLimits.combine(config.default_tenant_rate_limit, config.tenant_rate_limits, stored)
+        limits = TenantLimits.combine(
+            config.default_tenant_rate_limit, config.tenant_rate_limits, stored, config.rate_limit_share
+        )
         if limits == self.tenant_limits:
             return
         log.info("tenant rate limits (requests/min): default %d, per tenant %s", limits.default, limits.by_tenant)

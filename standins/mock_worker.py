@@ -17,7 +17,7 @@ Introspection, behind the same API key as the rest (/_mock requests are not reco
 * ``GET /_mock/requests``: the last 100 requests, newest last, each ``{method, path, query, headers
   (lowercase names), json, raw, client_port}``; ``?path=`` filters; in-process: ``mock_state(app).requests``;
 * ``DELETE /_mock/requests`` clears the log; ``DELETE /_mock/stats`` resets the log and counters;
-* ``GET /_mock/stats``: ``{requests, streams_started, streams_completed, streams_disconnected,
+* ``GET /_mock/stats``: ``{requests, requests_by_path, streams_started, streams_completed, streams_disconnected,
   streams_aborted, in_flight, peak_in_flight}``;
 * ``POST /_mock/faults`` ``{"health_status": 503, "status": 500, "hang": true, "drop": true}`` (any
   subset): fail health probes, answer every inference POST with that status, hang every inference
@@ -102,6 +102,7 @@ class MockWorkerState:
 
     requests: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=REQUEST_LOG_SIZE))
     total_requests: int = 0
+    requests_by_path: dict[str, int] = field(default_factory=dict)
     streams_started: int = 0
     streams_completed: int = 0
     streams_disconnected: int = 0
@@ -155,9 +156,10 @@ class MockWorkerState:
             ranks.append(entry)
         return ranks
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         return {
             "requests": self.total_requests,
+            "requests_by_path": dict(self.requests_by_path),
             "streams_started": self.streams_started,
             "streams_completed": self.streams_completed,
             "streams_disconnected": self.streams_disconnected,
@@ -169,6 +171,7 @@ class MockWorkerState:
     def reset(self) -> None:
         """Clears the log and the counters, except ``in_flight``."""
         self.requests.clear()
+        self.requests_by_path.clear()
         self.total_requests = self.streams_started = self.streams_completed = 0
         self.streams_disconnected = self.streams_aborted = 0
         self.peak_in_flight = self.in_flight
@@ -290,6 +293,7 @@ def _middleware(config: MockWorkerConfig, state: MockWorkerState) -> _Middleware
         recorded = not path.startswith("/_mock/")
         if recorded:
             state.total_requests += 1
+            state.requests_by_path[path] = state.requests_by_path.get(path, 0) + 1
             state.in_flight += 1
             state.peak_in_flight = max(state.peak_in_flight, state.in_flight)
         try:

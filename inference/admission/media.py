@@ -66,12 +66,15 @@ def inline_media_bytes(body: dict[str, Any]) -> int:
 class MediaBudget:
     """Bytes of inline media in flight in this process, at most ``limit``."""
 
-    __slots__ = ("limit", "wait_secs", "in_use", "_waiters")
+    __slots__ = ("limit", "request_limit", "wait_secs", "in_use", "_waiters")
 
-    def __init__(self, limit: int, wait_secs: float = MEDIA_WAIT_SECS) -> None:
+    def __init__(self, limit: int, wait_secs: float = MEDIA_WAIT_SECS, request_limit: int | None = None) -> None:
+        """``request_limit`` (default ``limit``): the most one request may bring. Above ``limit``
+        (this process's share of a gateway's budget) such a request waits until it is alone."""
         if limit < 1:
             raise ValueError("limit must be at least 1")
         self.limit = limit
+        self.request_limit = max(limit, request_limit or limit)
         self.wait_secs = wait_secs
         self.in_use = 0
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
@@ -83,13 +86,16 @@ class MediaBudget:
     def measure(self, body: dict[str, Any]) -> int:
         """The request's media bytes; raises 413 when they alone exceed the budget."""
         size = inline_media_bytes(body)
-        if size > self.limit:
-            raise errors.multimodal_payload_too_large(size, self.limit)
+        if size > self.request_limit:
+            raise errors.multimodal_payload_too_large(size, self.request_limit)
         return size
 
+    def _fits(self, size: int) -> bool:
+        return self.in_use + size <= self.limit or not self.in_use
+
     async def reserve(self, size: int) -> None:
-        """Reserve ``size`` bytes (at most ``limit``), waiting FIFO up to ``wait_secs``; 429 after that."""
-        if not self._waiters and self.in_use + size <= self.limit:
+        """Reserve ``size`` bytes, waiting FIFO up to ``wait_secs``; 429 after that."""
+        if not self._waiters and self._fits(size):
             self.in_use += size
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -125,7 +131,7 @@ class MediaBudget:
             if waiter.done():
                 waiters.popleft()
                 continue
-            if self.in_use + size > self.limit:
+            if not self._fits(size):
                 return
             waiters.popleft()
             self.in_use += size

@@ -76,12 +76,15 @@ class TenantLimits:
         self.by_tenant = {tenant: int(rpm) for tenant, rpm in by_tenant}
 
     @classmethod
-    def combine(cls, default: int, flags: Iterable[tuple[str, str]], stored: Mapping[str, int]) -> TenantLimits:
+    def combine(
+        cls, default: int, flags: Iterable[tuple[str, str]], stored: Mapping[str, int], share: int = 1
+    ) -> TenantLimits:
         """The limits in force: per tenant a stored row overrides its --tenant-rate-limit flag, and
-        --default-tenant-rate-limit covers tenants with neither (a stored or flagged 0: unlimited)."""
+        --default-tenant-rate-limit covers tenants with neither (a stored or flagged 0: unlimited).
+        ``share``: the serving processes that count separately; each enforces its part, rounded up."""
         by_tenant: dict[str, str | int] = dict(flags)
         by_tenant.update(stored)
-        return cls(default, by_tenant.items())
+        return cls(_part(default, share), ((tenant, _part(int(rpm), share)) for tenant, rpm in by_tenant.items()))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TenantLimits):
@@ -99,6 +102,10 @@ class TenantLimits:
 
     def limit_for(self, tenant_id: str) -> int:
         return self.by_tenant.get(tenant_id, self.default)
+
+
+def _part(limit: int, share: int) -> int:
+    return limit if limit <= 0 or share <= 1 else -(-limit // share)
 
 
 def _decision(count: int, limit: int, window: int) -> RateDecision:

@@ -1,5 +1,5 @@
 """Probes (spec 3, Probes and metrics): /health and /liveness say the process is alive; /readiness
-says it can take traffic (at least one routable worker)."""
+says it can take traffic (at least one routable worker, and not shutting down)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ async def liveness(scope: Scope, receive: Receive, send: Send) -> None:
 async def readiness(scope: Scope, receive: Receive, send: Send) -> None:
     if not await _only_get(scope, send):
         return
-    snapshot = data_plane().registry.snapshot
+    dp = data_plane()
+    snapshot = dp.registry.snapshot
     ready = len(snapshot.routable)
-    body = {"status": "ready" if ready else "not_ready", "workers": {"ready": ready, "total": len(snapshot.workers)}}
-    await send_json(send, 200 if ready else 503, body)
+    status = "draining" if dp.draining else "ready" if ready else "not_ready"
+    body = {"status": status, "workers": {"ready": ready, "total": len(snapshot.workers)}}
+    await send_json(send, 200 if status == "ready" else 503, body)

@@ -17,6 +17,8 @@ from django.db import IntegrityError, transaction
 from django.test import AsyncClient, Client
 
 from administration import registry_sync as fleet_module
+from administration.db import arun_db
+from administration.notices import bump_registry_version
 from administration.registry_sync import RegistrySync
 from administration.models import TenantRateLimit, Worker, WorkerSource, WorkerStatus
 from administration.tenant_limits import stored_tenant_limits
@@ -35,13 +37,13 @@ def new_actor() -> Actor:
     return Actor(f"tenant-{uuid.uuid4().hex[:10]}", f"sk-{uuid.uuid4().hex}")
 
 
-async def limit_becomes(tenant_id: str, expected: int) -> None:
+async def limit_becomes(tenant_id: str, expected: int, within: float = 10.0) -> None:
     """The fleet installs stored limits a moment after the write (an async refresh)."""
 
     async def reached() -> bool:
         return data_plane().tenant_limits.limit_for(tenant_id) == expected
 
-    await until(reached)
+    await until(reached, timeout=within)
 
 
 async def clear_of_window_edge(margin: float = 10.0) -> None:
@@ -235,3 +237,19 @@ async def test_fleet_refresh_installs_rows_written_without_a_notice(start_served
     await limit_becomes(actor.tenant_id, 50)  # back to its flag
     back = await chat(gateway, actor)
     assert back.headers["x-ratelimit-limit"] == "50"
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_change_counted_in_the_store_reaches_the_process_within_a_second(
+    start_served: ServedFactory,
+) -> None:
+    """Another process (a command, a Celery job, another serving process) wrote a row and counted the
+    change in the store's registry version: this process's version poll picks it up, long before the
+    safety-net refresh."""
+    actor = new_actor()
+    await start_served(refresh_secs=60, tenant_api_keys=((actor.tenant_id, actor.key),))
+    await TenantRateLimit.objects.acreate(tenant_id=actor.tenant_id, requests_per_minute=3)
+    await asyncio.sleep(0.8)
+    assert data_plane().tenant_limits.limit_for(actor.tenant_id) == 0  # no notice: not seen yet
+    await arun_db(bump_registry_version)
+    await limit_becomes(actor.tenant_id, 3, within=1.5)

@@ -101,3 +101,31 @@ def test_rungateway_exits_with_a_clear_message(argv: list[str], tmp_path) -> Non
     assert result.returncode != 0
     assert "error" in result.stderr.lower()
     assert "Traceback" not in result.stderr
+
+
+def test_workers_take_a_number_or_auto() -> None:
+    from common.config import usable_cores
+
+    assert parse_gateway_args(["--workers", "3"]).workers == 3
+    assert parse_gateway_args(["--workers", "auto"]).workers == usable_cores() >= 1
+    assert parse_gateway_args([]).workers == 1 and parse_gateway_args([]).shutdown_grace_period_secs == 180
+    for bad in ("0", "-1", "many"):
+        with pytest.raises(ConfigError):
+            parse_gateway_args(["--workers", bad])
+
+
+def test_serving_processes_split_the_gateways_limits() -> None:
+    config = parse_gateway_args([
+        "--max-concurrent-requests", "5", "--queue-size", "3", "--multimodal-max-inflight-bytes", "1000",
+    ])
+    shares = [config.share(index, 2, shared_rate_counts=False) for index in range(2)]
+    assert [s.max_concurrent_requests for s in shares] == [3, 2]  # together: the gateway's 5
+    assert [s.queue_size for s in shares] == [2, 1]
+    assert [s.multimodal_max_inflight_bytes for s in shares] == [500, 500]
+    assert {s.media_request_limit for s in shares} == {1000}  # one request may still bring the whole budget
+    assert {s.rate_limit_share for s in shares} == {2}
+    assert config.share(0, 2, shared_rate_counts=True).rate_limit_share == 1  # Redis counts for all
+    tiny = parse_gateway_args(["--max-concurrent-requests", "1"]).share(1, 4, shared_rate_counts=False)
+    assert tiny.max_concurrent_requests == 1  # every process can serve
+    assert parse_gateway_args([]).share(0, 4, shared_rate_counts=False).max_concurrent_requests == 0  # off stays off
+    assert config.share(0, 1, shared_rate_counts=False) is config

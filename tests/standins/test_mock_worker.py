@@ -304,7 +304,10 @@ async def test_client_disconnect_is_counted(
     response.close()  # drop the connection mid-stream
     current = await wait_for_stats(http, url, streams_disconnected=1, in_flight=0)
     expected = {"requests": 1, "streams_started": 1, "streams_completed": 0, "streams_aborted": 0}
-    assert current == {**expected, "streams_disconnected": 1, "in_flight": 0, "peak_in_flight": 1}
+    assert current == {
+        **expected, "requests_by_path": {"/v1/chat/completions": 1}, "streams_disconnected": 1, "in_flight": 0,
+        "peak_in_flight": 1,
+    }
 
 
 async def test_completed_streams_are_counted(url: str, http: aiohttp.ClientSession) -> None:

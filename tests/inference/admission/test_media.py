@@ -92,3 +92,17 @@ async def test_cancelled_reservation_frees_the_queue() -> None:
     budget.release(90)
     budget.release(5)
     assert budget.in_use == 0 and budget.queued == 0
+
+
+async def test_a_processs_share_admits_a_larger_request_when_alone() -> None:
+    """A serving process's share of a 100-byte budget is 50; a 70-byte request (within the whole
+    budget) waits until its process holds no other media, then goes through."""
+    budget = MediaBudget(50, wait_secs=0.2, request_limit=100)
+    assert budget.measure({"messages": []}) == 0
+    await budget.reserve(10)
+    with pytest.raises(GatewayError) as raised:
+        await budget.reserve(70)
+    assert raised.value.code == "multimodal_inflight_budget"
+    budget.release(10)
+    await budget.reserve(70)
+    assert budget.in_use == 70

@@ -173,3 +173,9 @@ async def test_runtime_follows_limits_that_appear_change_and_disappear() -> None
     assert bare.rate_limiter is limiter
     await bare.aclose()
     await rt.aclose()
+
+
+def test_processes_that_count_apart_each_enforce_their_part() -> None:
+    limits = TenantLimits.combine(5, [("acme", "9"), ("free", "0")], {"globex": 3}, share=2)
+    assert (limits.default, limits.limit_for("acme"), limits.limit_for("globex"), limits.limit_for("free")) == (3, 5, 2, 0)
+    assert TenantLimits.combine(5, [("acme", "9")], {}, share=1).limit_for("acme") == 9

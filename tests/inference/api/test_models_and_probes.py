@@ -51,3 +51,13 @@ async def test_readiness_without_routable_worker_is_503(make_gateway, worker: Ru
 
 async def test_liveness_does_not_depend_on_workers(make_gateway) -> None:
     assert (await make_gateway([]).get("/liveness")).status_code == 200
+
+
+async def test_readiness_is_503_while_draining(gateway) -> None:
+    from inference.dataplane import data_plane
+
+    assert (await gateway.get("/readiness")).status_code == 200
+    data_plane().draining = True
+    response = await gateway.get("/readiness")
+    assert response.status_code == 503 and response.json()["status"] == "draining"
+    assert (await gateway.get("/liveness")).status_code == 200

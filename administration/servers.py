@@ -1,0 +1,123 @@
+"""Run the gateway's ASGI application in this process under uvicorn (default) or daphne, on
+``--host``/``--port`` or on a listening socket inherited from the supervisor (``--workers N``).
+
+Both drain on SIGTERM/SIGINT: the listener closes at once (new connections are refused once every
+process sharing it has closed it), /readiness answers 503, requests and streams in flight may finish
+for ``--shutdown-grace-period-secs``, then the lifespan shutdown closes upstream clients and channels.
+uvicorn does this itself (its graceful shutdown, bounded by ``timeout_graceful_shutdown``); under
+daphne a Twisted shutdown trigger stops the listeners, waits for the requests in flight and then
+stops the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from administration.lifecycle import LIFECYCLE
+from common.config import GatewayConfig
+
+__all__ = ["run_uvicorn", "run_daphne"]
+
+log = logging.getLogger("administration.lifecycle")
+
+APP = "gateway_project.asgi:application"
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, marking the gateway as draining the moment the signal arrives."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        LIFECYCLE.begin_drain()
+        super().handle_exit(sig, frame)
+
+
+def run_uvicorn(config: GatewayConfig, sock: socket.socket | None = None) -> None:
+    server = _DrainingServer(
+        uvicorn.Config(
+            APP,
+            host=config.host,
+            port=config.port,
+            loop="uvloop",
+            http="httptools",
+            lifespan="on",
+            access_log=False,
+            log_level=config.log_level,
+            timeout_keep_alive=75,
+            timeout_graceful_shutdown=int(config.shutdown_grace_period_secs),
+            server_header=False,
+        )
+    )
+    server.run(sockets=[sock] if sock is not None else None)
+
+
+def run_daphne(config: GatewayConfig, fd: int | None = None) -> None:
+    # Imported here: importing daphne's server installs Twisted's asyncio reactor, which only a daphne
+    # process wants.
+    from daphne.cli import CommandLineInterface
+
+    cli = CommandLineInterface()
+    _tie_lifecycle_to_twisted(cli, config.shutdown_grace_period_secs)
+    verbosity = "2" if config.log_level == "debug" else "1"
+    where = ["--fd", str(fd)] if fd is not None else ["-b", config.host, "-p", str(config.port)]
+    cli.run([*where, "-v", verbosity, APP])
+
+
+def _tie_lifecycle_to_twisted(cli: Any, grace_secs: float) -> None:
+    """daphne sends no ASGI lifespan events: start the gateway's background parts (fleet, health
+    checks, metrics listener) when Twisted's reactor starts, not on the first request, and stop them
+    (closing the upstream sessions, dropping this process's live gauges) before it shuts down.
+
+    SIGTERM and SIGINT drain first: Twisted's own handlers would stop the reactor at once, and
+    daphne cancels every application instance on shutdown, cutting streams off. Ours stop the
+    listeners, let the requests in flight finish (at most ``grace_secs``) and only then stop the
+    reactor; a second signal stops it at once."""
+    from daphne.server import twisted_loop  # importing daphne.server installs the asyncio reactor
+    from twisted.internet import defer
+    from twisted.internet import reactor as installed_reactor
+
+    reactor: Any = installed_reactor  # zope interfaces confuse the type checker
+    signals = 0
+
+    async def drain() -> None:
+        LIFECYCLE.begin_drain()
+        server = getattr(cli, "server", None)
+        for listening in list(getattr(server, "listeners", None) or ()):  # Deferreds of the ports
+            listening.addCallback(lambda port: port.stopListening())
+        await LIFECYCLE.await_idle(grace_secs)
+        reactor.stop()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            twisted_loop.call_soon_threadsafe(lambda: asyncio.ensure_future(drain(), loop=twisted_loop))
+        else:
+            reactor.callFromThread(reactor.stop)
+
+    def start() -> defer.Deferred[None]:
+        # Twisted installed its signal handlers before the startup callbacks run: ours replace them.
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        started: defer.Deferred[None] = defer.Deferred.fromFuture(
+            asyncio.ensure_future(LIFECYCLE.astart(), loop=twisted_loop)
+        )
+
+        def failed(failure: Any) -> None:
+            log.error("gateway failed to start: %s", failure.getErrorMessage())
+            reactor.stop()
+
+        started.addErrback(failed)
+        return started
+
+    def stop() -> defer.Deferred[None]:
+        return defer.Deferred.fromFuture(asyncio.ensure_future(LIFECYCLE.astop(), loop=twisted_loop))
+
+    reactor.callWhenRunning(start)
+    reactor.addSystemEventTrigger("before", "shutdown", stop)
