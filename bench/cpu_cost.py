@@ -69,12 +69,14 @@ def cpu_seconds(pid: int) -> float:
 
 
 def _start_target(
-    target: str, group: ProcessGroup, work: Path, name: str, port: int, worker_url: str
+    target: str, group: ProcessGroup, work: Path, name: str, port: int, worker_url: str, workers: int = 1
 ) -> int:
-    """Start the gateway (``uvicorn``/``daphne``) or an installed peer (``smg``) on core 0; its pid."""
+    """Start the gateway (``uvicorn``/``daphne``, ``workers`` serving processes) or an installed peer
+    (``smg``) on core 0; its pid (the CPU of its whole process tree is counted)."""
     if target in ("uvicorn", "daphne"):
         proc = start_gateway(
-            group, f"gw-{name}", port=port, worker_url=worker_url, server=target, core=0, data_dir=work / f"data-{name}"
+            group, f"gw-{name}", port=port, worker_url=worker_url, server=target, core=0,
+            data_dir=work / f"data-{name}", workers=workers,
         )
     else:
         peer = PEERS[target]
@@ -86,7 +88,7 @@ def _start_target(
     return proc.popen.pid  # taskset execs the program, so the launcher's pid is the server's
 
 
-def measure(target: str, requests: int, repeat: int) -> dict[str, list[float]]:
+def measure(target: str, requests: int, repeat: int, workers: int = 1) -> dict[str, list[float]]:
     results: dict[str, list[float]] = {"chat": [], "stream-1": [], "stream-64": []}
     with tempfile.TemporaryDirectory(prefix="gw-cpu-") as tmp, ProcessGroup(Path(tmp) / "logs") as group:
         work = Path(tmp)
@@ -97,7 +99,7 @@ def measure(target: str, requests: int, repeat: int) -> dict[str, list[float]]:
         gateways = {}
         for name, worker_port in (("chat", nginx_port), ("stream-1", mock1_port), ("stream-64", mock64_port)):
             port = free_port()
-            pid = _start_target(target, group, work, name, port, f"http://{LOOPBACK}:{worker_port}")
+            pid = _start_target(target, group, work, name, port, f"http://{LOOPBACK}:{worker_port}", workers)
             gateways[name] = (port, pid)
         script = write_script(work / "chat.lua")
         for _ in range(repeat):
@@ -126,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the gateway under uvicorn or daphne, or an installed reference peer")
     parser.add_argument("--requests", type=int, default=640, help="streams per streaming measurement")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--gateway-workers", type=int, default=1,
+                        help="the gateway's --workers N, all on core 0 (the cost of running as several processes)")
     args = parser.parse_args(argv)
-    results = measure(args.target, args.requests, args.repeat)
+    results = measure(args.target, args.requests, args.repeat, args.gateway_workers)
     for name, values in results.items():
         print(f"{name:10s} CPU per request: median {statistics.median(values):7.1f} us  ({', '.join(f'{v:.1f}' for v in values)})")
     chunk = (statistics.median(results["stream-64"]) - statistics.median(results["stream-1"])) / 63

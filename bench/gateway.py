@@ -18,7 +18,7 @@ MANAGE = str(REPO / "manage.py")
 START_TIMEOUT_S = 60.0
 
 
-def gateway_argv(port: int, worker_url: str, server: str, api_key: str | None = None) -> list[str]:
+def gateway_argv(port: int, worker_url: str, server: str, api_key: str | None = None, workers: int = 1) -> list[str]:
     argv = [
         PYTHON,
         MANAGE,
@@ -38,6 +38,8 @@ def gateway_argv(port: int, worker_url: str, server: str, api_key: str | None = 
     ]
     if api_key:
         argv += ["--api-key", api_key]
+    if workers > 1:
+        argv += ["--workers", str(workers)]
     return argv
 
 
@@ -51,13 +53,15 @@ def start_gateway(
     core: int | str,
     data_dir: Path,
     wrap: Sequence[str] = (),
+    workers: int = 1,
 ) -> ManagedProcess:
-    """The gateway pinned to ``core``, with its SQLite file in ``data_dir``; waits for /readiness 200.
+    """The gateway pinned to ``core`` (a core or a taskset list, e.g. ``0-7``), with its SQLite file
+    in ``data_dir`` and ``workers`` serving processes; waits for /readiness 200.
 
     ``wrap`` goes between taskset and the interpreter's arguments (e.g. ``-m cProfile -o FILE``).
     """
     data_dir.mkdir(parents=True, exist_ok=True)
-    argv = gateway_argv(port, worker_url, server)
+    argv = gateway_argv(port, worker_url, server, workers=workers)
     if wrap:
         argv = [argv[0], *wrap, *argv[1:]]
     env = child_env({"GW_DATA_DIR": str(data_dir), "DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
@@ -68,7 +72,7 @@ def start_gateway(
 
 
 def _has_runmockworker() -> bool:
-    if not (REPO / "inference" / "management" / "commands" / "runmockworker.py").exists():
+    if not (REPO / "standins" / "management" / "commands" / "runmockworker.py").exists():
         return False
     done = subprocess.run(
         [PYTHON, MANAGE, "help", "runmockworker"],

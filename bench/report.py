@@ -241,7 +241,8 @@ def render_text(results: Results, summary: dict[str, Any]) -> str:
     out = [
         f"Non-streaming chat: wrk -t{cfg['wrk_threads']} {cfg['duration_s']:g} s per point"
         f"{' (best of ' + str(cfg['repeat']) + ')' if cfg.get('repeat', 1) > 1 else ''} "
-        f"(+{cfg['warmup_s']:g} s warm-up); target on core {cfg['target_core']}, "
+        f"(+{cfg['warmup_s']:g} s warm-up); target on core {cfg['target_core']}"
+        f"{_processes(cfg)}, "
         f"wrk + nginx worker on core {cfg['load_core']}  (* = errors or non-2xx seen)",
     ]
     header, rows, notes = _nonstreaming_rows(results)
@@ -272,7 +273,7 @@ def render_markdown(results: Results, summary: dict[str, Any]) -> str:
         f"- Commit: `{meta['commit']}`{' (uncommitted changes)' if meta.get('dirty') else ''}",
         f"- Non-streaming: wrk -t{cfg['wrk_threads']}, {cfg['duration_s']:g} s per point"
         f"{' (best of ' + str(cfg['repeat']) + ' runs)' if cfg.get('repeat', 1) > 1 else ''} after a "
-        f"{cfg['warmup_s']:g} s warm-up; target on core {cfg['target_core']}, wrk and the nginx worker on core "
+        f"{cfg['warmup_s']:g} s warm-up; target on core {cfg['target_core']}{_processes(cfg)}, wrk and the nginx worker on core "
         f"{cfg['load_core']}.",
         "",
     ]
@@ -311,3 +312,9 @@ def update_doc(path: Path, section: str, template: str) -> None:
 def write_json(path: Path, results: Results, summary: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**results, "summary": summary}, indent=2) + "\n")
+
+
+def _processes(cfg: dict[str, Any]) -> str:
+    """How many serving processes the gateway ran (multi-core mode), for the report's lines."""
+    workers = int(cfg.get("gateway_workers") or 1)
+    return f" (gateway --workers {workers})" if workers > 1 else ""

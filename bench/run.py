@@ -75,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--strict", action="store_true", help="exit 1 when the uvicorn gateway misses a target")
     add("--target-core", default="0", help="core for the target under test (default 0)")
     add("--load-core", default="1", help="core for nginx, wrk and the stream client (default 1)")
+    add("--gateway-workers", type=int, default=1,
+        help="multi-core mode: the gateway's --workers N, on the --target-core list (e.g. 0-7) that smg "
+             "also gets (default 1)")
     args = parser.parse_args(argv)
     args.connections = sorted({int(c) for c in args.connections.split(",") if c.strip()})
     args.targets = [t for t in args.targets.split(",") if t.strip()]
@@ -112,6 +115,7 @@ def _starters(args: argparse.Namespace) -> dict[str, Starter]:
                 server=server,
                 core=args.target_core,
                 data_dir=where / "data",
+                workers=args.gateway_workers,
             )
 
         return start
@@ -291,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": args.repeat,
         "target_core": args.target_core,
         "load_core": args.load_core,
+        "gateway_workers": args.gateway_workers,
         "streams": args.streams,
         "stream_rounds": args.stream_rounds,
         "stream_tokens": args.stream_tokens,

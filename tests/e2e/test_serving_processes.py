@@ -184,8 +184,12 @@ def test_a_tenant_limit_is_exact_across_the_processes_with_redis(start_supervise
 
 
 def test_a_killed_serving_process_is_replaced_and_traffic_continues(start_supervised, mock_worker_process) -> None:
+    """The leader is killed: the other process keeps serving, the supervisor starts a replacement, and
+    one of the two takes the host's control loops over."""
     gateway, port = start_supervised("--worker-urls", mock_worker_process.url)
-    victim, survivor = serving_pids(gateway)
+    lock = Path(gateway.env["GW_DATA_DIR"]) / "run" / f"gateway-{port}" / "leader.lock"
+    victim = int(lock.read_text())
+    survivor = next(pid for pid in serving_pids(gateway) if pid != victim)
     os.kill(victim, signal.SIGKILL)
     # A crash loses what the dead process had accepted; from its death on, the survivor takes all.
     wait_for(lambda: _dead(victim), 10, "the killed process gone", None)
@@ -199,6 +203,9 @@ def test_a_killed_serving_process_is_replaced_and_traffic_continues(start_superv
     wait_for(lambda: pinned[replacement].request("POST", "/v1/chat/completions", CHAT)[0] == 200, 20,
              "the replacement serves", gateway)
     assert "exited with -9; replacing it" in gateway.log()
+    # The survivor (or the replacement, if it asks first) holds the leader lock now.
+    wait_for(lambda: int(lock.read_text() or 0) in (survivor, replacement), 10, "a new leader", gateway)
+    assert gateway.log().count("leads th") == 2
 
 
 @pytest.mark.parametrize("server", ["uvicorn", "daphne"])
