@@ -21,10 +21,12 @@ import asyncio
 import atexit
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Iterable, Sequence
 
+from prometheus_client import values as prometheus_values
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -45,6 +47,7 @@ __all__ = [
     "WorkerSample",
     "sample_gauges",
     "run_sampler",
+    "flush_buffered_metrics",
 ]
 
 
@@ -65,6 +68,49 @@ log = logging.getLogger(__name__)
 
 MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 MULTIPROCESS = MULTIPROC_DIR is not None
+
+# Multiprocess mode writes every update into a memory-mapped file under a lock; on the request path
+# that cost ~15 us per request. Counter and histogram increments are kept in memory instead and
+# written by flush_buffered_metrics(): the sampler's once-a-second tick, the lifespan shutdown and
+# interpreter exit (a scrape may be a second behind). ``set`` (gauges) is written at once.
+_pending_lock = threading.Lock()
+_buffered: list[Any] = []
+
+if MULTIPROCESS:
+    _MmapedValue: Any = prometheus_values.ValueClass
+
+    class _BufferedValue(_MmapedValue):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._pending = 0.0
+            with _pending_lock:
+                _buffered.append(self)
+
+        def inc(self, amount: float) -> None:
+            with _pending_lock:
+                self._pending += amount
+
+        def set(self, value: float, timestamp: float | None = None) -> None:
+            with _pending_lock:
+                self._pending = 0.0
+            super().set(value, timestamp)
+
+        def get(self) -> float:
+            return float(super().get()) + self._pending
+
+    prometheus_values.ValueClass = _BufferedValue
+
+
+def flush_buffered_metrics() -> None:
+    """Write the increments kept in memory to this process's multiprocess files (no-op otherwise)."""
+    if not _buffered:
+        return
+    with _pending_lock:
+        due = [(value, value._pending) for value in _buffered if value._pending]
+        for value, _ in due:
+            value._pending = 0.0
+    for value, amount in due:
+        _MmapedValue.inc(value, amount)
 
 # The registry the metrics port exports in single-process mode (the objects below register here; in
 # multiprocess mode their values go to PROMETHEUS_MULTIPROC_DIR whatever the registry).
@@ -520,7 +566,9 @@ def sample_gauges(permits_in_flight: int, permits_queued: int, workers: Iterable
 
 
 def mark_process_dead() -> None:
-    """Drop this process's live gauges from the multiprocess export (at shutdown; idempotent)."""
+    """Write what is buffered, then drop this process's live gauges from the multiprocess export (at
+    shutdown; idempotent)."""
+    flush_buffered_metrics()
     if MULTIPROCESS:
         from prometheus_client import multiprocess
 
@@ -532,6 +580,7 @@ def mark_process_dead() -> None:
 # from import time).
 if MULTIPROCESS:
     atexit.register(mark_process_dead)
+    atexit.register(flush_buffered_metrics)  # runs first (atexit is last in, first out)
 
 
 _CANARY_SECS = 0.01
@@ -554,5 +603,6 @@ async def run_sampler(sample: Callable[[], None], interval: float = 1.0) -> None
             next_sample = loop.time() + interval
             try:
                 sample()
+                flush_buffered_metrics()
             except Exception:  # never let a metrics bug stop the sampler
                 log.exception("metrics sampling failed")

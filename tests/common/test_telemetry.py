@@ -205,3 +205,40 @@ def test_duration_buckets_come_from_the_flag() -> None:
     finally:
         metrics.configure(())
     assert metrics.HTTP_DURATION._upper_bounds[0] == metrics.DEFAULT_DURATION_BUCKETS[0]
+
+
+def test_multiprocess_increments_reach_the_files_when_flushed(tmp_path) -> None:
+    """In multiprocess mode counter and histogram increments stay in memory until the sampler's
+    flush (or the process's exit), and then every one of them is in the files."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "from prometheus_client import CollectorRegistry, multiprocess\n"
+        "from common import telemetry as metrics\n"
+        "def total():\n"
+        "    registry = CollectorRegistry()\n"
+        "    multiprocess.MultiProcessCollector(registry)\n"
+        "    return registry.get_sample_value('gw_worker_cb_outcomes_total', {'worker': 'http://f:1', 'outcome': 'success'}) or 0\n"
+        "for _ in range(5):\n"
+        "    metrics.record_breaker_outcome('http://f:1', False)\n"
+        "assert total() == 0, total()\n"
+        "metrics.flush_buffered_metrics()\n"
+        "assert total() == 5, total()\n"
+        "metrics.record_breaker_outcome('http://f:1', False)\n"
+        "metrics.flush_buffered_metrics()\n"
+        "metrics.flush_buffered_metrics()\n"
+        "assert total() == 6, total()\n"
+        "metrics.record_breaker_outcome('http://f:1', False)\n"  # left for the exit flush
+    )
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    from prometheus_client import CollectorRegistry, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(tmp_path))
+    assert registry.get_sample_value("gw_worker_cb_outcomes_total", {"worker": "http://f:1", "outcome": "success"}) == 7

@@ -107,10 +107,14 @@ def test_two_gateway_processes_export_one_sum_and_hand_the_port_over(
         _scrape_until(url, lambda f: _sum(f, "gw_http_connections_active", "gw_http_connections_active") == 2,
                       "two requests in flight over two processes")
     total = sum(plain + 1 for _, plain in sent) + 2  # and the two held streams
-    families = _scrape_until(
+
+    def chats(families: dict) -> float:
+        return {tuple(sorted(s.labels.items())): s.value for s in families["gw_http_requests"].samples}[CHAT_PATH]
+
+    families = _scrape_until(  # counters reach the files within a second of the requests
         url, lambda f: _sum(f, "gw_http_connections_active", "gw_http_connections_active") == 0
-        and _sum(f, "gw_worker_health", "gw_worker_health") == 1,
-        "no request in flight, the worker ready",
+        and _sum(f, "gw_worker_health", "gw_worker_health") == 1 and chats(f) == total,
+        "no request in flight, the worker ready, every request counted",
     )
     requests = {tuple(sorted(s.labels.items())): s.value for s in families["gw_http_requests"].samples}
     assert requests[CHAT_PATH] == total
@@ -134,11 +138,10 @@ def test_two_gateway_processes_export_one_sum_and_hand_the_port_over(
     assert _sum(families, "gw_router_requests", "gw_router_requests_total") == total
     assert _sum(families, "gw_http_connections_active", "gw_http_connections_active") == 0
 
-    # The survivor keeps adding to the same sums.
+    # The survivor keeps adding to the same sums (written to its file within a second).
     _chat(second)
-    families = _scrape(url)
-    requests = {tuple(sorted(s.labels.items())): s.value for s in families["gw_http_requests"].samples}
-    assert requests[CHAT_PATH] == total + 1
+    families = _scrape_until(url, lambda f: chats(f) == total + 1, "the survivor's request counted", timeout=5)
+    assert chats(families) == total + 1
 
     second.stop()
     assert second.popen.returncode in STOPPED, second.log()

@@ -22,6 +22,7 @@ from typing import Callable
 import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import Process, free_port, wait_for
 from tests.e2e.test_fleet_processes import REDIS, needs_redis
@@ -158,14 +159,28 @@ def test_a_tenant_limit_holds_across_the_processes_without_redis(start_supervise
     """Counted in each process, each allows its share rounded up: 4 a minute over two processes is
     2 each, 4 in all however the requests fall."""
     key = f"sk-tenant-{uuid.uuid4().hex}"
+    metrics_port = free_port()
     gateway, port = start_supervised(
-        "--worker-urls", mock_worker_process.url, "--tenant-api-key", f"acme:{key}", "--tenant-rate-limit", "acme=4"
+        "--worker-urls", mock_worker_process.url, "--tenant-api-key", f"acme:{key}", "--tenant-rate-limit", "acme=4",
+        "--prometheus-port", str(metrics_port),
     )
     pinned = pin_each(gateway, port, serving_pids(gateway))
     auth = {"Authorization": f"Bearer {key}"}
     statuses = [connection.request("POST", "/v1/chat/completions", CHAT, auth)[0]
                 for connection in pinned.values() for _ in range(3)]
     assert sorted(statuses) == [200, 200, 200, 200, 429, 429]
+
+    # /metrics sums both processes (the supervisor turned multiprocess mode on).
+    def responses(status: str) -> float:
+        text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if (sample.name == "gw_http_responses_total" and sample.labels.get("path") == "/v1/chat/completions"
+                        and sample.labels.get("status_code") == status):
+                    return sample.value
+        return 0.0
+
+    wait_for(lambda: (responses("200"), responses("429")) == (4.0, 2.0), 10, "both processes' responses counted", gateway)
 
 
 @needs_redis
