@@ -5,20 +5,25 @@ consecutive successes make a pending or not_ready worker ready; ``failure_thresh
 failures make a ready worker not_ready. A pending worker is probed every second until it is ready,
 then every ``check_interval_secs``. Transitions are conditional UPDATEs, so several gateway
 processes probing the same worker agree.
+
+The cost stays flat as the fleet grows: each worker has its own small httpx client and a bounded number
+of probes run at once, their timeouts starting when they get their turn
+(:mod:`administration.worker_clients`); schedules are jittered, so a thousand workers registered
+together are not probed in one burst.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
 import httpx
 
-from common.http_clients import http_client
-
 from administration.db import arun_db
+from administration.worker_clients import WorkerClients
 from common.telemetry import record_health_check
 from administration.models import Worker, WorkerStatus, WorkerType
 from administration.notices import bump_registry_version
@@ -28,8 +33,6 @@ __all__ = ["HealthTarget", "HealthChecker", "transition"]
 log = logging.getLogger(__name__)
 
 _PENDING_PROBE_SECS = 1.0
-
-
 @dataclass(frozen=True, slots=True)
 class HealthTarget:
     worker_id: str
@@ -58,6 +61,7 @@ class HealthChecker:
         self._on_change = on_change
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._targets: dict[str, HealthTarget] = {}
+        self._clients = WorkerClients()
 
     def reconcile(self, targets: list[HealthTarget]) -> None:
         """Probe exactly these workers from now on (called after every registry refresh)."""
@@ -66,6 +70,7 @@ class HealthChecker:
             if worker_id not in wanted:
                 self._tasks.pop(worker_id).cancel()
                 self._targets.pop(worker_id, None)
+                self._clients.forget(worker_id)
         for worker_id, target in wanted.items():
             current = self._targets.get(worker_id)
             self._targets[worker_id] = target
@@ -84,17 +89,23 @@ class HealthChecker:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
+        await self._clients.aclose()
 
     async def probe(self, target: HealthTarget) -> bool:
         headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+        client = self._clients.client(target.worker_id)
         try:
-            response = await http_client().get(target.url + target.endpoint, headers=headers, timeout=target.timeout_secs)
+            async with self._clients.turn():  # the timeout runs from here: waiting is not counted
+                response = await client.get(target.url + target.endpoint, headers=headers, timeout=target.timeout_secs)
         except httpx.HTTPError:
             return False
         return response.is_success
 
     async def _probe_loop(self, worker_id: str) -> None:
         successes = failures = 0
+        target = self._targets.get(worker_id)
+        if target is not None:  # workers that arrive together are not probed in one burst
+            await asyncio.sleep(random.uniform(0.0, min(_PENDING_PROBE_SECS, target.interval_secs)))
         while True:
             target = self._targets.get(worker_id)
             if target is None:
@@ -115,4 +126,4 @@ class HealthChecker:
                 successes = failures = 0
                 await self._on_change()
             pause = target.interval_secs if status == WorkerStatus.READY or new == WorkerStatus.READY else _PENDING_PROBE_SECS
-            await asyncio.sleep(min(pause, target.interval_secs))
+            await asyncio.sleep(min(pause, target.interval_secs) * random.uniform(0.9, 1.1))

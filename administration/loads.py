@@ -23,9 +23,9 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
 
-from common.http_clients import http_client
 
 from common.telemetry import record_engine_load
+from administration.worker_clients import WorkerClients
 from inference.routing.load_report import LoadEntry
 from inference.routing.registry import REGISTRY, WorkerRegistry
 
@@ -224,6 +224,7 @@ class LoadMonitor:
         self.registry = registry
         self._targets: dict[str, LoadTarget] = {}
         self._task: asyncio.Task[None] | None = None
+        self._clients = WorkerClients()
         # Called after each poll round (the leader of a supervised gateway shares its reports).
         self.after_poll: Callable[[], Awaitable[None]] | None = None
 
@@ -235,6 +236,7 @@ class LoadMonitor:
         """Poll exactly these workers from now on; a worker that left is back to no report."""
         wanted = {target.worker_id: target for target in targets}
         for worker_id in self._targets.keys() - wanted.keys():
+            self._clients.forget(worker_id)
             record_engine_load(self._targets[worker_id].url, None, None)
             load = self.registry.load_of(worker_id)
             if load is not None:
@@ -254,6 +256,7 @@ class LoadMonitor:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        await self._clients.aclose()
 
     async def apoll(self) -> None:
         """One round: every target polled in parallel, reports and overload states updated."""
@@ -292,15 +295,18 @@ class LoadMonitor:
     async def _afetch(self, target: LoadTarget) -> list[LoadEntry] | None:
         headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
         timeout = min(self.interval, _MAX_POLL_TIMEOUT_SECS)
+        client = self._clients.client(target.worker_id)
         if target.runtime_type != "vllm":
             try:
-                response = await http_client().get(target.url + "/get_load", headers=headers, timeout=timeout)
+                async with self._clients.turn():
+                    response = await client.get(target.url + "/get_load", headers=headers, timeout=timeout)
                 if response.is_success:
                     return entries_from_get_load(target, response.json())
             except (httpx.HTTPError, ValueError) as exc:
                 log.debug("get_load of %s failed: %s", target.url, exc)
         try:
-            response = await http_client().get(target.url + "/metrics", headers=headers, timeout=timeout)
+            async with self._clients.turn():
+                response = await client.get(target.url + "/metrics", headers=headers, timeout=timeout)
             if response.is_success:
                 return entries_from_metrics(target, response.text)
         except (httpx.HTTPError, ValueError) as exc:

@@ -107,16 +107,15 @@ def load_fleet_state(config: GatewayConfig) -> FleetState:
     """One read of the store: registry records, aliases, health-check and load targets, tenant limits,
     and the registry version first (a change during the read is seen by the next poll)."""
     version = registry_version()
-    records = worker_records(config)
+    workers = list(Worker.objects.listed())  # one read: records and targets come from the same rows
+    records = worker_records(config, workers)
     aliases = dict(config.model_aliases)
     targets = []
     loads = []
-    by_id = {record.id: record for record in records}
-    for worker in Worker.objects.listed():
+    for worker, record in zip(workers, records):
         for card in worker.model_cards:
             for alias in card.get("aliases", []):
                 aliases.setdefault(alias, card["id"])
-        record = by_id[str(worker.pk)]
         target = _health_target(worker, config, record.api_key)
         if target is not None:
             targets.append(target)
@@ -134,7 +133,7 @@ class RegistrySync:
     def __init__(self, config: GatewayConfig, peers: HostPeers | None = None) -> None:
         self.config = config
         self.peers = peers
-        self.health = HealthChecker(self.arefresh)
+        self.health = HealthChecker(self._status_changed)
         self.loads = LoadMonitor(config.load_monitor_interval)
         self.leadership = Leadership(peers.lock_path, self._lead) if peers is not None else None
         self.leading = peers is None
@@ -202,6 +201,10 @@ class RegistrySync:
             self.health.reconcile(state.health)
             self.loads.reconcile(state.loads)
         return snapshot
+
+    async def _status_changed(self) -> None:
+        """A health check moved a worker: reload soon, once for a burst of transitions."""
+        self._schedule_refresh()
 
     def notify(self) -> None:
         """Called from any thread (jobs): rebuild the snapshot soon, once for a burst of notices."""

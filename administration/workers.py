@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import asdict
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -294,11 +294,12 @@ def resilience_of(worker: Worker, config: GatewayConfig) -> Resilience:
     )
 
 
-def worker_records(config: GatewayConfig) -> list[WorkerRecord]:
-    """The registry's view of every registered worker. Command-line workers present the gateway's
-    --api-key to the worker; API-registered workers present only their own key."""
+def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = None) -> list[WorkerRecord]:
+    """The registry's view of every registered worker (``workers``: rows already read, else one
+    read). Command-line workers present the gateway's --api-key to the worker; API-registered
+    workers present only their own key."""
     records = []
-    for worker in Worker.objects.listed():
+    for worker in Worker.objects.listed() if workers is None else workers:
         key = worker.api_key or (config.api_key if worker.source == WorkerSource.CLI else None)
         records.append(
             WorkerRecord(

@@ -83,12 +83,9 @@ def _pd_pairing(worker: Worker) -> str | None:
 
 def worker_object(worker: Worker) -> dict[str, Any]:
     """The worker as GET answers it: the spec's fields (never api_key) plus live state."""
-    load = 0
-    engine_load = None
-    for handle in REGISTRY.snapshot.workers:
-        if handle.id == str(worker.pk):
-            load, engine_load = handle.load.in_flight, handle.load.engine_load
-            break
+    live = REGISTRY.load_of(str(worker.pk))  # by id: a list of N workers stays O(N)
+    load = live.in_flight if live is not None else 0
+    engine_load = live.engine_load if live is not None else None
     body: dict[str, Any] = {
         "id": str(worker.pk),
         **spec_fields(worker),
