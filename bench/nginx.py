@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Sequence
 
 from bench.procs import LOOPBACK, ManagedProcess, ProcessGroup, http_get, pinned
 
@@ -45,9 +46,10 @@ def _literal(payload: object) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def write_config(prefix: Path, port: int) -> Path:
+def write_config(prefix: Path, port: int, extra_ports: Sequence[int] = ()) -> Path:
     for sub in ("logs", "tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):
         (prefix / sub).mkdir(parents=True, exist_ok=True)
+    listens = "\n".join(f"        listen {LOOPBACK}:{extra_port};" for extra_port in extra_ports)
     extra = "\n".join(
         f"        location = {path} {{ return 200 {_literal(body)}; }}" for path, body in _EXTRA_GET.items()
     )
@@ -75,6 +77,7 @@ http {{
     server_tokens off;
     server {{
         listen {LOOPBACK}:{port} backlog=4096;
+{listens}
         location = /v1/chat/completions {{ return 200 {_literal(CHAT_COMPLETION)}; }}
         location = /v1/models {{ return 200 {_literal(MODELS)}; }}
 {extra}
@@ -87,11 +90,14 @@ http {{
     return path
 
 
-def start_nginx_worker(group: ProcessGroup, prefix: Path, port: int, core: int) -> ManagedProcess:
-    """nginx (one worker process, pinned to ``core``) on 127.0.0.1:port; waits until it answers."""
+def start_nginx_worker(
+    group: ProcessGroup, prefix: Path, port: int, core: int | str, extra_ports: Sequence[int] = ()
+) -> ManagedProcess:
+    """nginx (one worker process, pinned to ``core``) on 127.0.0.1:port (and ``extra_ports``: one
+    worker seen as many); waits until it answers."""
     if shutil.which(NGINX) is None and not Path(NGINX).exists():
         raise FileNotFoundError(f"{NGINX} not found (apt-get install nginx-light)")
-    conf = write_config(prefix, port)
+    conf = write_config(prefix, port, extra_ports)
     proc = group.start("nginx", pinned(core, [NGINX, "-p", str(prefix), "-c", str(conf)]))
     url = f"http://{LOOPBACK}:{port}/v1/models"
     proc.wait_ready(lambda: http_get(url)[0] == 200, timeout=10)

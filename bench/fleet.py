@@ -1,0 +1,169 @@
+"""Fleet mode: how the gateway's control plane and relay hold up as the fleet grows, beside smg.
+
+``.venv/bin/python bench/fleet.py [--sizes 1,100,1000] [--targets gateway,smg] [--idle-secs 30]``
+
+One nginx worker (core 1) listens on N loopback ports, so N distinct worker URLs reach the same C
+worker. For each size and target (core 0, health checks every 5 s, everything else at defaults):
+
+- registration: POST /workers for every URL, one after another, then the time until every worker is
+  healthy in GET /workers (the gateway needs two successful probes, smg its own rule);
+- idle CPU over ``--idle-secs`` with the whole fleet registered (percent of one core);
+- GET /workers latency (median of 10);
+- RSS of the target's process tree;
+- relay throughput: wrk c=64 on /v1/chat/completions for ``--duration`` seconds.
+
+Prints a table and writes ``bench/results/fleet.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.cpu_cost import _process_tree, cpu_seconds  # noqa: E402
+from bench.gateway import MANAGE, PYTHON, REPO  # noqa: E402
+from bench.loadgen import run_wrk, write_script  # noqa: E402
+from bench.nginx import start_nginx_worker  # noqa: E402
+from bench.peers import PEERS  # noqa: E402
+from bench.procs import LOOPBACK, ManagedProcess, ProcessGroup, child_env, free_port, http_get, http_post_json, pinned  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+START_TIMEOUT_S = 60.0
+
+
+def _start_gateway(group: ProcessGroup, work: Path, port: int, interval: float) -> ManagedProcess:
+    argv = [PYTHON, MANAGE, "rungateway", "--host", LOOPBACK, "--port", str(port), "--log-level", "warning",
+            "--health-check-interval-secs", f"{interval:g}", "--prometheus-port", str(free_port())]
+    env = child_env({"GW_DATA_DIR": str(work / "data"), "DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
+    proc = group.start(f"gateway-{port}", pinned(0, argv), env=env, cwd=REPO)
+    proc.wait_ready(lambda: http_get(f"http://{LOOPBACK}:{port}/liveness")[0] == 200, timeout=START_TIMEOUT_S)
+    return proc
+
+
+def _start_smg(group: ProcessGroup, work: Path, port: int, interval: float) -> ManagedProcess:
+    argv = [str(PEERS["smg"].binary), "launch", "--host", LOOPBACK, "--port", str(port), "--policy", "round_robin",
+            "--health-check-interval-secs", f"{interval:g}", "--prometheus-host", LOOPBACK,
+            "--prometheus-port", str(free_port()), "--log-level", "warn"]
+    work.mkdir(parents=True, exist_ok=True)
+    proc = group.start(f"smg-{port}", pinned(0, argv), env=child_env(), cwd=work)
+    proc.wait_ready(lambda: http_get(f"http://{LOOPBACK}:{port}/liveness")[0] == 200, timeout=START_TIMEOUT_S)
+    return proc
+
+
+STARTERS: dict[str, Callable[[ProcessGroup, Path, int, float], ManagedProcess]] = {
+    "gateway": _start_gateway,
+    "smg": _start_smg,
+}
+
+
+def _healthy(base: str) -> int:
+    status, body = http_get(f"{base}/workers", timeout=30)
+    if status != 200:
+        return 0
+    workers = json.loads(body).get("workers") or []
+    return sum(1 for worker in workers if worker.get("is_healthy"))
+
+
+def _distinct_ports(count: int) -> list[int]:
+    """Free ports, no two alike (a port freed by one probe can come back from the next)."""
+    found: dict[int, None] = {}
+    while len(found) < count:
+        found[free_port()] = None
+    return list(found)
+
+
+def _rss_mib(pid: int) -> float:
+    total = 0
+    for member in _process_tree(pid):
+        try:
+            for line in Path(f"/proc/{member}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def measure(target: str, size: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    with ProcessGroup(work / f"logs-{target}-{size}") as group:
+        ports = _distinct_ports(size + 1)  # the workers' and the target's
+        port = ports.pop()
+        start_nginx_worker(group, work / f"nginx-{target}-{size}", ports[0], core=1, extra_ports=ports[1:])
+        proc = STARTERS[target](group, work / f"{target}-{size}", port, args.health_interval)
+        base = f"http://{LOOPBACK}:{port}"
+        started = time.monotonic()
+        for worker_port in ports:
+            status, body = http_post_json(f"{base}/workers", json.dumps({"url": f"http://{LOOPBACK}:{worker_port}"}).encode())
+            if status not in (200, 201, 202):
+                raise RuntimeError(f"{target}: POST /workers answered {status}: {body[:200]!r}")
+        posted = time.monotonic() - started
+        deadline = started + args.ready_timeout
+        ready = 0
+        while time.monotonic() < deadline:
+            ready = _healthy(base)
+            if ready >= size:
+                break
+            time.sleep(0.25)
+        registered = time.monotonic() - started if ready >= size else None
+        before = cpu_seconds(proc.popen.pid)
+        time.sleep(args.idle_secs)
+        idle = (cpu_seconds(proc.popen.pid) - before) / args.idle_secs * 100
+        latencies = []
+        for _ in range(10):
+            began = time.perf_counter()
+            http_get(f"{base}/workers", timeout=60)
+            latencies.append((time.perf_counter() - began) * 1000)
+        script = write_script(work / f"chat-{target}-{size}.lua")
+        url = f"{base}/v1/chat/completions"
+        run_wrk(url, script, connections=64, threads=1, duration=1.0, core=1)
+        load = run_wrk(url, script, connections=64, threads=1, duration=args.duration, core=1)
+        return {
+            "target": target, "workers": size, "ready": ready, "posted_s": round(posted, 2),
+            "all_ready_s": None if registered is None else round(registered, 2), "idle_cpu_pct": round(idle, 1),
+            "get_workers_ms": round(statistics.median(latencies), 1), "rss_mib": round(_rss_mib(proc.popen.pid), 1),
+            "relay_req_s": round(load.rps), "relay_errors": load.errors + load.non_2xx,
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,100,1000", help="fleet sizes, comma separated")
+    parser.add_argument("--targets", default="gateway,smg", help="subset of gateway,smg")
+    parser.add_argument("--health-interval", type=float, default=5.0)
+    parser.add_argument("--idle-secs", type=float, default=30.0)
+    parser.add_argument("--duration", type=float, default=6.0, help="wrk seconds for the relay throughput")
+    parser.add_argument("--ready-timeout", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
+    targets = [name for name in args.targets.split(",") if name.strip()]
+    if "smg" in targets and not PEERS["smg"].installed:
+        print("smg is not installed (bench/run.py --install-peers): measuring the gateway alone")
+        targets.remove("smg")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gw-fleet-") as tmp:
+        for size in sizes:
+            for target in targets:
+                row = measure(target, size, args, Path(tmp))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "fleet.json").write_text(json.dumps(rows, indent=2))
+    print("\n| target | workers | POSTs s | all ready s | idle CPU % | GET /workers ms | RSS MiB | relay req/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row['target']} | {row['workers']:,} | {row['posted_s']} | {row['all_ready_s']} | "
+              f"{row['idle_cpu_pct']} | {row['get_workers_ms']} | {row['rss_mib']} | {row['relay_req_s']:,} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
