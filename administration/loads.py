@@ -41,6 +41,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _MAX_POLL_TIMEOUT_SECS = 5.0
+NO_LOAD_ROUTE_RETRY_SECS = 60.0  # a worker without /get_load and /metrics is asked again after this
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +226,8 @@ class LoadMonitor:
         self._targets: dict[str, LoadTarget] = {}
         self._task: asyncio.Task[None] | None = None
         self._clients = WorkerClients()
+        self._route: dict[str, str] = {}  # worker id -> the load route that answered last
+        self._quiet_until: dict[str, float] = {}  # worker id -> monotonic time to ask again
         # Called after each poll round (the leader of a supervised gateway shares its reports).
         self.after_poll: Callable[[], Awaitable[None]] | None = None
 
@@ -237,6 +240,8 @@ class LoadMonitor:
         wanted = {target.worker_id: target for target in targets}
         for worker_id in self._targets.keys() - wanted.keys():
             self._clients.forget(worker_id)
+            self._route.pop(worker_id, None)
+            self._quiet_until.pop(worker_id, None)
             record_engine_load(self._targets[worker_id].url, None, None)
             load = self.registry.load_of(worker_id)
             if load is not None:
@@ -293,22 +298,35 @@ class LoadMonitor:
             await asyncio.sleep(self.interval)
 
     async def _afetch(self, target: LoadTarget) -> list[LoadEntry] | None:
+        """The worker's load report: from the route that answered last time, else /get_load (not on
+        vLLM) then /metrics. A worker that has neither (404 on both) is left alone for
+        :data:`NO_LOAD_ROUTE_RETRY_SECS`: a fleet of plain OpenAI servers costs no polls."""
+        worker_id = target.worker_id
+        if self._quiet_until.get(worker_id, 0.0) > time.monotonic():
+            return None
+        routes: tuple[str, ...] = ("/metrics",) if target.runtime_type == "vllm" else ("/get_load", "/metrics")
+        known = self._route.get(worker_id)
+        if known is not None:
+            routes = (known, *(route for route in routes if route != known))
         headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
         timeout = min(self.interval, _MAX_POLL_TIMEOUT_SECS)
-        client = self._clients.client(target.worker_id)
-        if target.runtime_type != "vllm":
+        client = self._clients.client(worker_id)
+        missing = 0
+        for route in routes:
             try:
                 async with self._clients.turn():
-                    response = await client.get(target.url + "/get_load", headers=headers, timeout=timeout)
+                    response = await client.get(target.url + route, headers=headers, timeout=timeout)
                 if response.is_success:
-                    return entries_from_get_load(target, response.json())
+                    entries = (
+                        entries_from_get_load(target, response.json()) if route == "/get_load"
+                        else entries_from_metrics(target, response.text)
+                    )
+                    self._route[worker_id] = route
+                    return entries
+                missing += response.status_code == 404
             except (httpx.HTTPError, ValueError) as exc:
-                log.debug("get_load of %s failed: %s", target.url, exc)
-        try:
-            async with self._clients.turn():
-                response = await client.get(target.url + "/metrics", headers=headers, timeout=timeout)
-            if response.is_success:
-                return entries_from_metrics(target, response.text)
-        except (httpx.HTTPError, ValueError) as exc:
-            log.debug("metrics of %s failed: %s", target.url, exc)
+                log.debug("%s of %s failed: %s", route, target.url, exc)
+        self._route.pop(worker_id, None)
+        if missing == len(routes):
+            self._quiet_until[worker_id] = time.monotonic() + NO_LOAD_ROUTE_RETRY_SECS
         return None

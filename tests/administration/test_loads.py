@@ -224,3 +224,24 @@ async def test_mock_load_and_fault_switches_over_http(worker: RunningWorker) -> 
         await client.delete("/_mock/faults")
         assert (await client.get("/get_load")).status_code == 200
         assert 'sglang:num_queue_reqs{model_name="mock-model",dp_rank="0"} 3.0' in (await client.get("/metrics")).text
+
+
+async def test_polls_ask_the_route_that_answered_and_leave_workers_without_one_alone(
+    make_gateway: GatewayFactory, start_worker: WorkerFactory, monitor: LoadMonitor
+) -> None:
+    """A worker that reports through /metrics only is asked there from then on (one request a poll);
+    one with neither route (a plain OpenAI server) is not asked again for a minute."""
+    metrics_only, plain = await start_worker(), await start_worker()
+    metrics_only.state.load_status = 404
+    plain.state.load_status = plain.state.metrics_status = 404
+    make_gateway([record_for(metrics_only), record_for(plain)])
+    monitor.reconcile(targets())
+    for _ in range(3):
+        await monitor.apoll()
+
+    def asked(worker) -> dict[str, int]:
+        return {path: count for path, count in worker.state.stats()["requests_by_path"].items()
+                if path in ("/get_load", "/metrics")}
+
+    assert asked(metrics_only) == {"/get_load": 1, "/metrics": 3}
+    assert asked(plain) == {"/get_load": 1, "/metrics": 1}
