@@ -57,7 +57,8 @@ def transition(worker_id: str, old: str, new: str) -> bool:
 
 
 class HealthChecker:
-    def __init__(self, on_change: Callable[[], Awaitable[object]]) -> None:
+    def __init__(self, on_change: Callable[[str, WorkerStatus], Awaitable[object]]) -> None:
+        """``on_change(worker_id, new_status)`` runs after each transition this checker made."""
         self._on_change = on_change
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._targets: dict[str, HealthTarget] = {}
@@ -124,6 +125,6 @@ class HealthChecker:
                 log.log(level, "worker %s: %s -> %s", target.url, status, new)
                 self._targets[worker_id] = replace(target, status=new)
                 successes = failures = 0
-                await self._on_change()
+                await self._on_change(worker_id, new)
             pause = target.interval_secs if status == WorkerStatus.READY or new == WorkerStatus.READY else _PENDING_PROBE_SECS
             await asyncio.sleep(min(pause, target.interval_secs) * random.uniform(0.9, 1.1))

@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 
 REFRESH_SECS = 5.0
 VERSION_POLL_SECS = 0.5  # how often the store's registry version is read (a change is seen within it)
-LOAD_FOLLOW_SECS = 1.0  # how often a follower looks for the leader's new load reports
+LOAD_FOLLOW_SECS = 1.0
+REFRESH_DEBOUNCE_SECS = 0.2  # a notice's reload waits this long for the notices that follow it  # how often a follower looks for the leader's new load reports
 
 
 class FleetState:
@@ -202,8 +203,10 @@ class RegistrySync:
             self.loads.reconcile(state.loads)
         return snapshot
 
-    async def _status_changed(self) -> None:
-        """A health check moved a worker: reload soon, once for a burst of transitions."""
+    async def _status_changed(self, worker_id: str, status: WorkerStatus) -> None:
+        """A health check here moved a worker: route by it at once, and reload soon (once for a burst
+        of transitions) for what follows from it (load targets)."""
+        REGISTRY.publish_status(worker_id, status)
         self._schedule_refresh()
 
     def notify(self) -> None:
@@ -219,6 +222,9 @@ class RegistrySync:
 
     async def _refresh_until_clean(self) -> None:
         while True:
+            # Let a burst of notices (registrations one after another, health transitions) gather
+            # into one reload of the fleet instead of one reload each.
+            await asyncio.sleep(REFRESH_DEBOUNCE_SECS)
             self._dirty = False
             try:
                 await self.arefresh()

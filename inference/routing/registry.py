@@ -7,7 +7,7 @@ data plane reads ``REGISTRY.snapshot`` once per request. Live counters (requests
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
@@ -62,6 +62,19 @@ class WorkerRegistry:
     def load_of(self, worker_id: str) -> WorkerLoad | None:
         """The live state of a worker in the current snapshot (None once it left the registry)."""
         return self._loads.get(worker_id)
+
+    def publish_status(self, worker_id: str, status: WorkerStatus) -> RegistrySnapshot | None:
+        """Publish the snapshot with one worker's status changed (a health transition made in this
+        process, routed at once without reading the store); None when nothing changed."""
+        records = []
+        changed = False
+        for handle in self.snapshot.workers:
+            record = handle.record
+            if record.id == worker_id and record.status != status:
+                record = replace(record, status=status)
+                changed = True
+            records.append(record)
+        return self.publish(records, self.snapshot.aliases) if changed else None
 
     def publish(self, records: Iterable[WorkerRecord], aliases: Mapping[str, str]) -> RegistrySnapshot:
         handles: list[WorkerHandle] = []

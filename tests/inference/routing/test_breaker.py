@@ -101,3 +101,4 @@ def test_the_registry_labels_each_breaker_with_its_worker() -> None:
     registry.publish([WorkerRecord(id="w", url="http://new:1", model_id="m", runtime_type="sglang",
                                    status=WorkerStatus.READY)], {})
     assert registry.load_of("w") is load and load.breaker.label == "http://new:1"
+
