@@ -1,11 +1,12 @@
 """The gateway process's side of the worker registry.
 
-On start it syncs --worker-urls into the store (their registration jobs run in this process), then
-keeps the data plane's registry snapshot current: it rebuilds it from the database when a job in
-this process says so, when a notice arrives over the Channels layer (jobs in Celery workers or
-other gateway processes), and every few seconds as a safety net. It also runs the health checks
-and the load monitor (engine load reports and overload protection, administration/loads.py).
-The same read loads the tenant rate limits stored in the console into the runtime's limiter.
+It keeps the data plane's registry snapshot current: it rebuilds it from the database when a job in
+this process says so, when the store's registry version moves (a change made in any process), when a
+notice arrives over the Channels layer (with Redis), and every few seconds as a safety net; a burst
+of notices shares one reload. The process that leads the host (every process of a one-process
+gateway; one elected process of a supervised one) also syncs --worker-urls into the store and runs
+the health checks and the load monitor (administration/loads.py). The same read loads the tenant
+rate limits stored in the console into the data plane's limiter.
 """
 
 from __future__ import annotations
@@ -14,31 +15,31 @@ import asyncio
 import logging
 from typing import Any
 
+from channels.layers import get_channel_layer
 from django.conf import settings
 
-from common.http_clients import aclose_http_client
 from administration.db import arun_db
 from administration.health import HealthChecker, HealthTarget
+from administration.host import HostPeers, Leadership, read_load_reports, write_load_reports
 from administration.loads import LoadMonitor, LoadTarget
 from administration.models import Worker, WorkerStatus
-from administration.host import HostPeers, Leadership, read_load_reports, write_load_reports
 from administration.notices import GROUP, add_local_listener, registry_version, remove_local_listener
-from inference.routing.workers import RuntimeType
 from administration.tenant_limits import stored_tenant_limits
 from administration.workers import sync_cli_workers, worker_records
 from common.config import GatewayConfig
-from inference.routing.registry import REGISTRY, RegistrySnapshot
-from inference.routing.workers import Transport, WorkerRecord, transport_of
+from common.http_clients import aclose_http_client
 from inference.dataplane import data_plane
+from inference.routing.registry import REGISTRY, RegistrySnapshot
+from inference.routing.workers import RuntimeType, Transport, WorkerRecord, transport_of
 
-__all__ = ["Fleet", "FleetState", "load_fleet_state"]
+__all__ = ["RegistrySync", "FleetState", "load_fleet_state"]
 
 log = logging.getLogger(__name__)
 
 REFRESH_SECS = 5.0
 VERSION_POLL_SECS = 0.5  # how often the store's registry version is read (a change is seen within it)
-LOAD_FOLLOW_SECS = 1.0
-REFRESH_DEBOUNCE_SECS = 0.2  # a notice's reload waits this long for the notices that follow it  # how often a follower looks for the leader's new load reports
+LOAD_FOLLOW_SECS = 1.0  # how often a follower looks for the leader's new load reports
+REFRESH_DEBOUNCE_SECS = 0.2  # a notice's reload waits this long for the notices that follow it
 
 
 class FleetState:
@@ -248,7 +249,10 @@ class RegistrySync:
             except Exception:
                 log.debug("registry version poll failed", exc_info=True)
                 continue
-            if version != self._version:
+            # A reload already on its way reads the version itself; a change after that read is
+            # seen by the next poll.
+            pending = self._refreshing is not None and not self._refreshing.done()
+            if version != self._version and not pending:
                 self._schedule_refresh()
 
     async def _share_load_reports(self) -> None:
@@ -268,8 +272,6 @@ class RegistrySync:
                 log.debug("reading the leader's load reports failed", exc_info=True)
 
     async def _listen(self) -> None:
-        from channels.layers import get_channel_layer
-
         layer = get_channel_layer()
         if layer is None:
             return

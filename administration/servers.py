@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import socket
 from types import FrameType
@@ -50,7 +51,7 @@ def run_uvicorn(config: GatewayConfig, sock: socket.socket | None = None) -> Non
             access_log=False,
             log_level=config.log_level,
             timeout_keep_alive=75,
-            timeout_graceful_shutdown=int(config.shutdown_grace_period_secs),
+            timeout_graceful_shutdown=math.ceil(config.shutdown_grace_period_secs),
             server_header=False,
         )
     )

@@ -113,7 +113,11 @@ class Supervisor:
         fd = self._socket.fileno()
         peers = HostPeers(self.run_dir, slot.index, len(self.slots))
         env = {**os.environ, **peers.environment(), LISTEN_FD_ENV: str(fd)}
-        slot.process = subprocess.Popen([sys.executable, str(self.manage_py), "rungateway"], env=env, pass_fds=(fd,))
+        # Its own process group: a Ctrl-C at the terminal reaches the supervisor alone, which passes on
+        # exactly one SIGTERM (a second signal would make uvicorn give up draining).
+        slot.process = subprocess.Popen(
+            [sys.executable, str(self.manage_py), "rungateway"], env=env, pass_fds=(fd,), process_group=0
+        )
         slot.started_at = time.monotonic()
         log.info("serving process %d started (pid %d)", slot.index, slot.process.pid)
 

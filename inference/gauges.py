@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from common import telemetry
 from inference.dataplane import DataPlane, data_plane
-from inference.routing.registry import WorkerRegistry
 from inference.routing.workers import WorkerStatus
 
 __all__ = ["sample_live_gauges"]
 
 
-def sample_live_gauges(dp: DataPlane | None = None, registry: WorkerRegistry | None = None) -> None:
-    """Set the live-state gauges from ``dp`` (this process's data plane) and its worker registry."""
+def sample_live_gauges(dp: DataPlane | None = None) -> None:
+    """Set the live-state gauges from ``dp`` (default: this process's data plane) and its registry."""
     dp = dp or data_plane()
     permits = dp.permits
     workers = (
@@ -28,7 +27,7 @@ def sample_live_gauges(dp: DataPlane | None = None, registry: WorkerRegistry | N
             breaker_failures=handle.load.breaker.failures,
             breaker_successes=handle.load.breaker.successes,
         )
-        for handle in (registry or dp.registry).snapshot.workers
+        for handle in dp.registry.snapshot.workers
     )
     telemetry.sample_gauges(
         permits.in_flight if permits is not None else 0, permits.queued if permits is not None else 0, workers

@@ -26,7 +26,6 @@ from inference.schemas.fields import (
     check_stream_options_allowed,
     integer_at_least,
     integer_between,
-    json_object,
     string,
 )
 from inference.schemas.profiles import (
