@@ -26,7 +26,7 @@ from administration.db import arun_db
 from administration.worker_clients import WorkerClients
 from common.telemetry import record_health_check
 from administration.models import Worker, WorkerStatus, WorkerType
-from administration.notices import bump_registry_version
+from administration.notices import record_change
 
 __all__ = ["HealthTarget", "HealthChecker", "transition"]
 
@@ -49,10 +49,10 @@ class HealthTarget:
 
 def transition(worker_id: str, old: str, new: str) -> bool:
     """Move a worker from ``old`` to ``new``; False when its status was no longer ``old``. A move is
-    counted in the registry version, so every gateway process routes by it within about a second."""
+    recorded as a registry change, so every gateway process routes by it within about a second."""
     moved = Worker.objects.filter(pk=worker_id, status=old, registered=True).update(status=new) == 1
     if moved:
-        bump_registry_version()
+        record_change(worker_id)
     return moved
 
 
@@ -65,24 +65,32 @@ class HealthChecker:
         self._clients = WorkerClients()
 
     def reconcile(self, targets: list[HealthTarget]) -> None:
-        """Probe exactly these workers from now on (called after every registry refresh)."""
+        """Probe exactly these workers from now on (after a full reload of the fleet)."""
         wanted = {target.worker_id: target for target in targets}
-        for worker_id in list(self._tasks):
-            if worker_id not in wanted:
-                self._tasks.pop(worker_id).cancel()
-                self._targets.pop(worker_id, None)
-                self._clients.forget(worker_id)
+        for worker_id in [worker_id for worker_id in self._tasks if worker_id not in wanted]:
+            self.update(worker_id, None)
         for worker_id, target in wanted.items():
-            current = self._targets.get(worker_id)
-            self._targets[worker_id] = target
-            same = current is not None and (current.url, current.interval_secs, current.endpoint) == (
-                target.url, target.interval_secs, target.endpoint
-            )
-            task = self._tasks.get(worker_id)
-            if task is None or task.done() or not same:
-                if task is not None:
-                    task.cancel()
-                self._tasks[worker_id] = asyncio.ensure_future(self._probe_loop(worker_id))
+            self.update(worker_id, target)
+
+    def update(self, worker_id: str, target: HealthTarget | None) -> None:
+        """Probe one worker by this target from now on (None: stop probing it)."""
+        if target is None:
+            task = self._tasks.pop(worker_id, None)
+            if task is not None:
+                task.cancel()
+            self._targets.pop(worker_id, None)
+            self._clients.forget(worker_id)
+            return
+        current = self._targets.get(worker_id)
+        self._targets[worker_id] = target
+        same = current is not None and (current.url, current.interval_secs, current.endpoint) == (
+            target.url, target.interval_secs, target.endpoint
+        )
+        task = self._tasks.get(worker_id)
+        if task is None or task.done() or not same:
+            if task is not None:
+                task.cancel()
+            self._tasks[worker_id] = asyncio.ensure_future(self._probe_loop(worker_id))
 
     async def aclose(self) -> None:
         tasks = list(self._tasks.values())

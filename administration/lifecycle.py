@@ -24,9 +24,18 @@ from inference.asgi_io import ASGIApp, Receive, Scope, Send
 from inference.dataplane import data_plane, reset_data_plane
 from inference.gauges import sample_live_gauges
 
-__all__ = ["GatewayLifecycle", "LIFECYCLE"]
+__all__ = ["GatewayLifecycle", "LIFECYCLE", "apply_log_level", "GATEWAY_LOGGERS"]
 
 log = logging.getLogger("administration.lifecycle")
+
+GATEWAY_LOGGERS = ("inference", "administration", "responses_api", "common")
+
+
+def apply_log_level(level: str) -> None:
+    """Give the gateway's loggers the --log-level. Called by the command and again when serving
+    starts: loading the ASGI application sets Django up, which re-applies settings.LOGGING."""
+    for name in GATEWAY_LOGGERS:
+        logging.getLogger(name).setLevel(level.upper())
 
 
 class GatewayLifecycle:
@@ -48,6 +57,7 @@ class GatewayLifecycle:
             if self.started:
                 return
             config = current_config()
+            apply_log_level(config.log_level)
             peers = host_peers()
             # A supervised gateway's serving processes split its limits between them.
             shares = config.share(peers.index, peers.count, bool(settings.REDIS_URL)) if peers else config

@@ -236,21 +236,31 @@ class LoadMonitor:
         return tuple(self._targets.values())
 
     def reconcile(self, targets: Sequence[LoadTarget]) -> None:
-        """Poll exactly these workers from now on; a worker that left is back to no report."""
+        """Poll exactly these workers from now on (after a full reload of the fleet)."""
         wanted = {target.worker_id: target for target in targets}
         for worker_id in self._targets.keys() - wanted.keys():
+            self.update(worker_id, None)
+        for worker_id, target in wanted.items():
+            self.update(worker_id, target)
+
+    def update(self, worker_id: str, target: LoadTarget | None) -> None:
+        """Poll one worker by this target from now on; None: not any more, and it is back to no report."""
+        if target is None:
+            gone = self._targets.pop(worker_id, None)
+            if gone is None:
+                return
             self._clients.forget(worker_id)
             self._route.pop(worker_id, None)
             self._quiet_until.pop(worker_id, None)
-            record_engine_load(self._targets[worker_id].url, None, None)
+            record_engine_load(gone.url, None, None)
             load = self.registry.load_of(worker_id)
             if load is not None:
                 load.engine_load, load.overloaded = None, False
-        for worker_id, target in wanted.items():
-            load = self.registry.load_of(worker_id)
-            if load is not None and not target.protected:
-                load.overloaded = False
-        self._targets = wanted
+            return
+        load = self.registry.load_of(worker_id)
+        if load is not None and not target.protected:
+            load.overloaded = False
+        self._targets[worker_id] = target
 
     def start(self) -> None:
         if self._task is None or self._task.done():

@@ -11,7 +11,7 @@ from django.db import models
 from inference.routing.workers import RuntimeType, WorkerStatus, WorkerType
 
 __all__ = [
-    "Worker", "WorkerStatus", "WorkerSource", "WorkerType", "JobType", "JobState", "TenantRateLimit", "RegistryVersion",
+    "Worker", "WorkerStatus", "WorkerSource", "WorkerType", "JobType", "JobState", "TenantRateLimit", "RegistryChange",
 ]
 
 
@@ -125,14 +125,18 @@ class TenantRateLimit(models.Model):
         return f"{self.tenant_id}: {self.requests_per_minute or 'unlimited'} req/min"
 
 
-class RegistryVersion(models.Model):
-    """One row whose ``version`` goes up with every committed registry change (workers, tenant
-    limits). Every gateway process polls it, so a change made in any process (API, console, command,
-    Celery job, another gateway on the store) reaches them all within about a second, with or
-    without Redis. Never read on a request's path."""
+class RegistryChange(models.Model):
+    """One committed registry change: a worker registered, updated, moved status or removed
+    (``worker_id``), or something that is not one worker's, such as tenant limits (no worker id). The
+    sequence number only goes up; every gateway process reads the changes past the last one it
+    applied twice a second and re-reads just those workers, so a change made in any process (API,
+    console, command, Celery job, another gateway on the store) reaches them all within about a
+    second, with or without Redis. The host's leader deletes changes older than a few minutes. Never
+    read on a request's path."""
 
-    version = models.BigIntegerField(default=0)
-    changed_at = models.DateTimeField(auto_now=True)
+    seq = models.BigAutoField(primary_key=True)
+    worker_id = models.UUIDField(null=True, blank=True)
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
-        verbose_name = "registry version"
+        verbose_name = "registry change"

@@ -1,33 +1,36 @@
-"""'The worker registry changed': tell every gateway process to rebuild its snapshot.
+"""'The worker registry changed': tell every gateway process which workers to re-read.
 
-Three paths, so a change reaches every process within about a second with or without Redis:
+The store is the record: every committed change adds a :class:`~administration.models.RegistryChange`
+row naming the worker it touched (none for a change that is not one worker's, such as tenant
+limits). Every gateway process reads the rows past the last one it applied twice a second
+(``changes_since``) and re-reads only those workers, wherever the change was made (API, console,
+command, Celery job, another gateway on the store). Two shortcuts make it sooner:
 
-- the store: :class:`~administration.models.RegistryVersion` goes up by one, and every gateway
-  process polls it (``registry_version``), wherever the change was made (API, console, command,
-  Celery job, another gateway on the store);
 - this process's own listeners are called directly;
 - with Redis, the Channels layer group ``gateway.registry`` tells the others at once.
 
-Each gateway also refreshes on a timer, so a lost notice delays a change but never loses it.
+Both only say "read the changes now". Each gateway also reloads the whole fleet on a slow timer, so
+a lost change delays it but never loses it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from datetime import datetime, timedelta
 from typing import Callable
+from uuid import UUID
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.utils import timezone
 
-from administration.models import RegistryVersion
+from administration.models import RegistryChange
 
 __all__ = [
-    "GROUP", "publish_registry_changed", "bump_registry_version", "registry_version", "add_local_listener",
-    "remove_local_listener",
+    "GROUP", "CHANGE_RETENTION", "publish_registry_changed", "record_change", "latest_change", "changes_since",
+    "prune_changes", "add_local_listener", "remove_local_listener",
 ]
 
 log = logging.getLogger(__name__)
@@ -48,31 +51,39 @@ def remove_local_listener(listener: Callable[[], None]) -> None:
             _listeners.remove(listener)
 
 
-_VERSION_ROW = 1
+CHANGE_RETENTION = timedelta(minutes=10)  # the leader deletes older changes (a process further behind reloads)
 
 
-def bump_registry_version() -> None:
-    """Count one committed registry change in the store (sync code; no transaction of the caller's
-    is held open by it)."""
-    if RegistryVersion.objects.filter(pk=_VERSION_ROW).update(version=F("version") + 1):
-        return
-    try:
-        with transaction.atomic():
-            RegistryVersion.objects.create(pk=_VERSION_ROW, version=1)
-    except IntegrityError:  # another process made the row first
-        RegistryVersion.objects.filter(pk=_VERSION_ROW).update(version=F("version") + 1)
+def record_change(worker_id: str | UUID | None = None) -> int:
+    """Count one committed registry change in the store (sync code, outside the caller's
+    transaction); its sequence number."""
+    return int(RegistryChange.objects.create(worker_id=worker_id).seq)
 
 
-def registry_version() -> int:
-    """The store's registry version (0 before the first change)."""
-    found = RegistryVersion.objects.filter(pk=_VERSION_ROW).values_list("version", flat=True).first()
+def latest_change() -> int:
+    """The sequence number of the newest change (0 before the first)."""
+    found = RegistryChange.objects.order_by("-seq").values_list("seq", flat=True).first()
     return int(found or 0)
 
 
-def publish_registry_changed() -> None:
-    """Call from sync code (jobs, commands, views) after a committed change."""
+def changes_since(seq: int, limit: int) -> list[tuple[int, str | None]]:
+    """The changes after ``seq``, oldest first, at most ``limit``: (sequence number, worker id or None)."""
+    rows = RegistryChange.objects.filter(seq__gt=seq).order_by("seq").values_list("seq", "worker_id")[:limit]
+    return [(int(number), None if worker is None else str(worker)) for number, worker in rows]
+
+
+def prune_changes(now: datetime | None = None) -> int:
+    """Delete the changes older than CHANGE_RETENTION; how many went."""
+    horizon = (now or timezone.now()) - CHANGE_RETENTION
+    deleted, _ = RegistryChange.objects.filter(at__lt=horizon).delete()
+    return deleted
+
+
+def publish_registry_changed(worker_id: str | UUID | None = None) -> None:
+    """Call from sync code (jobs, commands, views) after a committed change to ``worker_id`` (None:
+    not one worker's change; every process then reloads the whole fleet)."""
     try:
-        bump_registry_version()
+        record_change(worker_id)
     except Exception:  # the store is down: the listeners and the timer still carry the change
         log.warning("could not count the registry change in the store", exc_info=True)
     with _lock:

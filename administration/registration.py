@@ -131,7 +131,7 @@ def run_registration(worker_id: str, generation: int) -> None:
         log.info("registration of %s finished after the worker changed; result dropped", worker.url)
         return
     log.info("worker %s registered: runtime %s, model %s, status %s", worker.url, runtime_type, model_id or "(any)", status)
-    publish_registry_changed()
+    publish_registry_changed(worker_id)
 
 
 def _health_disabled(worker: Worker) -> bool:
@@ -146,7 +146,7 @@ def _fail_registration(worker: Worker, generation: int, message: str, first_regi
         Worker.objects.filter(pk=worker.pk, job_generation=generation).delete()
     else:
         _set_job(worker.pk, generation, JobState.FAILED, message, last_error=message)
-    publish_registry_changed()
+    publish_registry_changed(worker.pk)
 
 
 def run_update(worker_id: str, generation: int, changes: dict[str, Any]) -> None:
@@ -161,7 +161,7 @@ def run_update(worker_id: str, generation: int, changes: dict[str, Any]) -> None
         _set_job(worker_id, generation, JobState.FAILED, str(exc))
         return
     if _set_job(worker_id, generation, JobState.NONE, **fields):
-        publish_registry_changed()
+        publish_registry_changed(worker_id)
 
 
 _COLUMN_FIELDS = ("runtime_type", "worker_type", "connection_mode", "priority", "cost")
@@ -202,12 +202,12 @@ def run_removal(worker_id: str, generation: int) -> None:
         settle = current_config().drain_settle_secs if settle is None else settle
         if settle > 0:
             Worker.objects.filter(pk=worker_id, job_generation=generation).update(status=WorkerStatus.DRAINING)
-            publish_registry_changed()
+            publish_registry_changed(worker_id)
             time.sleep(settle)
     deleted, _ = Worker.objects.filter(pk=worker_id, job_generation=generation).delete()
     if deleted:
         log.info("worker %s removed", worker.url)
-    publish_registry_changed()
+    publish_registry_changed(worker_id)
 
 
 JOB_TYPES = {"register": JobType.ADD, "update": JobType.UPDATE, "remove": JobType.REMOVE}

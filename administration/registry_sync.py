@@ -1,19 +1,25 @@
 """The gateway process's side of the worker registry.
 
-It keeps the data plane's registry snapshot current: it rebuilds it from the database when a job in
-this process says so, when the store's registry version moves (a change made in any process), when a
-notice arrives over the Channels layer (with Redis), and every few seconds as a safety net; a burst
-of notices shares one reload. The process that leads the host (every process of a one-process
-gateway; one elected process of a supervised one) also syncs --worker-urls into the store and runs
-the health checks and the load monitor (administration/loads.py). The same read loads the tenant
-rate limits stored in the console into the data plane's limiter.
+It keeps the data plane's registry snapshot current, by deltas: every committed change names the
+worker it touched in the store's change log (administration/notices.py), and this process reads the
+changes past the last one it applied (twice a second, at once when a job in this process or a Redis
+notice says so) and re-reads just those workers; a burst of changes shares one read. A full reload
+of the fleet runs at start-up, for a change that is not one worker's (tenant limits), when this
+process fell behind the log, and every 30 s as a safety net. Both build the same snapshot.
+
+The process that leads the host (every process of a one-process gateway; one elected process of a
+supervised one) also syncs --worker-urls into the store and runs the health checks and the load
+monitor (administration/loads.py), per worker by the same deltas. The full reload also loads the
+tenant rate limits stored in the console into the data plane's limiter.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -23,7 +29,9 @@ from administration.health import HealthChecker, HealthTarget
 from administration.host import HostPeers, Leadership, read_load_reports, write_load_reports
 from administration.loads import LoadMonitor, LoadTarget
 from administration.models import Worker, WorkerStatus
-from administration.notices import GROUP, add_local_listener, registry_version, remove_local_listener
+from administration.notices import (
+    CHANGE_RETENTION, GROUP, add_local_listener, changes_since, latest_change, prune_changes, remove_local_listener,
+)
 from administration.tenant_limits import stored_tenant_limits
 from administration.workers import sync_cli_workers, worker_records
 from common.config import GatewayConfig
@@ -32,32 +40,54 @@ from inference.dataplane import data_plane
 from inference.routing.registry import REGISTRY, RegistrySnapshot
 from inference.routing.workers import RuntimeType, Transport, WorkerRecord, transport_of
 
-__all__ = ["RegistrySync", "FleetState", "load_fleet_state"]
+__all__ = ["RegistrySync", "FleetState", "WorkerState", "load_fleet_state", "load_worker_states", "fleet_aliases"]
 
 log = logging.getLogger(__name__)
 
-REFRESH_SECS = 5.0
-VERSION_POLL_SECS = 0.5  # how often the store's registry version is read (a change is seen within it)
+FULL_RELOAD_SECS = 30.0  # the safety net: the whole fleet re-read this often
+CHANGE_POLL_SECS = 0.5  # how often the store's change log is read (a change is seen within it)
 LOAD_FOLLOW_SECS = 1.0  # how often a follower looks for the leader's new load reports
-REFRESH_DEBOUNCE_SECS = 0.2  # a notice's reload waits this long for the notices that follow it
+CHANGE_DEBOUNCE_SECS = 0.05  # a notice's read waits this long for the notices that follow it
+CHANGE_BATCH = 500  # more changes than this at once: one full reload is cheaper than the deltas
+# Changes are numbered when written, not when committed: one numbered before another may become
+# visible after it. The read looks back this many numbers behind the newest applied one (skipping
+# those applied), so such a change is still seen; the safety net covers any later than that.
+CHANGE_OVERLAP = 32
+BEHIND_SECS = CHANGE_RETENTION.total_seconds() / 2  # no read of the log for this long: reload instead
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerState:
+    """One registered worker as this process needs it: its record, the aliases its model cards
+    give, and its health-check and load-poll targets (None: not checked or not polled)."""
+
+    record: WorkerRecord
+    aliases: tuple[tuple[str, str], ...] = ()
+    health: HealthTarget | None = None
+    load: LoadTarget | None = None
+
+
+@dataclass(slots=True)
 class FleetState:
-    def __init__(
-        self,
-        records: list[WorkerRecord],
-        aliases: dict[str, str],
-        health: list[HealthTarget],
-        loads: list[LoadTarget] | None = None,
-        tenant_limits: dict[str, int] | None = None,
-        version: int = 0,
-    ) -> None:
-        self.records = records
-        self.aliases = aliases
-        self.health = health
-        self.loads = loads or []
-        self.tenant_limits = tenant_limits or {}  # stored rate limits: tenant -> requests per minute
-        self.version = version  # the store's registry version, read before everything else
+    """One read of the store: the registered workers in registration order (all of them, or those
+    asked for), and with a full read the tenant limits and the newest change number read first (a
+    change during the read is seen by the next read of the log)."""
+
+    workers: dict[str, WorkerState]
+    tenant_limits: dict[str, int] = field(default_factory=dict)
+    version: int = 0
+
+    @property
+    def records(self) -> list[WorkerRecord]:
+        return [state.record for state in self.workers.values()]
+
+    @property
+    def health(self) -> list[HealthTarget]:
+        return [state.health for state in self.workers.values() if state.health is not None]
+
+    @property
+    def loads(self) -> list[LoadTarget]:
+        return [state.load for state in self.workers.values() if state.load is not None]
 
 
 def _health_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> HealthTarget | None:
@@ -105,26 +135,36 @@ def _load_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> 
     )
 
 
+def _worker_states(config: GatewayConfig, workers: list[Worker]) -> dict[str, WorkerState]:
+    states: dict[str, WorkerState] = {}
+    for worker, record in zip(workers, worker_records(config, workers)):
+        aliases = tuple((alias, card["id"]) for card in worker.model_cards for alias in card.get("aliases", []))
+        states[record.id] = WorkerState(
+            record, aliases, _health_target(worker, config, record.api_key), _load_target(worker, config, record.api_key)
+        )
+    return states
+
+
 def load_fleet_state(config: GatewayConfig) -> FleetState:
-    """One read of the store: registry records, aliases, health-check and load targets, tenant limits,
-    and the registry version first (a change during the read is seen by the next poll)."""
-    version = registry_version()
+    """The whole fleet and the tenant limits, with the newest change number read first."""
+    version = latest_change()
     workers = list(Worker.objects.listed())  # one read: records and targets come from the same rows
-    records = worker_records(config, workers)
+    return FleetState(_worker_states(config, workers), stored_tenant_limits(), version)
+
+
+def load_worker_states(config: GatewayConfig, worker_ids: Iterable[str]) -> FleetState:
+    """These workers as the store has them now (an id that is not there any more is left out)."""
+    return FleetState(_worker_states(config, list(Worker.objects.listed().filter(pk__in=list(worker_ids)))))
+
+
+def fleet_aliases(config: GatewayConfig, ordered: Iterable[WorkerState]) -> dict[str, str]:
+    """The --model-aliases, then each worker's model-card aliases in registration order (the first
+    worker to claim an alias keeps it)."""
     aliases = dict(config.model_aliases)
-    targets = []
-    loads = []
-    for worker, record in zip(workers, records):
-        for card in worker.model_cards:
-            for alias in card.get("aliases", []):
-                aliases.setdefault(alias, card["id"])
-        target = _health_target(worker, config, record.api_key)
-        if target is not None:
-            targets.append(target)
-        load_target = _load_target(worker, config, record.api_key)
-        if load_target is not None:
-            loads.append(load_target)
-    return FleetState(records, aliases, targets, loads, stored_tenant_limits(), version)
+    for state in ordered:
+        for alias, model in state.aliases:
+            aliases.setdefault(alias, model)
+    return aliases
 
 
 class RegistrySync:
@@ -139,11 +179,18 @@ class RegistrySync:
         self.loads = LoadMonitor(config.load_monitor_interval)
         self.leadership = Leadership(peers.lock_path, self._lead) if peers is not None else None
         self.leading = peers is None
-        self._version = -1  # the store's registry version the snapshot was read at
+        self.full_reloads = 0  # how many times the whole fleet was read (tests and the log tell deltas from reloads)
+        self._states: dict[str, WorkerState] = {}  # what the snapshot was built from, in registration order
+        # The change log as applied: every change up to ``_floor`` is, and those numbered in ``_seen``
+        # above it; ``_cursor`` is the newest applied.
+        self._floor = self._cursor = -1
+        self._seen: set[int] = set()
+        self._read_at = 0.0  # monotonic time of the last read of the log
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._refreshing: asyncio.Task[None] | None = None
+        self._syncing: asyncio.Task[None] | None = None
         self._dirty = False
+        self._reload_wanted = False
         self._follower: asyncio.Task[None] | None = None
         if peers is not None:
             self.loads.after_poll = self._share_load_reports
@@ -164,8 +211,8 @@ class RegistrySync:
             self._tasks.append(asyncio.ensure_future(self.leadership.run()))
             self._follower = asyncio.ensure_future(self._follow_load_reports())
             self._tasks.append(self._follower)
-        self._tasks.append(asyncio.ensure_future(self._periodic_refresh()))
-        self._tasks.append(asyncio.ensure_future(self._watch_version()))
+        self._tasks.append(asyncio.ensure_future(self._periodic_reload()))
+        self._tasks.append(asyncio.ensure_future(self._poll_changes()))
         if getattr(settings, "REDIS_URL", None):
             self._tasks.append(asyncio.ensure_future(self._listen()))
         return snapshot
@@ -178,12 +225,12 @@ class RegistrySync:
         if self._follower is not None:
             self._follower.cancel()
         await arun_db(sync_cli_workers, self.config.worker_urls)
-        await self.arefresh()
+        self._schedule_sync(reload=True)  # the reload that starts the health checks, in turn with any other
         self.loads.start()
 
     async def astop(self) -> None:
         remove_local_listener(self.notify)
-        tasks = [*self._tasks, *([self._refreshing] if self._refreshing else [])]
+        tasks = [*self._tasks, *([self._syncing] if self._syncing else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -195,65 +242,126 @@ class RegistrySync:
         await aclose_http_client()
 
     async def arefresh(self) -> RegistrySnapshot:
+        """Reload the whole fleet (and the tenant limits) from the store."""
         state = await arun_db(load_fleet_state, self.config)
-        snapshot = REGISTRY.publish(state.records, state.aliases)
-        self._version = state.version
+        self.full_reloads += 1
+        self._states = state.workers
+        snapshot = REGISTRY.publish(state.records, fleet_aliases(self.config, state.workers.values()))
+        self._floor = self._cursor = max(self._cursor, state.version)
+        self._seen = {seq for seq in self._seen if seq > self._floor}
+        self._read_at = time.monotonic()
         data_plane().install_tenant_limits(state.tenant_limits)
         if self.leading:
             self.health.reconcile(state.health)
             self.loads.reconcile(state.loads)
         return snapshot
 
+    async def acatch_up(self) -> RegistrySnapshot:
+        """Apply the store's changes past the last one applied: re-read just the workers they name
+        (a full reload when one is not a worker's, when there are many, or when this process fell
+        behind the log)."""
+        since = max(self._floor, self._cursor - CHANGE_OVERLAP)
+        rows = await arun_db(changes_since, since, CHANGE_BATCH)
+        behind = time.monotonic() - self._read_at > BEHIND_SECS
+        fresh = [(seq, worker_id) for seq, worker_id in rows if seq not in self._seen]
+        if behind or len(rows) >= CHANGE_BATCH or any(worker_id is None for _, worker_id in fresh):
+            return await self.arefresh()
+        self._read_at = time.monotonic()
+        if not fresh:
+            return REGISTRY.snapshot
+        ids = {worker_id for _, worker_id in fresh if worker_id is not None}
+        snapshot = await self.aapply(ids)
+        self._seen.update(seq for seq, _ in fresh)
+        self._cursor = max(self._cursor, *(seq for seq, _ in fresh))
+        self._floor = max(self._floor, self._cursor - CHANGE_OVERLAP)
+        self._seen = {seq for seq in self._seen if seq > self._floor}
+        return snapshot
+
+    async def aapply(self, worker_ids: set[str]) -> RegistrySnapshot:
+        """Re-read these workers from the store and change just them (a worker not there left)."""
+        found = (await arun_db(load_worker_states, self.config, worker_ids)).workers
+        arrived = False
+        for worker_id in worker_ids:
+            state = found.get(worker_id)
+            if state is None:
+                self._states.pop(worker_id, None)
+            else:
+                arrived = arrived or worker_id not in self._states
+                self._states[worker_id] = state
+        if arrived:
+            self._states = dict(sorted(self._states.items(), key=lambda item: item[1].record.order))
+        snapshot = REGISTRY.apply(
+            {worker_id: state.record if (state := found.get(worker_id)) else None for worker_id in worker_ids},
+            fleet_aliases(self.config, self._states.values()),
+        )
+        if self.leading:
+            for worker_id in worker_ids:
+                state = found.get(worker_id)
+                self.health.update(worker_id, None if state is None else state.health)
+                self.loads.update(worker_id, None if state is None else state.load)
+        return snapshot
+
     async def _status_changed(self, worker_id: str, status: WorkerStatus) -> None:
-        """A health check here moved a worker: route by it at once, and reload soon (once for a burst
-        of transitions) for what follows from it (load targets)."""
+        """A health check here moved a worker: route by it at once; the change it recorded in the
+        store brings the rest (its load target) with the next read of the log."""
         REGISTRY.publish_status(worker_id, status)
-        self._schedule_refresh()
+        self._schedule_sync()
 
     def notify(self) -> None:
-        """Called from any thread (jobs): rebuild the snapshot soon, once for a burst of notices."""
+        """Called from any thread (jobs): read the store's changes soon, once for a burst of notices."""
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._schedule_refresh)
+            self._loop.call_soon_threadsafe(self._schedule_sync)
 
-    def _schedule_refresh(self) -> None:
-        if self._refreshing is not None and not self._refreshing.done():
+    def _schedule_sync(self, *, reload: bool = False) -> None:
+        self._reload_wanted = self._reload_wanted or reload
+        if self._syncing is not None and not self._syncing.done():
             self._dirty = True
             return
-        self._refreshing = asyncio.ensure_future(self._refresh_until_clean())
+        self._syncing = asyncio.ensure_future(self._sync_until_clean())
 
-    async def _refresh_until_clean(self) -> None:
+    async def _sync_until_clean(self) -> None:
         while True:
             # Let a burst of notices (registrations one after another, health transitions) gather
-            # into one reload of the fleet instead of one reload each.
-            await asyncio.sleep(REFRESH_DEBOUNCE_SECS)
+            # into one read of the log.
+            await asyncio.sleep(CHANGE_DEBOUNCE_SECS)
             self._dirty = False
+            reload, self._reload_wanted = self._reload_wanted, False
             try:
-                await self.arefresh()
+                if reload:
+                    await self.arefresh()
+                else:
+                    await self.acatch_up()
             except Exception:
                 log.exception("registry refresh failed")
             if not self._dirty:
                 return
 
-    async def _periodic_refresh(self) -> None:
+    async def _periodic_reload(self) -> None:
+        """The safety net: the whole fleet re-read every FULL_RELOAD_SECS; the leader also deletes
+        the log's old changes."""
         while True:
-            await asyncio.sleep(REFRESH_SECS)
-            self._schedule_refresh()
+            await asyncio.sleep(FULL_RELOAD_SECS)
+            self._schedule_sync(reload=True)
+            if self.leading:
+                try:
+                    await arun_db(prune_changes)
+                except Exception:
+                    log.debug("pruning the registry change log failed", exc_info=True)
 
-    async def _watch_version(self) -> None:
-        """Refresh when the store's registry version moved past the snapshot's (a change made
+    async def _poll_changes(self) -> None:
+        """Read the change log when it moved past what this process applied (a change made
         anywhere: another process, a command, a Celery job, a health transition of the leader)."""
         while True:
-            await asyncio.sleep(VERSION_POLL_SECS)
+            await asyncio.sleep(CHANGE_POLL_SECS)
+            if self._syncing is not None and not self._syncing.done():
+                continue  # a read already on its way sees the log itself
             try:
-                version = await arun_db(registry_version)
+                newest = await arun_db(latest_change)
             except Exception:
-                log.debug("registry version poll failed", exc_info=True)
+                log.debug("registry change poll failed", exc_info=True)
                 continue
-            # A reload already on its way reads the version itself; a change after that read is
-            # seen by the next poll.
-            pending = self._refreshing is not None and not self._refreshing.done()
-            if version != self._version and not pending:
-                self._schedule_refresh()
+            if newest > self._cursor:
+                self._schedule_sync()
 
     async def _share_load_reports(self) -> None:
         """The leader hands its load reports to the other processes after each poll."""
@@ -281,7 +389,7 @@ class RegistrySync:
                 await layer.group_add(GROUP, channel)
                 while True:
                     await layer.receive(channel)
-                    self._schedule_refresh()
+                    self._schedule_sync()
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -194,7 +194,7 @@ def drain_worker(worker_id: uuid.UUID) -> Worker:
     if worker.status != WorkerStatus.DRAINING:
         Worker.objects.filter(pk=worker.pk).update(status=WorkerStatus.DRAINING)
         worker.refresh_from_db()
-        publish_registry_changed()
+        publish_registry_changed(worker.pk)
     return worker
 
 
@@ -265,7 +265,8 @@ def sync_cli_workers(urls: Sequence[str]) -> list[Worker]:
     if not urls:
         return list(Worker.objects.from_cli())
     with transaction.atomic():
-        Worker.objects.from_cli().exclude(url__in=list(urls)).delete()
+        removed, _ = Worker.objects.from_cli().exclude(url__in=list(urls)).delete()
+        unlisted = False
         workers = []
         for url in urls:
             existing = Worker.objects.select_for_update().filter(url=url).first()
@@ -275,9 +276,12 @@ def sync_cli_workers(urls: Sequence[str]) -> list[Worker]:
                 worker = _start_job(existing, JobType.ADD, status=WorkerStatus.PENDING, registered=False)
                 _queue("register", worker, local=True)
                 workers.append(worker)
+                unlisted = unlisted or existing.registered
             else:
                 workers.append(existing)
-        return workers
+    if removed or unlisted:  # other processes stop routing to them (a full reload: it may be many)
+        publish_registry_changed()
+    return workers
 
 
 def resilience_of(worker: Worker, config: GatewayConfig) -> Resilience:
@@ -311,6 +315,7 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
                 api_key=key or None,
                 resilience=resilience_of(worker, config),
                 worker_type=WorkerType(worker.worker_type),
+                order=(worker.created_at.timestamp(), worker.url),
             )
         )
     return records

@@ -51,45 +51,78 @@ class RegistrySnapshot:
 
 
 class WorkerRegistry:
-    """Holds the current snapshot; ``publish`` swaps it atomically (a single reference assignment)."""
+    """Holds the current snapshot; a change swaps it atomically (a single reference assignment).
+
+    ``publish`` replaces the whole fleet (a full reload); ``apply`` changes some workers by id (a
+    delta: a registration, a status change, a removal). Both build the snapshot from the same
+    ordered records, in registration order (``WorkerRecord.order``), so a run of deltas gives the
+    snapshot a full reload of the same rows gives. A worker whose record did not change keeps its
+    handle, and every worker keeps its live load.
+    """
 
     def __init__(self) -> None:
         self.snapshot = RegistrySnapshot()
-        self._loads: dict[str, WorkerLoad] = {}
+        self._records: dict[str, WorkerRecord] = {}
+        self._handles: dict[str, WorkerHandle] = {}
         # Wall-clock time (Unix seconds) of the load monitor's last completed poll; None before it.
         self.loads_polled_at: float | None = None
 
     def load_of(self, worker_id: str) -> WorkerLoad | None:
         """The live state of a worker in the current snapshot (None once it left the registry)."""
-        return self._loads.get(worker_id)
+        handle = self._handles.get(worker_id)
+        return None if handle is None else handle.load
+
+    def record_of(self, worker_id: str) -> WorkerRecord | None:
+        return self._records.get(worker_id)
 
     def publish_status(self, worker_id: str, status: WorkerStatus) -> RegistrySnapshot | None:
         """Publish the snapshot with one worker's status changed (a health transition made in this
         process, routed at once without reading the store); None when nothing changed."""
-        records = []
-        changed = False
-        for handle in self.snapshot.workers:
-            record = handle.record
-            if record.id == worker_id and record.status != status:
-                record = replace(record, status=status)
-                changed = True
-            records.append(record)
-        return self.publish(records, self.snapshot.aliases) if changed else None
+        record = self._records.get(worker_id)
+        if record is None or record.status == status:
+            return None
+        return self.apply({worker_id: replace(record, status=status)})
 
     def publish(self, records: Iterable[WorkerRecord], aliases: Mapping[str, str]) -> RegistrySnapshot:
-        handles: list[WorkerHandle] = []
-        loads: dict[str, WorkerLoad] = {}
+        """The whole fleet, in registration order (a full reload)."""
+        self._records = {record.id: record for record in records}
+        return self._build(aliases)
+
+    def apply(self, changes: Mapping[str, WorkerRecord | None], aliases: Mapping[str, str] | None = None) -> RegistrySnapshot:
+        """Change these workers (None: it left) and publish; ``aliases`` replaces the aliases when
+        given. Cost: O(changes) plus one pass over the fleet to rebuild the snapshot's indexes."""
+        records = self._records
+        arrived = False
+        for worker_id, record in changes.items():
+            if record is None:
+                records.pop(worker_id, None)
+            else:
+                arrived = arrived or worker_id not in records
+                records[worker_id] = record
+        if arrived:  # a new worker takes its place in registration order, as a full reload puts it
+            self._records = dict(sorted(records.items(), key=lambda item: item[1].order))
+        return self._build(self.snapshot.aliases if aliases is None else aliases)
+
+    def _build(self, aliases: Mapping[str, str]) -> RegistrySnapshot:
+        previous = self._handles
+        handles: dict[str, WorkerHandle] = {}
         by_model: dict[str, list[WorkerHandle]] = {}
         any_model: list[WorkerHandle] = []
         known: set[str] = set()
         undiscovered = 0
-        for record in records:
-            load = self._loads.get(record.id) or WorkerLoad()
-            load.breaker.config = record.resilience
-            load.breaker.label = record.url
-            loads[record.id] = load
-            handle = WorkerHandle(record, load)
-            handles.append(handle)
+        for worker_id, record in self._records.items():
+            handle = previous.get(worker_id)
+            if handle is None:
+                load = WorkerLoad()
+                handle = WorkerHandle(record, load)
+                load.breaker.config = record.resilience
+                load.breaker.label = record.url
+            elif handle.record is not record:
+                load = handle.load
+                load.breaker.config = record.resilience
+                load.breaker.label = record.url
+                handle = WorkerHandle(record, load)
+            handles[worker_id] = handle
             if record.model_id:
                 known.add(record.model_id)
             elif record.status != WorkerStatus.READY:
@@ -100,14 +133,14 @@ class WorkerRegistry:
                 by_model.setdefault(record.model_id, []).append(handle)
             else:
                 any_model.append(handle)
-        self._loads = loads
+        self._handles = handles
         self.snapshot = RegistrySnapshot(
-            workers=tuple(handles),
+            workers=tuple(handles.values()),
             routable_by_model=MappingProxyType({m: tuple(h) for m, h in by_model.items()}),
             routable_any_model=tuple(any_model),
             known_models=frozenset(known),
             undiscovered=undiscovered,
-            aliases=MappingProxyType(dict(aliases)),
+            aliases=aliases if isinstance(aliases, MappingProxyType) else MappingProxyType(dict(aliases)),
         )
         return self.snapshot
 

@@ -113,6 +113,9 @@ class WorkerRecord:
     api_key: str | None = field(default=None, repr=False)
     resilience: Resilience = field(default_factory=Resilience)
     worker_type: WorkerType = WorkerType.REGULAR
+    # Its place in registration order (when it was created, then its URL): the order a full read of
+    # the store lists workers in, kept by the registry's deltas too.
+    order: tuple[float, str] = (0.0, "")
 
     @property
     def transport(self) -> Transport:

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from administration.host import HostPeers, Leadership, host_peers, read_load_reports, write_load_reports
-from administration.notices import bump_registry_version, publish_registry_changed, registry_version
 from inference.routing.registry import WorkerRegistry
 from inference.routing.workers import WorkerRecord, WorkerStatus
 
@@ -70,11 +69,3 @@ def test_a_supervisor_gives_each_process_its_place(monkeypatch: pytest.MonkeyPat
     for name, value in HostPeers(tmp_path, 1, 3).environment().items():
         monkeypatch.setenv(name, value)
     assert host_peers() == HostPeers(tmp_path, 1, 3)
-
-
-@pytest.mark.django_db(transaction=True)
-def test_every_registry_change_moves_the_stores_version() -> None:
-    before = registry_version()
-    bump_registry_version()
-    publish_registry_changed()
-    assert registry_version() == before + 2

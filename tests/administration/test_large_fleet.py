@@ -1,6 +1,7 @@
 """Hundreds of workers, served by one stand-in listening on as many loopback ports: registered at
 start-up (--worker-urls) while more register through the admin API at the same time, every one of
-them probed, ready and routable; GET /workers lists them all; the fleet stops promptly."""
+them probed, ready and routable, by deltas (the fleet is read whole once); GET /workers lists them
+all; the fleet stops promptly."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from aiohttp import web
 from django.test import AsyncClient
 
 from administration.models import Worker, WorkerStatus
+from administration import registry_sync
 from administration.registry_sync import RegistrySync
 from common.config import GatewayConfig, install_config
 from inference.routing.registry import REGISTRY
@@ -38,8 +40,9 @@ async def one_worker_many_ports() -> AsyncIterator[list[str]]:
 
 
 async def test_hundreds_of_workers_register_at_start_and_through_the_api_together(
-    one_worker_many_ports: list[str],
+    one_worker_many_ports: list[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(registry_sync, "FULL_RELOAD_SECS", 3600.0)  # every change arrives as a delta
     at_start, through_api = one_worker_many_ports[:AT_START], one_worker_many_ports[AT_START:]
     config = GatewayConfig(
         worker_urls=tuple(at_start), health_check_interval_secs=1.0, worker_startup_check_interval=0.5,
@@ -63,6 +66,8 @@ async def test_hundreds_of_workers_register_at_start_and_through_the_api_togethe
         assert await Worker.objects.filter(status=WorkerStatus.READY).acount() == AT_START + THROUGH_API
         listed = (await api.get("/workers")).json()
         assert listed["total"] == AT_START + THROUGH_API and len(listed["workers"]) == AT_START + THROUGH_API
+        # The whole fleet was read once, at start-up: registrations and transitions came as deltas.
+        assert fleet.full_reloads == 1
     finally:
         stopping = asyncio.ensure_future(fleet.astop())
         await asyncio.wait_for(stopping, 10)  # a large fleet stops promptly

@@ -18,7 +18,7 @@ from django.test import AsyncClient, Client
 
 from administration import registry_sync as fleet_module
 from administration.db import arun_db
-from administration.notices import bump_registry_version
+from administration.notices import record_change
 from administration.registry_sync import RegistrySync
 from administration.models import TenantRateLimit, Worker, WorkerSource, WorkerStatus
 from administration.tenant_limits import stored_tenant_limits
@@ -67,7 +67,7 @@ async def start_served(make_gateway, worker: RunningWorker, monkeypatch: pytest.
     fleets: list[RegistrySync] = []
 
     async def start(refresh_secs: float, **config: Any) -> httpx.AsyncClient:
-        monkeypatch.setattr(fleet_module, "REFRESH_SECS", refresh_secs)
+        monkeypatch.setattr(fleet_module, "FULL_RELOAD_SECS", refresh_secs)
         await Worker.objects.acreate(
             url=worker.url, model_id=worker.model, runtime_type="sglang", status=WorkerStatus.READY,
             registered=True, source=WorkerSource.API,
@@ -251,5 +251,5 @@ async def test_a_change_counted_in_the_store_reaches_the_process_within_a_second
     await TenantRateLimit.objects.acreate(tenant_id=actor.tenant_id, requests_per_minute=3)
     await asyncio.sleep(0.8)
     assert data_plane().tenant_limits.limit_for(actor.tenant_id) == 0  # no notice: not seen yet
-    await arun_db(bump_registry_version)
+    await arun_db(record_change)
     await limit_becomes(actor.tenant_id, 3, within=1.5)

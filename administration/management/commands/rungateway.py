@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from administration.lifecycle import apply_log_level
 from administration.servers import run_daphne, run_uvicorn
 from administration.supervisor import Supervisor, inherited_socket
 from common.config import ConfigError, GatewayConfig, add_gateway_arguments, config_from_namespace, current_config, install_config
@@ -30,7 +30,7 @@ class Command(BaseCommand):
         sock = inherited_socket()
         if sock is not None:  # a serving process of a supervised gateway: its config comes from GW_CONFIG
             config = current_config()
-            self._configure_logging(config)
+            apply_log_level(config.log_level)
             self._serve(config, sock)
             return
         ns = argparse.Namespace(**{k: v for k, v in options.items() if k not in _DJANGO_OPTIONS})
@@ -39,7 +39,7 @@ class Command(BaseCommand):
         except ConfigError as exc:
             raise CommandError(str(exc)) from None
         install_config(config)
-        self._configure_logging(config)
+        apply_log_level(config.log_level)
         if settings.EMBEDDED_DATABASE:
             call_command("migrate", interactive=False, verbosity=0)
         processes = f"{config.workers} processes" if config.workers > 1 else "1 process"
@@ -52,11 +52,6 @@ class Command(BaseCommand):
             manage_py = Path(settings.BASE_DIR) / "manage.py"
             raise SystemExit(Supervisor(config, manage_py, Path(settings.DATA_DIR)).run())
         self._serve(config, None)
-
-    @staticmethod
-    def _configure_logging(config: GatewayConfig) -> None:
-        for name in ("inference", "administration"):
-            logging.getLogger(name).setLevel(config.log_level.upper())
 
     @staticmethod
     def _serve(config: GatewayConfig, sock: Any) -> None:
