@@ -31,19 +31,11 @@ class RegistrySnapshot:
     # Workers still discovering what they serve (model unknown yet).
     undiscovered: int = 0
     aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Every ready worker, in registration order (requests that name no model choose among them).
+    routable: tuple[WorkerHandle, ...] = ()
 
     def canonical_model(self, name: str) -> str:
         return self.aliases.get(name, name)
-
-    @property
-    def routable(self) -> tuple[WorkerHandle, ...]:
-        seen: dict[str, WorkerHandle] = {}
-        for handles in self.routable_by_model.values():
-            for handle in handles:
-                seen.setdefault(handle.id, handle)
-        for handle in self.routable_any_model:
-            seen.setdefault(handle.id, handle)
-        return tuple(seen.values())
 
     @property
     def routable_models(self) -> tuple[str, ...]:
@@ -134,6 +126,7 @@ class WorkerRegistry:
             else:
                 any_model.append(handle)
         self._handles = handles
+        routable = tuple(handle for handle in handles.values() if handle.record.status == WorkerStatus.READY)
         self.snapshot = RegistrySnapshot(
             workers=tuple(handles.values()),
             routable_by_model=MappingProxyType({m: tuple(h) for m, h in by_model.items()}),
@@ -141,6 +134,7 @@ class WorkerRegistry:
             known_models=frozenset(known),
             undiscovered=undiscovered,
             aliases=aliases if isinstance(aliases, MappingProxyType) else MappingProxyType(dict(aliases)),
+            routable=routable,
         )
         return self.snapshot
 

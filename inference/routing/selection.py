@@ -56,27 +56,26 @@ def select_worker(
             if canonical in snapshot.known_models or snapshot.undiscovered:
                 raise errors.no_healthy_workers(canonical)
             raise errors.model_not_found(model)
+    policy = policies.for_model(canonical or "")
+    request = SelectionRequest(canonical or "", routing_key, request_text(body) if policy.needs_text else None)
+    if not exclude:
+        # The common case costs what the policy costs, not a scan of the fleet: the pick is checked,
+        # and only a pick that may not take traffic sends the choice through the filtered list.
+        worker = policy.select(candidates, request)
+        load = worker.load
+        if not load.overloaded and (load.breaker.state is BreakerState.CLOSED or load.breaker.allows()):
+            return RoutingDecision(worker, canonical, policy.name)
     usable = _usable(candidates, exclude)
     if not usable:
         if any(h.load.overloaded and h.id not in exclude for h in candidates):
             raise errors.worker_overload_shed(current_config().load_monitor_interval)
         raise errors.no_healthy_workers(canonical)
-    candidates = usable
-    policy = policies.for_model(canonical or "")
-    text = request_text(body) if policy.needs_text else None
-    worker = policy.select(candidates, SelectionRequest(canonical or "", routing_key, text))
+    worker = policy.select(usable, request)
     return RoutingDecision(worker, canonical, policy.name)
 
 
 def _usable(candidates: Sequence[WorkerHandle], exclude: frozenset[str]) -> Sequence[WorkerHandle]:
-    """Candidates not yet tried, not overloaded, whose breaker lets traffic through (the common case
-    costs one scan)."""
-    if not exclude:
-        for handle in candidates:
-            if handle.load.overloaded or handle.load.breaker.state is not BreakerState.CLOSED:
-                break
-        else:
-            return candidates
+    """Candidates not yet tried, not overloaded, whose breaker lets traffic through."""
     now = time.monotonic()
     return tuple(
         h for h in candidates if h.id not in exclude and not h.load.overloaded and h.load.breaker.allows(now)

@@ -10,6 +10,8 @@ from inference import errors
 from inference.routing.policies import LeastLoad, PolicySet, PowerOfTwo, RandomChoice, RoundRobin, make_policy
 from inference.routing.registry import WorkerRegistry
 from inference.routing.workers import WorkerRecord
+from inference.routing import selection
+from inference.routing.breaker import BreakerState
 from inference.routing.selection import select_worker
 
 
@@ -97,3 +99,21 @@ def test_make_policy_knows_every_policy() -> None:
         assert make_policy(name).name == name
     with pytest.raises(ValueError):
         make_policy("cache_aware_typo")
+
+
+def test_a_usable_pick_is_taken_without_scanning_the_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a thousand workers a request costs what the policy costs: the pick is checked, the fleet is
+    filtered only when the pick may not take traffic."""
+    _, snap = publish(*((f"http://w{i}", "m", "ready") for i in range(1000)))
+    policies = PolicySet(RoundRobin())
+    monkeypatch.setattr(selection, "_usable", lambda *args: pytest.fail("scanned the fleet"))
+    assert [select_worker(snap, "m", policies).worker.url for _ in range(3)] == ["http://w0", "http://w1", "http://w2"]
+
+
+def test_an_unusable_pick_falls_back_to_a_usable_worker() -> None:
+    _, snap = publish(("http://a", "m", "ready"), ("http://b", "m", "ready"), ("http://c", "m", "ready"))
+    snap.workers[0].load.overloaded = True
+    snap.workers[1].load.breaker.state = BreakerState.OPEN
+    snap.workers[1].load.breaker.opened_at = float("inf")  # stays open
+    policies = PolicySet(RoundRobin())
+    assert {select_worker(snap, "m", policies).worker.url for _ in range(6)} == {"http://c"}
