@@ -6,10 +6,11 @@ failures make a ready worker not_ready. A pending worker is probed every second 
 then every ``check_interval_secs``. Transitions are conditional UPDATEs, so several gateway
 processes probing the same worker agree.
 
-The cost stays flat as the fleet grows: each worker has its own small httpx client and a bounded number
-of probes run at once, their timeouts starting when they get their turn
+The cost stays flat as the fleet grows: each worker keeps a connection between probes and a bounded
+number of probes run at once, their timeouts starting when they get their turn
 (:mod:`administration.worker_clients`); schedules are jittered, so a thousand workers registered
-together are not probed in one burst.
+together are not probed in one burst, and sleep to the marks of a shared grid (common/ticks.py), so
+the probes due about the same time wake the process once.
 """
 
 from __future__ import annotations
@@ -20,11 +21,10 @@ import random
 from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
-import httpx
-
 from administration.db import arun_db
-from administration.worker_clients import WorkerClients
+from administration.worker_clients import WorkerClients, WorkerRequestFailed
 from common.telemetry import record_health_check
+from common.ticks import sleep_to_mark
 from administration.models import Worker, WorkerStatus, WorkerType
 from administration.notices import record_change
 
@@ -79,7 +79,6 @@ class HealthChecker:
             if task is not None:
                 task.cancel()
             self._targets.pop(worker_id, None)
-            self._clients.forget(worker_id)
             return
         current = self._targets.get(worker_id)
         self._targets[worker_id] = target
@@ -102,19 +101,17 @@ class HealthChecker:
 
     async def probe(self, target: HealthTarget) -> bool:
         headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
-        client = self._clients.client(target.worker_id)
         try:
-            async with self._clients.turn():  # the timeout runs from here: waiting is not counted
-                response = await client.get(target.url + target.endpoint, headers=headers, timeout=target.timeout_secs)
-        except httpx.HTTPError:
+            answer = await self._clients.get(target.url + target.endpoint, headers, target.timeout_secs)
+        except WorkerRequestFailed:
             return False
-        return response.is_success
+        return answer.ok
 
     async def _probe_loop(self, worker_id: str) -> None:
         successes = failures = 0
         target = self._targets.get(worker_id)
         if target is not None:  # workers that arrive together are not probed in one burst
-            await asyncio.sleep(random.uniform(0.0, min(_PENDING_PROBE_SECS, target.interval_secs)))
+            await sleep_to_mark(random.uniform(0.0, min(_PENDING_PROBE_SECS, target.interval_secs)))
         while True:
             target = self._targets.get(worker_id)
             if target is None:
@@ -135,4 +132,4 @@ class HealthChecker:
                 successes = failures = 0
                 await self._on_change(worker_id, new)
             pause = target.interval_secs if status == WorkerStatus.READY or new == WorkerStatus.READY else _PENDING_PROBE_SECS
-            await asyncio.sleep(min(pause, target.interval_secs) * random.uniform(0.9, 1.1))
+            await sleep_to_mark(min(pause, target.interval_secs) * random.uniform(0.9, 1.1))

@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
+from common.ticks import sleep_to_mark
 from inference.routing.registry import WorkerRegistry
 
 __all__ = ["HostPeers", "host_peers", "Leadership", "write_load_reports", "read_load_reports"]
@@ -87,7 +88,7 @@ class Leadership:
 
     async def run(self) -> None:
         while not self.try_acquire():
-            await asyncio.sleep(ELECTION_RETRY_SECS)
+            await sleep_to_mark(ELECTION_RETRY_SECS)
         self.leader = True
         log.info("process %d leads this host's health checks, registrations and load polls", os.getpid())
         await self._on_elected()

@@ -21,11 +21,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
-import httpx
-
-
+from administration.worker_clients import WorkerClients, WorkerRequestFailed
 from common.telemetry import record_engine_load
-from administration.worker_clients import WorkerClients
+from common.ticks import sleep_to_mark
 from inference.routing.load_report import LoadEntry
 from inference.routing.registry import REGISTRY, WorkerRegistry
 
@@ -249,7 +247,6 @@ class LoadMonitor:
             gone = self._targets.pop(worker_id, None)
             if gone is None:
                 return
-            self._clients.forget(worker_id)
             self._route.pop(worker_id, None)
             self._quiet_until.pop(worker_id, None)
             record_engine_load(gone.url, None, None)
@@ -274,8 +271,11 @@ class LoadMonitor:
         await self._clients.aclose()
 
     async def apoll(self) -> None:
-        """One round: every target polled in parallel, reports and overload states updated."""
-        targets = list(self._targets.values())
+        """One round: every target polled in parallel, reports and overload states updated. Workers
+        left alone for now (no load route) cost nothing: their report stays empty."""
+        now = time.monotonic()
+        quiet = self._quiet_until
+        targets = [target for target in self._targets.values() if quiet.get(target.worker_id, 0.0) <= now]
         reports = await asyncio.gather(*(self._afetch(target) for target in targets))
         models = {handle.id: handle.record.model_id for handle in self.registry.snapshot.workers}
         for target, entries in zip(targets, reports):
@@ -305,7 +305,7 @@ class LoadMonitor:
                 raise
             except Exception:
                 log.exception("load poll failed")
-            await asyncio.sleep(self.interval)
+            await sleep_to_mark(self.interval)
 
     async def _afetch(self, target: LoadTarget) -> list[LoadEntry] | None:
         """The worker's load report: from the route that answered last time, else /get_load (not on
@@ -320,21 +320,19 @@ class LoadMonitor:
             routes = (known, *(route for route in routes if route != known))
         headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
         timeout = min(self.interval, _MAX_POLL_TIMEOUT_SECS)
-        client = self._clients.client(worker_id)
         missing = 0
         for route in routes:
             try:
-                async with self._clients.turn():
-                    response = await client.get(target.url + route, headers=headers, timeout=timeout)
-                if response.is_success:
+                answer = await self._clients.get(target.url + route, headers, timeout)
+                if answer.ok:
                     entries = (
-                        entries_from_get_load(target, response.json()) if route == "/get_load"
-                        else entries_from_metrics(target, response.text)
+                        entries_from_get_load(target, answer.json()) if route == "/get_load"
+                        else entries_from_metrics(target, answer.text)
                     )
                     self._route[worker_id] = route
                     return entries
-                missing += response.status_code == 404
-            except (httpx.HTTPError, ValueError) as exc:
+                missing += answer.status == 404
+            except (WorkerRequestFailed, ValueError) as exc:
                 log.debug("%s of %s failed: %s", route, target.url, exc)
         self._route.pop(worker_id, None)
         if missing == len(routes):

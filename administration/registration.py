@@ -19,9 +19,9 @@ from django.utils import timezone
 from administration.discovery import Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker
 from administration.models import JobState, JobType, Worker, WorkerStatus
 from administration.notices import publish_registry_changed
-from inference.routing.workers import RuntimeType
 from common.config import current_config
-from inference.routing.workers import Transport, transport_of
+from common.http_clients import tls_context
+from inference.routing.workers import RuntimeType, Transport, transport_of
 
 __all__ = ["run_registration", "run_update", "run_removal", "RegistrationFailed", "JOB_FUNCTIONS", "run_job"]
 
@@ -69,7 +69,7 @@ def _discover(worker: Worker, generation: int) -> Discovery:
     config = current_config()
     deadline = time.monotonic() + config.worker_startup_timeout_secs
     pause = _FIRST_RETRY_SECS
-    with httpx.Client(timeout=_PROBE_TIMEOUT, trust_env=False) as client:
+    with httpx.Client(timeout=_PROBE_TIMEOUT, verify=tls_context(), trust_env=False) as client:
         while True:
             try:
                 return discover_http_worker(client, worker.url, worker.api_key or _cli_key(worker), worker.runtime_type)

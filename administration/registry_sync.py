@@ -36,6 +36,7 @@ from administration.tenant_limits import stored_tenant_limits
 from administration.workers import sync_cli_workers, worker_records
 from common.config import GatewayConfig
 from common.http_clients import aclose_http_client
+from common.ticks import sleep_to_mark
 from inference.dataplane import data_plane
 from inference.routing.registry import REGISTRY, RegistrySnapshot
 from inference.routing.workers import RuntimeType, Transport, WorkerRecord, transport_of
@@ -179,7 +180,8 @@ class RegistrySync:
         self.loads = LoadMonitor(config.load_monitor_interval)
         self.leadership = Leadership(peers.lock_path, self._lead) if peers is not None else None
         self.leading = peers is None
-        self.full_reloads = 0  # how many times the whole fleet was read (tests and the log tell deltas from reloads)
+        self.full_reloads = 0  # how many times the whole fleet was read
+        self.deltas = 0  # how many workers were re-read one by one (tests tell deltas from reloads by these)
         self._states: dict[str, WorkerState] = {}  # what the snapshot was built from, in registration order
         # The change log as applied: every change up to ``_floor`` is, and those numbered in ``_seen``
         # above it; ``_cursor`` is the newest applied.
@@ -265,6 +267,8 @@ class RegistrySync:
         behind = time.monotonic() - self._read_at > BEHIND_SECS
         fresh = [(seq, worker_id) for seq, worker_id in rows if seq not in self._seen]
         if behind or len(rows) >= CHANGE_BATCH or any(worker_id is None for _, worker_id in fresh):
+            log.debug("full reload: %s", "behind the change log" if behind else
+                      f"{len(rows)} changes" if len(rows) >= CHANGE_BATCH else "a change not of one worker")
             return await self.arefresh()
         self._read_at = time.monotonic()
         if not fresh:
@@ -280,6 +284,7 @@ class RegistrySync:
     async def aapply(self, worker_ids: set[str]) -> RegistrySnapshot:
         """Re-read these workers from the store and change just them (a worker not there left)."""
         found = (await arun_db(load_worker_states, self.config, worker_ids)).workers
+        self.deltas += len(worker_ids)
         arrived = False
         for worker_id in worker_ids:
             state = found.get(worker_id)
@@ -340,7 +345,7 @@ class RegistrySync:
         """The safety net: the whole fleet re-read every FULL_RELOAD_SECS; the leader also deletes
         the log's old changes."""
         while True:
-            await asyncio.sleep(FULL_RELOAD_SECS)
+            await sleep_to_mark(FULL_RELOAD_SECS)
             self._schedule_sync(reload=True)
             if self.leading:
                 try:
@@ -352,7 +357,7 @@ class RegistrySync:
         """Read the change log when it moved past what this process applied (a change made
         anywhere: another process, a command, a Celery job, a health transition of the leader)."""
         while True:
-            await asyncio.sleep(CHANGE_POLL_SECS)
+            await sleep_to_mark(CHANGE_POLL_SECS)
             if self._syncing is not None and not self._syncing.done():
                 continue  # a read already on its way sees the log itself
             try:
@@ -373,7 +378,7 @@ class RegistrySync:
         assert self.peers is not None
         seen = 0.0
         while True:
-            await asyncio.sleep(LOAD_FOLLOW_SECS)
+            await sleep_to_mark(LOAD_FOLLOW_SECS)
             try:
                 seen = read_load_reports(self.peers.loads_path, REGISTRY, seen)
             except Exception:

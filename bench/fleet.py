@@ -10,16 +10,20 @@ worker. For each size and target (core 0, health checks every 5 s, everything el
 - idle CPU over ``--idle-secs`` with the whole fleet registered (percent of one core);
 - GET /workers latency (median of 10);
 - RSS of the target's process tree;
-- relay throughput: wrk c=64 on /v1/chat/completions for ``--duration`` seconds.
+- relay throughput: wrk c=64 on /v1/chat/completions for ``--duration`` seconds, with the target's
+  CPU per relayed request and how busy its core was.
 
-Prints a table and writes ``bench/results/fleet.json``.
+Prints a table and writes ``bench/results/fleet.json``. ``--profile DIR`` (py-spy on PATH or in the
+venv) records the gateway during registration and while idle, as collapsed stacks in DIR.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -93,6 +97,17 @@ def _rss_mib(pid: int) -> float:
     return total / 1024
 
 
+def _profiler(args: argparse.Namespace, pid: int, name: str, secs: float) -> subprocess.Popen[bytes] | None:
+    """py-spy recording ``pid`` for ``secs`` into ``--profile``/``name``.svg (None without --profile)."""
+    if not args.profile:
+        return None
+    spy = shutil.which("py-spy") or str(Path(PYTHON).parent / "py-spy")
+    out = Path(args.profile) / f"{name}.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    argv = [spy, "record", "-p", str(pid), "-d", str(max(1, int(secs))), "-o", str(out), "-f", "raw", "--nonblocking"]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def measure(target: str, size: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with ProcessGroup(work / f"logs-{target}-{size}") as group:
         ports = _distinct_ports(size + 1)  # the workers' and the target's
@@ -100,6 +115,7 @@ def measure(target: str, size: int, args: argparse.Namespace, work: Path) -> dic
         start_nginx_worker(group, work / f"nginx-{target}-{size}", ports[0], core=1, extra_ports=ports[1:])
         proc = STARTERS[target](group, work / f"{target}-{size}", port, args.health_interval)
         base = f"http://{LOOPBACK}:{port}"
+        profiling = _profiler(args, proc.popen.pid, f"{target}-{size}-register", 20) if target == "gateway" else None
         started = time.monotonic()
         for worker_port in ports:
             status, body = http_post_json(f"{base}/workers", json.dumps({"url": f"http://{LOOPBACK}:{worker_port}"}).encode())
@@ -114,9 +130,13 @@ def measure(target: str, size: int, args: argparse.Namespace, work: Path) -> dic
                 break
             time.sleep(0.25)
         registered = time.monotonic() - started if ready >= size else None
+        if profiling is not None:
+            profiling.wait()
         before = cpu_seconds(proc.popen.pid)
         time.sleep(args.idle_secs)
         idle = (cpu_seconds(proc.popen.pid) - before) / args.idle_secs * 100
+        if target == "gateway" and (profiling := _profiler(args, proc.popen.pid, f"{target}-{size}-idle", 15)):
+            profiling.wait()
         latencies = []
         for _ in range(10):
             began = time.perf_counter()
@@ -125,12 +145,18 @@ def measure(target: str, size: int, args: argparse.Namespace, work: Path) -> dic
         script = write_script(work / f"chat-{target}-{size}.lua")
         url = f"{base}/v1/chat/completions"
         run_wrk(url, script, connections=64, threads=1, duration=1.0, core=1)
+        busy_before = cpu_seconds(proc.popen.pid)
         load = run_wrk(url, script, connections=64, threads=1, duration=args.duration, core=1)
+        busy = cpu_seconds(proc.popen.pid) - busy_before
         return {
             "target": target, "workers": size, "ready": ready, "posted_s": round(posted, 2),
             "all_ready_s": None if registered is None else round(registered, 2), "idle_cpu_pct": round(idle, 1),
             "get_workers_ms": round(statistics.median(latencies), 1), "rss_mib": round(_rss_mib(proc.popen.pid), 1),
             "relay_req_s": round(load.rps), "relay_errors": load.errors + load.non_2xx,
+            # CPU of the target per relayed request (the figure that counts: req/s also depends on
+            # whether nginx and wrk, sharing core 1, keep up) and how busy its core was.
+            "relay_cpu_us": round(busy / max(1, load.requests) * 1e6, 1),
+            "relay_core_pct": round(busy / args.duration * 100, 1),
         }
 
 
@@ -142,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-secs", type=float, default=30.0)
     parser.add_argument("--duration", type=float, default=6.0, help="wrk seconds for the relay throughput")
     parser.add_argument("--ready-timeout", type=float, default=600.0)
+    parser.add_argument("--profile", default="", help="write py-spy collapsed stacks of the gateway here")
     args = parser.parse_args(argv)
     sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
     targets = [name for name in args.targets.split(",") if name.strip()]
@@ -157,11 +184,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(row), flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "fleet.json").write_text(json.dumps(rows, indent=2))
-    print("\n| target | workers | POSTs s | all ready s | idle CPU % | GET /workers ms | RSS MiB | relay req/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| target | workers | POSTs s | all ready s | idle CPU % | GET /workers ms | RSS MiB | relay req/s "
+          "| relay CPU us/req | relay core % |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(f"| {row['target']} | {row['workers']:,} | {row['posted_s']} | {row['all_ready_s']} | "
-              f"{row['idle_cpu_pct']} | {row['get_workers_ms']} | {row['rss_mib']} | {row['relay_req_s']:,} |")
+              f"{row['idle_cpu_pct']} | {row['get_workers_ms']} | {row['rss_mib']} | {row['relay_req_s']:,} | "
+              f"{row['relay_cpu_us']} | {row['relay_core_pct']} |")
     return 0
 
 

@@ -79,6 +79,7 @@ class GatewayConfig:
     request_timeout_secs: float = 1800.0
     max_payload_size: int = DEFAULT_MAX_PAYLOAD
     max_buffered_request_bytes: int = 16 * 1024 * 1024
+    max_worker_answer_bytes: int = 16 * 1024 * 1024  # health and load answers read into memory
     # Health checks (defaults of every worker's health block)
     health_check_timeout_secs: float = 5.0
     health_check_interval_secs: float = 60.0
@@ -343,6 +344,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("request_timeout_secs", _positive_float, "upstream request timeout (seconds)"),
     Flag("max_payload_size", _positive_int, "largest accepted request body (bytes)"),
     Flag("max_buffered_request_bytes", _count, "largest body kept replayable for retries (bytes)"),
+    Flag("max_worker_answer_bytes", _positive_int,
+         "largest answer read from a worker's health or load route (bytes; longer counts as a failure)"),
     Flag("health_check_timeout_secs", _positive_float, "health probe timeout"),
     Flag("health_check_interval_secs", _positive_float, "seconds between health probes"),
     Flag("health_success_threshold", _positive_int, "consecutive successes that make a worker ready"),

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Iterable, Sequence
 
+from common.ticks import CANARY_TICK_SECS, next_mark
 from prometheus_client import values as prometheus_values
 from prometheus_client import (
     CollectorRegistry,
@@ -513,6 +514,9 @@ class WorkerSample:
 
 
 _seen_workers: set[str] = set()
+# worker URL -> what its per-worker gauges were last set to (a fleet's gauges are set when they change,
+# not every worker's every second)
+_worker_values: dict[str, tuple[bool, int, str, int, int]] = {}
 _pool_series: set[tuple[str, str, str]] = set()
 _overload_series: set[str] = set()
 
@@ -537,6 +541,10 @@ def sample_gauges(permits_in_flight: int, permits_queued: int, workers: Iterable
         pools[key] = pools.get(key, 0) + 1
         if worker.overloaded:
             overloaded[model] = overloaded.get(model, 0) + 1
+        values = (worker.ready, worker.in_flight, worker.breaker_state, worker.breaker_failures, worker.breaker_successes)
+        if _worker_values.get(url) == values:
+            continue
+        _worker_values[url] = values
         _child(WORKER_HEALTH, url).set(1 if worker.ready else 0)
         _child(WORKER_ACTIVE, url).set(worker.in_flight)
         _child(CB_STATE, url).set(CB_VALUES.get(worker.breaker_state, 0))
@@ -545,6 +553,7 @@ def sample_gauges(permits_in_flight: int, permits_queued: int, workers: Iterable
         if not worker.ready:
             _clear_engine(url)
     for url in _seen_workers - present:
+        _worker_values.pop(url, None)
         _child(WORKER_HEALTH, url).set(-1)
         _child(CB_STATE, url).set(-1)
         _child(WORKER_ACTIVE, url).set(0)
@@ -583,19 +592,21 @@ if MULTIPROCESS:
     atexit.register(flush_buffered_metrics)  # runs first (atexit is last in, first out)
 
 
-_CANARY_SECS = 0.01
 _STALL_SECS = 0.005
 
 
 async def run_sampler(sample: Callable[[], None], interval: float = 1.0) -> None:
-    """The event-loop canary (every 10 ms), and ``sample`` (the gauges that mirror live state) every
+    """The event-loop canary (every 10 ms, on the marks of the 10 ms grid the background loops'
+    timers share: common/ticks.py), and ``sample`` (the gauges that mirror live state) every
     ``interval`` seconds."""
     loop = asyncio.get_running_loop()
     next_sample = loop.time()
+    due = next_mark(loop.time(), 0.0, CANARY_TICK_SECS)
     while True:
-        before = perf_counter()
-        await asyncio.sleep(_CANARY_SECS)
-        late = max(0.0, perf_counter() - before - _CANARY_SECS)
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        now = loop.time()
+        late = max(0.0, now - due)
+        due = max(due + CANARY_TICK_SECS, next_mark(now, 0.0, CANARY_TICK_SECS))  # marks missed are skipped
         LOOP_DELAY.observe(late)
         if late > _STALL_SECS:
             LOOP_STALLS.inc()
