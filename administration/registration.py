@@ -40,9 +40,14 @@ def _current(worker_id: uuid.UUID | str, generation: int) -> Worker | None:
 
 
 def _set_job(worker_id: uuid.UUID | str, generation: int, state: str, message: str = "", **fields: Any) -> bool:
+    """Record the job's state (and ``fields``) when it is still the worker's latest job. A listed
+    worker's job state shows in GET /workers: the change is published, except for a job's end, whose
+    caller publishes once the rest of its work is done."""
     updated = Worker.objects.filter(pk=worker_id, job_generation=generation).update(
         job_state=state, job_message=message, job_updated_at=timezone.now(), **fields
     )
+    if updated and state != JobState.NONE and Worker.objects.filter(pk=worker_id, registered=True).exists():
+        publish_registry_changed(worker_id)
     return updated == 1
 
 

@@ -33,7 +33,7 @@ from administration.notices import (
     CHANGE_RETENTION, GROUP, add_local_listener, changes_since, latest_change, prune_changes, remove_local_listener,
 )
 from administration.tenant_limits import stored_tenant_limits
-from administration.workers import sync_cli_workers, worker_records
+from administration.workers import sync_cli_workers, worker_fields, worker_records
 from common.config import GatewayConfig
 from common.http_clients import aclose_http_client
 from common.ticks import sleep_to_mark
@@ -60,12 +60,16 @@ BEHIND_SECS = CHANGE_RETENTION.total_seconds() / 2  # no read of the log for thi
 @dataclass(frozen=True, slots=True)
 class WorkerState:
     """One registered worker as this process needs it: its record, the aliases its model cards
-    give, and its health-check and load-poll targets (None: not checked or not polled)."""
+    give, its health-check and load-poll targets (None: not checked or not polled), and for GET
+    /workers the row it was read from, its API fields but for live state, and the models it serves."""
 
     record: WorkerRecord
+    row: Worker
+    fields: dict[str, Any]
     aliases: tuple[tuple[str, str], ...] = ()
     health: HealthTarget | None = None
     load: LoadTarget | None = None
+    model_ids: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -141,7 +145,8 @@ def _worker_states(config: GatewayConfig, workers: list[Worker]) -> dict[str, Wo
     for worker, record in zip(workers, worker_records(config, workers)):
         aliases = tuple((alias, card["id"]) for card in worker.model_cards for alias in card.get("aliases", []))
         states[record.id] = WorkerState(
-            record, aliases, _health_target(worker, config, record.api_key), _load_target(worker, config, record.api_key)
+            record, worker, worker_fields(worker, config), aliases, _health_target(worker, config, record.api_key),
+            _load_target(worker, config, record.api_key), tuple(worker.model_ids()),
         )
     return states
 
@@ -183,6 +188,7 @@ class RegistrySync:
         self.full_reloads = 0  # how many times the whole fleet was read
         self.deltas = 0  # how many workers were re-read one by one (tests tell deltas from reloads by these)
         self._states: dict[str, WorkerState] = {}  # what the snapshot was built from, in registration order
+        self._listing: tuple[WorkerState, ...] | None = None  # the same, as other threads may read it
         # The change log as applied: every change up to ``_floor`` is, and those numbered in ``_seen``
         # above it; ``_cursor`` is the newest applied.
         self._floor = self._cursor = -1
@@ -248,6 +254,7 @@ class RegistrySync:
         state = await arun_db(load_fleet_state, self.config)
         self.full_reloads += 1
         self._states = state.workers
+        self._listing = tuple(self._states.values())
         snapshot = REGISTRY.publish(state.records, fleet_aliases(self.config, state.workers.values()))
         self._floor = self._cursor = max(self._cursor, state.version)
         self._seen = {seq for seq in self._seen if seq > self._floor}
@@ -295,6 +302,7 @@ class RegistrySync:
                 self._states[worker_id] = state
         if arrived:
             self._states = dict(sorted(self._states.items(), key=lambda item: item[1].record.order))
+        self._listing = tuple(self._states.values())
         snapshot = REGISTRY.apply(
             {worker_id: state.record if (state := found.get(worker_id)) else None for worker_id in worker_ids},
             fleet_aliases(self.config, self._states.values()),
@@ -305,6 +313,15 @@ class RegistrySync:
                 self.health.update(worker_id, None if state is None else state.health)
                 self.loads.update(worker_id, None if state is None else state.load)
         return snapshot
+
+    def current_listing(self) -> tuple[WorkerState, ...] | None:
+        """Every registered worker in registration order, as read from the store, when this process
+        has applied every change the store has recorded (one indexed read tells); else None. Any
+        thread may call it (it reads the store)."""
+        listing = self._listing
+        if listing is None or latest_change() > self._cursor:
+            return None
+        return listing
 
     async def _status_changed(self, worker_id: str, status: WorkerStatus) -> None:
         """A health check here moved a worker: route by it at once; the change it recorded in the

@@ -4,6 +4,7 @@ manage.py commands call these; none of them decides anything on its own."""
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from dataclasses import asdict
 from datetime import timedelta
 from typing import Any, Iterable, Sequence
@@ -37,6 +38,7 @@ __all__ = [
     "drain_worker",
     "job_status",
     "spec_fields",
+    "worker_fields",
     "list_workers",
     "sync_cli_workers",
     "worker_records",
@@ -144,6 +146,8 @@ def _start_job(worker: Worker, job_type: str, **fields: Any) -> Worker:
         **fields,
     )
     worker.refresh_from_db()
+    if worker.registered:  # listed: GET /workers shows the job
+        transaction.on_commit(partial(publish_registry_changed, worker.pk))
     return worker
 
 
@@ -236,6 +240,44 @@ def spec_fields(worker: Worker) -> dict[str, Any]:
         "priority": worker.priority,
         "cost": worker.cost,
     }
+
+
+_SETTING_KEYS = ("dp_size", "zmq_handshake_address", "bootstrap_port", "kv_connector", "kv_engine_id", "overload")
+
+
+def _pd_pairing(worker: Worker) -> str | None:
+    if worker.worker_type not in (WorkerType.PREFILL, WorkerType.DECODE):
+        return None
+    explicit = worker.labels.get("pairing_protocol")
+    if explicit:
+        return str(explicit)
+    transport = "grpc" if worker.url.startswith(("grpc://", "grpcs://")) else "http"
+    layout = f"dp{worker.setting('dp_size')}" if worker.setting("dp_size") else "single"
+    return f"{worker.runtime_type}/{transport}/{layout}"
+
+
+def worker_fields(worker: Worker, config: GatewayConfig) -> dict[str, Any]:
+    """The worker as the API shows it, but for its live state (load, engine load, job status): the
+    spec's fields (never api_key), its status and settings. Built from the stored row, so the fleet
+    loop keeps it beside the registry and GET /workers lists from memory."""
+    body: dict[str, Any] = {
+        "id": str(worker.pk),
+        **spec_fields(worker),
+        "is_healthy": worker.status == WorkerStatus.READY,
+        "status": worker.status,
+        "http2": False,
+        "max_connection_attempts": config.retry_max_retries + 1,
+    }
+    if worker.model_id:
+        body["model_id"] = worker.model_id
+    for key in _SETTING_KEYS:
+        value = worker.setting(key)
+        if value is not None:
+            body[key] = value
+    pairing = _pd_pairing(worker)
+    if pairing is not None:
+        body["pd_pairing"] = pairing
+    return body
 
 
 def job_status(worker: Worker) -> dict[str, Any] | None:

@@ -5,7 +5,8 @@
 One nginx worker (core 1) listens on N loopback ports, so N distinct worker URLs reach the same C
 worker. For each size and target (core 0, health checks every 5 s, everything else at defaults):
 
-- registration: POST /workers for every URL, one after another, then the time until every worker is
+- registration: POST /workers for every URL, one after another (``--via cli``: every URL in
+  ``--worker-urls`` at start, timed from the process's start), then the time until every worker is
   healthy in GET /workers (the gateway needs two successful probes, smg its own rule);
 - idle CPU over ``--idle-secs`` with the whole fleet registered (percent of one core);
 - GET /workers latency (median of 10);
@@ -44,26 +45,30 @@ RESULTS = REPO / "bench" / "results"
 START_TIMEOUT_S = 60.0
 
 
-def _start_gateway(group: ProcessGroup, work: Path, port: int, interval: float) -> ManagedProcess:
+def _start_gateway(group: ProcessGroup, work: Path, port: int, interval: float, urls: list[str]) -> ManagedProcess:
     argv = [PYTHON, MANAGE, "rungateway", "--host", LOOPBACK, "--port", str(port), "--log-level", "warning",
             "--health-check-interval-secs", f"{interval:g}", "--prometheus-port", str(free_port())]
+    if urls:
+        argv += ["--worker-urls", *urls]
     env = child_env({"GW_DATA_DIR": str(work / "data"), "DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
     proc = group.start(f"gateway-{port}", pinned(0, argv), env=env, cwd=REPO)
     proc.wait_ready(lambda: http_get(f"http://{LOOPBACK}:{port}/liveness")[0] == 200, timeout=START_TIMEOUT_S)
     return proc
 
 
-def _start_smg(group: ProcessGroup, work: Path, port: int, interval: float) -> ManagedProcess:
+def _start_smg(group: ProcessGroup, work: Path, port: int, interval: float, urls: list[str]) -> ManagedProcess:
     argv = [str(PEERS["smg"].binary), "launch", "--host", LOOPBACK, "--port", str(port), "--policy", "round_robin",
             "--health-check-interval-secs", f"{interval:g}", "--prometheus-host", LOOPBACK,
             "--prometheus-port", str(free_port()), "--log-level", "warn"]
+    if urls:
+        argv += ["--worker-urls", *urls]
     work.mkdir(parents=True, exist_ok=True)
     proc = group.start(f"smg-{port}", pinned(0, argv), env=child_env(), cwd=work)
     proc.wait_ready(lambda: http_get(f"http://{LOOPBACK}:{port}/liveness")[0] == 200, timeout=START_TIMEOUT_S)
     return proc
 
 
-STARTERS: dict[str, Callable[[ProcessGroup, Path, int, float], ManagedProcess]] = {
+STARTERS: dict[str, Callable[[ProcessGroup, Path, int, float, list[str]], ManagedProcess]] = {
     "gateway": _start_gateway,
     "smg": _start_smg,
 }
@@ -113,14 +118,17 @@ def measure(target: str, size: int, args: argparse.Namespace, work: Path) -> dic
         ports = _distinct_ports(size + 1)  # the workers' and the target's
         port = ports.pop()
         start_nginx_worker(group, work / f"nginx-{target}-{size}", ports[0], core=1, extra_ports=ports[1:])
-        proc = STARTERS[target](group, work / f"{target}-{size}", port, args.health_interval)
+        urls = [f"http://{LOOPBACK}:{worker_port}" for worker_port in ports]
+        started = time.monotonic()  # through --worker-urls: from the process's start
+        proc = STARTERS[target](group, work / f"{target}-{size}", port, args.health_interval, urls if args.via == "cli" else [])
         base = f"http://{LOOPBACK}:{port}"
         profiling = _profiler(args, proc.popen.pid, f"{target}-{size}-register", 20) if target == "gateway" else None
-        started = time.monotonic()
-        for worker_port in ports:
-            status, body = http_post_json(f"{base}/workers", json.dumps({"url": f"http://{LOOPBACK}:{worker_port}"}).encode())
-            if status not in (200, 201, 202):
-                raise RuntimeError(f"{target}: POST /workers answered {status}: {body[:200]!r}")
+        if args.via == "post":
+            started = time.monotonic()
+            for url in urls:
+                status, body = http_post_json(f"{base}/workers", json.dumps({"url": url}).encode())
+                if status not in (200, 201, 202):
+                    raise RuntimeError(f"{target}: POST /workers answered {status}: {body[:200]!r}")
         posted = time.monotonic() - started
         deadline = started + args.ready_timeout
         ready = 0
@@ -149,7 +157,7 @@ def measure(target: str, size: int, args: argparse.Namespace, work: Path) -> dic
         load = run_wrk(url, script, connections=64, threads=1, duration=args.duration, core=1)
         busy = cpu_seconds(proc.popen.pid) - busy_before
         return {
-            "target": target, "workers": size, "ready": ready, "posted_s": round(posted, 2),
+            "target": target, "via": args.via, "workers": size, "ready": ready, "posted_s": round(posted, 2),
             "all_ready_s": None if registered is None else round(registered, 2), "idle_cpu_pct": round(idle, 1),
             "get_workers_ms": round(statistics.median(latencies), 1), "rss_mib": round(_rss_mib(proc.popen.pid), 1),
             "relay_req_s": round(load.rps), "relay_errors": load.errors + load.non_2xx,
@@ -168,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-secs", type=float, default=30.0)
     parser.add_argument("--duration", type=float, default=6.0, help="wrk seconds for the relay throughput")
     parser.add_argument("--ready-timeout", type=float, default=600.0)
+    parser.add_argument("--via", choices=("post", "cli"), default="post",
+                        help="register by POST /workers one after another, or all at start with --worker-urls")
     parser.add_argument("--profile", default="", help="write py-spy collapsed stacks of the gateway here")
     args = parser.parse_args(argv)
     sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
@@ -184,11 +194,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(row), flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "fleet.json").write_text(json.dumps(rows, indent=2))
-    print("\n| target | workers | POSTs s | all ready s | idle CPU % | GET /workers ms | RSS MiB | relay req/s "
+    print("\n| target (registration) | workers | POSTs s | all ready s | idle CPU % | GET /workers ms | RSS MiB | relay req/s "
           "| relay CPU us/req | relay core % |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['target']} | {row['workers']:,} | {row['posted_s']} | {row['all_ready_s']} | "
+        print(f"| {row['target']} ({row['via']}) | {row['workers']:,} | {row['posted_s']} | {row['all_ready_s']} | "
               f"{row['idle_cpu_pct']} | {row['get_workers_ms']} | {row['rss_mib']} | {row['relay_req_s']:,} | "
               f"{row['relay_cpu_us']} | {row['relay_core_pct']} |")
     return 0

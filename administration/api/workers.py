@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from typing import Any
 
+import orjson
 from django.http import HttpResponse
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from administration.api.auth import ControlPlaneAuthentication, IsControlPlaneAdmin
-from administration.models import Worker, WorkerStatus, WorkerType
+from administration.lifecycle import LIFECYCLE
+from administration.models import Worker, WorkerType
 from administration.worker_spec import SpecRuleError, SpecTypeError, parse_worker_patch, parse_worker_spec
 from administration.workers import (
     WorkerError,
@@ -27,8 +30,8 @@ from administration.workers import (
     list_workers,
     remove_worker,
     replace_worker,
-    spec_fields,
     update_worker,
+    worker_fields,
 )
 from common.config import current_config
 from inference.routing.registry import REGISTRY
@@ -36,7 +39,6 @@ from inference.routing.registry import REGISTRY
 __all__ = ["WorkersView", "WorkerView", "worker_object"]
 
 _DESERIALIZE = "Failed to deserialize the JSON body into the target type"
-_SETTING_KEYS = ("dp_size", "zmq_handshake_address", "bootstrap_port", "kv_connector", "kv_engine_id", "overload")
 
 
 class BodyError(Exception):
@@ -70,46 +72,32 @@ def _worker_id(raw: str) -> uuid.UUID:
         raise SpecRuleError(f"Invalid worker_id: {raw} is not a UUID") from None
 
 
-def _pd_pairing(worker: Worker) -> str | None:
-    if worker.worker_type not in (WorkerType.PREFILL, WorkerType.DECODE):
-        return None
-    explicit = worker.labels.get("pairing_protocol")
-    if explicit:
-        return str(explicit)
-    transport = "grpc" if worker.url.startswith(("grpc://", "grpcs://")) else "http"
-    layout = f"dp{worker.setting('dp_size')}" if worker.setting("dp_size") else "single"
-    return f"{worker.runtime_type}/{transport}/{layout}"
-
-
-def worker_object(worker: Worker) -> dict[str, Any]:
-    """The worker as GET answers it: the spec's fields (never api_key) plus live state."""
-    live = REGISTRY.load_of(str(worker.pk))  # by id: a list of N workers stays O(N)
-    load = live.in_flight if live is not None else 0
-    engine_load = live.engine_load if live is not None else None
-    body: dict[str, Any] = {
-        "id": str(worker.pk),
-        **spec_fields(worker),
-        "is_healthy": worker.status == WorkerStatus.READY,
-        "status": worker.status,
-        "load": load,
-        "http2": False,
-        "max_connection_attempts": current_config().retry_max_retries + 1,
-    }
-    if worker.model_id:
-        body["model_id"] = worker.model_id
-    if engine_load is not None:
-        body["engine_load"] = list(engine_load)
-    for key in _SETTING_KEYS:
-        value = worker.setting(key)
-        if value is not None:
-            body[key] = value
-    pairing = _pd_pairing(worker)
-    if pairing is not None:
-        body["pd_pairing"] = pairing
+def worker_object(worker: Worker, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The worker as GET answers it: its fields (``fields``: already built from this row) plus live
+    state: load, engine load (looked up by id, so a list of N workers stays O(N)) and job status."""
+    body = dict(fields if fields is not None else worker_fields(worker, current_config()))
+    live = REGISTRY.load_of(str(worker.pk))
+    body["load"] = live.in_flight if live is not None else 0
+    if live is not None and live.engine_load is not None:
+        body["engine_load"] = list(live.engine_load)
     status = job_status(worker)
     if status is not None:
         body["job_status"] = status
     return body
+
+
+def _listed(model: str | None) -> list[dict[str, Any]]:
+    """GET /workers' list: from the fleet loop's copy of the store when it has applied every change
+    the store has recorded (one indexed read tells), else from the store."""
+    fleet = LIFECYCLE.fleet
+    listing = fleet.current_listing() if fleet is not None else None
+    if listing is None:
+        return [worker_object(worker) for worker in list_workers(model)]
+    return [
+        worker_object(state.row, state.fields)
+        for state in listing
+        if not model or not state.model_ids or model in state.model_ids
+    ]
 
 
 class _ControlPlaneView(APIView):
@@ -129,14 +117,16 @@ class _ControlPlaneView(APIView):
 
 
 class WorkersView(_ControlPlaneView):
-    def get(self, request: Request) -> Response:
-        workers = list_workers(request.query_params.get("model") or None)
+    def get(self, request: Request) -> HttpResponse:
+        workers = _listed(request.query_params.get("model") or None)
+        types = Counter(worker["worker_type"] for worker in workers)
         stats = {
-            "prefill_count": sum(1 for w in workers if w.worker_type == WorkerType.PREFILL),
-            "decode_count": sum(1 for w in workers if w.worker_type == WorkerType.DECODE),
-            "regular_count": sum(1 for w in workers if w.worker_type == WorkerType.REGULAR),
+            "prefill_count": types[WorkerType.PREFILL],
+            "decode_count": types[WorkerType.DECODE],
+            "regular_count": types[WorkerType.REGULAR],
         }
-        return Response({"workers": [worker_object(w) for w in workers], "total": len(workers), "stats": stats})
+        body = {"workers": workers, "total": len(workers), "stats": stats}
+        return HttpResponse(orjson.dumps(body), content_type="application/json")
 
     def post(self, request: Request) -> Response:
         spec = parse_worker_spec(_json_body(request))

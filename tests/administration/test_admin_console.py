@@ -7,7 +7,8 @@ import enum
 import types
 import uuid
 from datetime import timedelta
-from typing import Any, Iterator
+from functools import partial
+from typing import Any, Callable, Iterator
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -288,12 +289,18 @@ def test_drain_action_sets_draining(admin_client: Client) -> None:
     assert set(Worker.objects.values_list("status", flat=True)) == {WorkerStatus.DRAINING}
 
 
+def jobs(callbacks: list[Callable[[], object]]) -> list[Callable[[], object]]:
+    """The on-commit callbacks that queue a job (a listed worker's job start is also published to
+    the fleet, so GET /workers shows it)."""
+    return [callback for callback in callbacks if not isinstance(callback, partial)]
+
+
 def test_remove_action_queues_remove_worker(admin_client: Client, django_capture_on_commit_callbacks) -> None:
     worker = make_worker()
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         response = act(admin_client, "remove_selected", worker)
     assert "Removal of http://10.0.0.5:8000 queued" in response.content.decode()
-    assert len(callbacks) == 1
+    assert len(jobs(callbacks)) == 1
     worker.refresh_from_db()
     assert (worker.job_type, worker.job_state) == (JobType.REMOVE, JobState.PENDING)
 
@@ -302,7 +309,7 @@ def test_reregister_action_queues_add_worker(admin_client: Client, django_captur
     worker = make_worker(status=WorkerStatus.NOT_READY)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         act(admin_client, "reregister_selected", worker)
-    assert len(callbacks) == 1
+    assert len(jobs(callbacks)) == 1
     worker.refresh_from_db()
     assert (worker.job_type, worker.job_state, worker.status) == (JobType.ADD, JobState.PENDING, WorkerStatus.PENDING)
 
@@ -326,13 +333,13 @@ def test_detail_buttons_call_the_domain_functions(admin_client: Client, django_c
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         response = admin_client.post(f"{LIST}{worker.pk}/reregister/")
     worker.refresh_from_db()
-    assert len(callbacks) == 1 and (worker.job_type, worker.status) == (JobType.ADD, WorkerStatus.PENDING)
+    assert len(jobs(callbacks)) == 1 and (worker.job_type, worker.status) == (JobType.ADD, WorkerStatus.PENDING)
 
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         response = admin_client.post(f"{LIST}{worker.pk}/remove/")
     assert response["Location"] == LIST
     worker.refresh_from_db()
-    assert len(callbacks) == 1 and worker.job_type == JobType.REMOVE
+    assert len(jobs(callbacks)) == 1 and worker.job_type == JobType.REMOVE
     assert LogEntry.objects.filter(object_id=str(worker.pk)).count() == 3
 
 

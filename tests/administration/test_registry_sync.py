@@ -8,16 +8,19 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.test import AsyncClient
 from django.utils import timezone
 
+from administration.api import workers as api_workers
 from administration.db import arun_db
 from administration.health import transition
+from administration.lifecycle import LIFECYCLE
 from administration.models import RegistryChange, Worker, WorkerQuerySet, WorkerStatus
 from administration.notices import (
     CHANGE_RETENTION, changes_since, latest_change, prune_changes, publish_registry_changed, record_change,
 )
 from administration.registry_sync import RegistrySync, fleet_aliases, load_fleet_state
-from common.config import GatewayConfig
+from common.config import GatewayConfig, install_config
 from inference.routing.registry import REGISTRY, RegistrySnapshot, WorkerRegistry
 
 
@@ -191,3 +194,47 @@ async def test_a_change_committed_after_a_later_one_is_still_applied() -> None:
     finally:
         await sync.astop()
         REGISTRY.publish([], {})
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_get_workers_lists_from_memory_while_it_is_current(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GET /workers answers from the fleet loop's copy when it has applied every recorded change
+    (the same body the store gives), and from the store as soon as a change is not applied yet."""
+    config = GatewayConfig(disable_health_check=True)
+    install_config(config, export=False)
+    sync = RegistrySync(config)
+    monkeypatch.setattr(LIFECYCLE, "fleet", sync)
+    api = AsyncClient()
+    try:
+        await Worker.objects.acreate(url="http://127.0.0.1:9/a", registered=True, model_id="m1", runtime_type="sglang",
+                                     status=WorkerStatus.READY, model_cards=[{"id": "m1", "aliases": ["one"]}])
+        await Worker.objects.acreate(url="http://127.0.0.1:9/b", registered=True, runtime_type="vllm",
+                                     status=WorkerStatus.PENDING, worker_type="prefill", job_type="UpdateWorker",
+                                     job_state="processing", job_updated_at=timezone.now())
+        await Worker.objects.acreate(url="http://127.0.0.1:9/hidden", registered=False)  # registration runs
+        from_store = (await api.get("/workers")).json()
+        await sync.arefresh()
+
+        def no_store(*args: Any) -> Any:
+            raise AssertionError("read the store")
+
+        monkeypatch.setattr(api_workers, "list_workers", no_store)
+        from_memory = (await api.get("/workers")).json()
+        assert from_memory == from_store and from_memory["total"] == 2
+        assert from_memory["stats"] == {"prefill_count": 1, "decode_count": 0, "regular_count": 1}
+        assert from_memory["workers"][1]["job_status"]["status"] == "processing"
+        assert [w["url"] for w in (await api.get("/workers?model=one")).json()["workers"]] == [
+            "http://127.0.0.1:9/a", "http://127.0.0.1:9/b",  # b lists no model: it may serve any
+        ]
+
+        # A change recorded but not applied yet: the store answers.
+        await Worker.objects.acreate(url="http://127.0.0.1:9/c", registered=True, runtime_type="sglang",
+                                     status=WorkerStatus.READY)
+        await arun_db(record_change)
+        monkeypatch.undo()
+        monkeypatch.setattr(LIFECYCLE, "fleet", sync)
+        assert (await api.get("/workers")).json()["total"] == 3
+    finally:
+        await sync.astop()
+        REGISTRY.publish([], {})
+        install_config(GatewayConfig(), export=False)
