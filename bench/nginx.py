@@ -53,14 +53,18 @@ def write_config(prefix: Path, port: int, extra_ports: Sequence[int] = ()) -> Pa
     extra = "\n".join(
         f"        location = {path} {{ return 200 {_literal(body)}; }}" for path, body in _EXTRA_GET.items()
     )
+    # Every listening port takes a connection slot too; each worker URL may hold a probe's, a load
+    # poll's and a relay's connection.
+    connections = max(4096, 4 * (1 + len(extra_ports)))
     conf = f"""\
 daemon off;
 master_process on;
 worker_processes 1;
 pid {prefix}/nginx.pid;
 error_log {prefix}/logs/error.log warn;
+worker_rlimit_nofile {connections};
 events {{
-    worker_connections 4096;
+    worker_connections {connections};
     multi_accept on;
 }}
 http {{
