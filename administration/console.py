@@ -19,6 +19,7 @@ from django.utils import timezone
 from administration.models import Worker, WorkerType
 from inference.routing.workers import RuntimeType
 from administration.worker_spec import SpecRuleError, SpecTypeError, WorkerSpec, parse_worker_spec
+from common.urls import url_has_credentials
 from administration.workers import job_status, spec_fields
 from inference.routing.registry import REGISTRY, RegistrySnapshot
 from inference.routing.workers import WorkerHandle
@@ -214,6 +215,8 @@ class WorkerAddForm(forms.Form):
             self.spec = parse_worker_spec(body)
         except (SpecTypeError, SpecRuleError) as exc:
             self.add_error(self._field_of(exc), str(exc))
+            if url_has_credentials(body["url"]):  # the form comes back without the password in it
+                self.data = {**dict(self.data.items()), "url": ""}
         return data
 
     def _field_of(self, exc: Exception) -> str | None:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
-from inference.routing.workers import RuntimeType, normalize_runtime_type
-from inference.routing.workers import Transport, WorkerType, transport_of
+from common.urls import url_has_credentials
+from inference.routing.workers import RuntimeType, Transport, WorkerType, normalize_runtime_type, transport_of
 
 __all__ = [
     "WorkerSpec",
@@ -267,10 +267,18 @@ def _read_fields(body: Any) -> dict[str, Any]:
     return values
 
 
+CREDENTIALS_REFUSED = (
+    "url must not carry credentials (user:password@host); give the worker's key as api_key, which is never shown"
+)
+
+
 def check_url(url: str) -> str:
-    """The URL rules (400): a lowercase scheme we know, a host, and a path for ipc://."""
+    """The URL rules (400): a lowercase scheme we know, a host, no credentials, and a path for
+    ipc://. A URL with credentials is refused before anything could echo it (docs/DECISIONS.md D25)."""
     if not url:
         raise SpecRuleError("url must not be empty")
+    if url_has_credentials(url):
+        raise SpecRuleError(CREDENTIALS_REFUSED)
     if not url.startswith(_SCHEMES):
         raise SpecRuleError(
             "url must start with a lowercase http://, https://, grpc://, grpcs:// or ipc:// scheme"

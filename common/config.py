@@ -19,6 +19,8 @@ from typing import Any, Callable, NoReturn, Sequence
 
 import orjson
 
+from common.urls import url_has_credentials
+
 __all__ = [
     "GatewayConfig",
     "ConfigError",
@@ -248,6 +250,10 @@ def _bool(text: str) -> bool:
 
 
 def _worker_url(text: str) -> str:
+    if url_has_credentials(text):
+        raise argparse.ArgumentTypeError(
+            "a worker URL must not carry credentials (user:password@host); give the key with --api-key"
+        )
     scheme = text.split("://", 1)[0] if "://" in text else ""
     if scheme not in ("http", "https"):
         raise argparse.ArgumentTypeError(
