@@ -81,6 +81,7 @@ class GatewayConfig:
     request_timeout_secs: float = 1800.0
     max_payload_size: int = DEFAULT_MAX_PAYLOAD
     max_buffered_request_bytes: int = 16 * 1024 * 1024
+    max_buffered_response_bytes: int = 256 * 1024 * 1024  # a non-streamed worker answer held whole
     max_worker_answer_bytes: int = 16 * 1024 * 1024  # health and load answers read into memory
     # Health checks (defaults of every worker's health block)
     health_check_timeout_secs: float = 5.0
@@ -350,6 +351,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("request_timeout_secs", _positive_float, "upstream request timeout (seconds)"),
     Flag("max_payload_size", _positive_int, "largest accepted request body (bytes)"),
     Flag("max_buffered_request_bytes", _count, "largest body kept replayable for retries (bytes)"),
+    Flag("max_buffered_response_bytes", _positive_int,
+         "largest non-streamed worker answer held in memory (bytes; a larger one fails the attempt with 502)"),
     Flag("max_worker_answer_bytes", _positive_int,
          "largest answer read from a worker's health or load route (bytes; longer counts as a failure)"),
     Flag("health_check_timeout_secs", _positive_float, "health probe timeout"),

@@ -135,10 +135,13 @@ class HttpRelay(Relay):
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> HttpRelay:
-        return cls(config.request_timeout_secs)
+        return cls(config.request_timeout_secs, max_answer_bytes=config.max_buffered_response_bytes)
 
-    def __init__(self, request_timeout_secs: float, keepalive_secs: float = KEEPALIVE_SECS) -> None:
+    def __init__(
+        self, request_timeout_secs: float, keepalive_secs: float = KEEPALIVE_SECS, max_answer_bytes: int = 2**28
+    ) -> None:
         self._keepalive_secs = keepalive_secs
+        self.max_answer_bytes = max_answer_bytes  # a non-streamed answer is held whole up to this size
         self._timeout = aiohttp.ClientTimeout(
             total=request_timeout_secs, connect=_CONNECT_TIMEOUT_SECS, sock_connect=_CONNECT_TIMEOUT_SECS
         )
@@ -255,20 +258,27 @@ class HttpRelay(Relay):
                 conn.close()
             deadline.cancel()
             raise
-        content_type = message.headers.get("Content-Type", "")
-        return _HttpAnswer(self, request, message.code, content_type, _Exchange(conn, payload, deadline))
+        headers = message.headers
+        return _HttpAnswer(
+            self, request, message.code, headers.get("Content-Type", ""), headers.get("Content-Length"),
+            _Exchange(conn, payload, deadline),
+        )
 
 
 class _HttpAnswer(RelayAnswer):
     """An HTTP worker's answer: its head is read, its body waits on the pooled connection."""
 
-    __slots__ = ("_relay", "_request", "_exchange")
+    __slots__ = ("_relay", "_request", "_exchange", "_declared")
 
-    def __init__(self, relay: HttpRelay, request: RelayRequest, status: int, content_type: str, exchange: _Exchange) -> None:
+    def __init__(
+        self, relay: HttpRelay, request: RelayRequest, status: int, content_type: str, declared: str | None,
+        exchange: _Exchange,
+    ) -> None:
         super().__init__(status, content_type)
         self._relay = relay
         self._request = request
         self._exchange = exchange
+        self._declared = declared  # the answer's Content-Length, as sent
 
     async def discard(self) -> None:
         self._exchange.close()
@@ -289,10 +299,19 @@ class _HttpAnswer(RelayAnswer):
         return clean
 
     async def _relay_whole(self, writer: ResponseWriter) -> None:
+        """Read the answer whole, at most ``--max-buffered-response-bytes`` of it: a worker that
+        declares or sends more fails the attempt (502, or another worker) and loses the connection."""
         exchange = self._exchange
+        limit = self._relay.max_answer_bytes
+        declared = self._declared
         reading = perf_counter()
         try:
-            body = await exchange.payload.read()
+            if declared is not None and declared.isdigit():
+                if int(declared) > limit:
+                    raise self._too_large(limit)
+                body = await exchange.payload.read()  # the parser stops at the declared length
+            else:
+                body = await self._read_bounded(limit)
         except asyncio.CancelledError:
             if exchange.deadline.absorb():
                 raise self._relay._timed_out() from None
@@ -300,6 +319,22 @@ class _HttpAnswer(RelayAnswer):
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise self._relay._failure(exc) from None
         await writer.whole(self.status, self.content_type.encode("latin-1"), body, perf_counter() - reading)
+
+    async def _read_bounded(self, limit: int) -> bytes:
+        """An answer of unknown length (chunked, or up to the close), refused past ``limit`` bytes."""
+        payload = self._exchange.payload
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await payload.readany():
+            size += len(chunk)
+            if size > limit:
+                raise self._too_large(limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self, limit: int) -> UpstreamFailure:
+        log.warning("worker %s answered more than --max-buffered-response-bytes (%d)", self._request.worker.url, limit)
+        return UpstreamFailure(FailureKind.BROKEN, f"the answer is larger than {limit} bytes")
 
     async def _relay_stream(self, writer: ResponseWriter) -> bool:
         exchange = self._exchange
