@@ -12,11 +12,11 @@ the result. The fan-out functions take the registry's worker handles and an http
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import httpx
+import orjson
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -170,7 +170,7 @@ def _json_options(request: HttpRequest) -> dict[str, Any] | HttpResponse:
     if not request.body.strip():
         return {}
     try:
-        value = json.loads(request.body)
+        value = orjson.loads(request.body)
     except (ValueError, UnicodeDecodeError) as exc:
         return JsonResponse(error_body(f"Request body is not valid JSON: {exc}", ErrorType.BAD_REQUEST), status=400)
     if not isinstance(value, dict):

@@ -7,7 +7,6 @@ missing url, a wrong type or an unknown enum value. Other errors use ``{"error":
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections import Counter
 from typing import Any
@@ -60,7 +59,7 @@ def _json_body(request: Request) -> Any:
     if content_type != "application/json":
         raise BodyError(415, "Expected request with `Content-Type: application/json`")
     try:
-        return json.loads(request.body or b"")
+        return orjson.loads(request.body or b"")
     except (ValueError, UnicodeDecodeError) as exc:
         raise BodyError(400, f"Failed to parse the request body as JSON: {exc}") from None
 
