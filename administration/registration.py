@@ -149,9 +149,9 @@ def _fail_registration(worker: Worker, generation: int, message: str, first_regi
     if first_registration:
         # The reserved id is released: GET answers 404; the reason is in the log.
         Worker.objects.filter(pk=worker.pk, job_generation=generation).delete()
+        publish_registry_changed(worker.pk)
     else:
-        _set_job(worker.pk, generation, JobState.FAILED, message, last_error=message)
-    publish_registry_changed(worker.pk)
+        _set_job(worker.pk, generation, JobState.FAILED, message, last_error=message)  # publishes the change
 
 
 def run_update(worker_id: str, generation: int, changes: dict[str, Any]) -> None:

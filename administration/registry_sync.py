@@ -158,9 +158,9 @@ def load_fleet_state(config: GatewayConfig) -> FleetState:
     return FleetState(_worker_states(config, workers), stored_tenant_limits(), version)
 
 
-def load_worker_states(config: GatewayConfig, worker_ids: Iterable[str]) -> FleetState:
+def load_worker_states(config: GatewayConfig, worker_ids: Iterable[str]) -> dict[str, WorkerState]:
     """These workers as the store has them now (an id that is not there any more is left out)."""
-    return FleetState(_worker_states(config, list(Worker.objects.listed().filter(pk__in=list(worker_ids)))))
+    return _worker_states(config, list(Worker.objects.listed().filter(pk__in=list(worker_ids))))
 
 
 def fleet_aliases(config: GatewayConfig, ordered: Iterable[WorkerState]) -> dict[str, str]:
@@ -290,7 +290,7 @@ class RegistrySync:
 
     async def aapply(self, worker_ids: set[str]) -> RegistrySnapshot:
         """Re-read these workers from the store and change just them (a worker not there left)."""
-        found = (await arun_db(load_worker_states, self.config, worker_ids)).workers
+        found = await arun_db(load_worker_states, self.config, worker_ids)
         self.deltas += len(worker_ids)
         arrived = False
         for worker_id in worker_ids:
@@ -300,7 +300,7 @@ class RegistrySync:
             else:
                 arrived = arrived or worker_id not in self._states
                 self._states[worker_id] = state
-        if arrived:
+        if arrived:  # the order the registry keeps too (its aliases depend on it: the first claim wins)
             self._states = dict(sorted(self._states.items(), key=lambda item: item[1].record.order))
         self._listing = tuple(self._states.values())
         snapshot = REGISTRY.apply(

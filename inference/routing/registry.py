@@ -64,9 +64,6 @@ class WorkerRegistry:
         handle = self._handles.get(worker_id)
         return None if handle is None else handle.load
 
-    def record_of(self, worker_id: str) -> WorkerRecord | None:
-        return self._records.get(worker_id)
-
     def publish_status(self, worker_id: str, status: WorkerStatus) -> RegistrySnapshot | None:
         """Publish the snapshot with one worker's status changed (a health transition made in this
         process, routed at once without reading the store); None when nothing changed."""
