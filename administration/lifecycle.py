@@ -26,6 +26,9 @@ from inference.gauges import sample_live_gauges
 
 __all__ = ["GatewayLifecycle", "LIFECYCLE", "apply_log_level", "GATEWAY_LOGGERS"]
 
+# (young objects before a pass, young passes per middle pass, middle passes per full pass)
+GC_THRESHOLDS: tuple[int, int, int] = (10_000, 10, 10)
+
 log = logging.getLogger("administration.lifecycle")
 
 GATEWAY_LOGGERS = ("inference", "administration", "responses_api", "common")
@@ -81,6 +84,10 @@ class GatewayLifecycle:
             # process: keep it out of the collector's full passes, which otherwise stall requests.
             gc.collect()
             gc.freeze()
+            # A relayed request allocates a few hundred container objects: at CPython's default of
+            # 700 the collector ran every few requests and its older passes walked the whole fleet's
+            # records, the larger share of a request's cost at 1,000 workers (D27).
+            gc.set_threshold(*GC_THRESHOLDS)
 
     async def astop(self) -> None:
         if self._sampler is not None:

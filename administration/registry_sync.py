@@ -33,7 +33,7 @@ from administration.notices import (
     CHANGE_RETENTION, GROUP, add_local_listener, changes_since, latest_change, prune_changes, remove_local_listener,
 )
 from administration.tenant_limits import stored_tenant_limits
-from administration.workers import sync_cli_workers, worker_fields, worker_records
+from administration.workers import JobStatus, job_of, sync_cli_workers, worker_fields, worker_records
 from common.config import GatewayConfig
 from common.http_clients import aclose_http_client
 from common.ticks import sleep_to_mark
@@ -61,11 +61,12 @@ BEHIND_SECS = CHANGE_RETENTION.total_seconds() / 2  # no read of the log for thi
 class WorkerState:
     """One registered worker as this process needs it: its record, the aliases its model cards
     give, its health-check and load-poll targets (None: not checked or not polled), and for GET
-    /workers the row it was read from, its API fields but for live state, and the models it serves."""
+    /workers its API fields but for live state, its job and the models it serves (not the row it was
+    read from: at 1,000 workers the rows were a few MiB of the process's memory)."""
 
     record: WorkerRecord
-    row: Worker
     fields: dict[str, Any]
+    job: JobStatus | None = None
     aliases: tuple[tuple[str, str], ...] = ()
     health: HealthTarget | None = None
     load: LoadTarget | None = None
@@ -145,8 +146,9 @@ def _worker_states(config: GatewayConfig, workers: list[Worker]) -> dict[str, Wo
     for worker, record in zip(workers, worker_records(config, workers)):
         aliases = tuple((alias, card["id"]) for card in worker.model_cards for alias in card.get("aliases", []))
         states[record.id] = WorkerState(
-            record, worker, worker_fields(worker, config), aliases, _health_target(worker, config, record.api_key),
-            _load_target(worker, config, record.api_key), tuple(worker.model_ids()),
+            record, worker_fields(worker, config), job_of(worker), aliases,
+            _health_target(worker, config, record.api_key), _load_target(worker, config, record.api_key),
+            tuple(worker.model_ids()),
         )
     return states
 

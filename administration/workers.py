@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import uuid
 from functools import partial
-from dataclasses import asdict
-from datetime import timedelta
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
 from typing import Any, Iterable, Sequence
 
 from django.db import IntegrityError, transaction
@@ -28,6 +28,8 @@ __all__ = [
     "WorkerCreateInProgress",
     "JobQueueUnavailable",
     "FAILED_JOB_RETENTION",
+    "JobStatus",
+    "job_of",
     "create_worker",
     "update_worker",
     "replace_worker",
@@ -280,19 +282,38 @@ def worker_fields(worker: Worker, config: GatewayConfig) -> dict[str, Any]:
     return body
 
 
-def job_status(worker: Worker) -> dict[str, Any] | None:
-    """The spec's job_status while a job is queued or running, or for about five minutes after it failed."""
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """A worker's job as GET answers it, and until when a failed one is still shown."""
+
+    body: dict[str, Any]
+    shown_until: datetime | None = None
+
+    def current(self, now: datetime | None = None) -> dict[str, Any] | None:
+        if self.shown_until is not None and (now or timezone.now()) > self.shown_until:
+            return None
+        return self.body
+
+
+def job_of(worker: Worker) -> JobStatus | None:
+    """The worker's job while it is queued or running, or failed (shown for about five minutes)."""
     if not worker.job_state or worker.job_updated_at is None:
         return None
-    if worker.job_state == JobState.FAILED and timezone.now() - worker.job_updated_at > FAILED_JOB_RETENTION:
-        return None
-    return {
+    shown_until = worker.job_updated_at + FAILED_JOB_RETENTION if worker.job_state == JobState.FAILED else None
+    body = {
         "job_type": worker.job_type,
         "worker_url": worker.url,
         "status": worker.job_state,
         "message": worker.job_message or None,
         "timestamp": int(worker.job_updated_at.timestamp()),
     }
+    return JobStatus(body, shown_until)
+
+
+def job_status(worker: Worker) -> dict[str, Any] | None:
+    """The spec's job_status while a job is queued or running, or for about five minutes after it failed."""
+    job = job_of(worker)
+    return job.current() if job is not None else None
 
 
 def sync_cli_workers(urls: Sequence[str]) -> list[Worker]:

@@ -25,7 +25,8 @@ from administration.workers import (
     WorkerError,
     create_worker,
     get_worker,
-    job_status,
+    JobStatus,
+    job_of,
     list_workers,
     remove_worker,
     replace_worker,
@@ -71,15 +72,20 @@ def _worker_id(raw: str) -> uuid.UUID:
         raise SpecRuleError(f"Invalid worker_id: {raw} is not a UUID") from None
 
 
-def worker_object(worker: Worker, fields: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The worker as GET answers it: its fields (``fields``: already built from this row) plus live
-    state: load, engine load (looked up by id, so a list of N workers stays O(N)) and job status."""
-    body = dict(fields if fields is not None else worker_fields(worker, current_config()))
-    live = REGISTRY.load_of(str(worker.pk))
+def worker_object(worker: Worker) -> dict[str, Any]:
+    """The worker as GET answers it, read from the store."""
+    return _answer(str(worker.pk), worker_fields(worker, current_config()), job_of(worker))
+
+
+def _answer(worker_id: str, fields: dict[str, Any], job: JobStatus | None) -> dict[str, Any]:
+    """A worker's fields plus live state: load, engine load (looked up by id, so a list of N
+    workers stays O(N)) and job status."""
+    body = dict(fields)
+    live = REGISTRY.load_of(worker_id)
     body["load"] = live.in_flight if live is not None else 0
     if live is not None and live.engine_load is not None:
         body["engine_load"] = list(live.engine_load)
-    status = job_status(worker)
+    status = job.current() if job is not None else None
     if status is not None:
         body["job_status"] = status
     return body
@@ -93,7 +99,7 @@ def _listed(model: str | None) -> list[dict[str, Any]]:
     if listing is None:
         return [worker_object(worker) for worker in list_workers(model)]
     return [
-        worker_object(state.row, state.fields)
+        _answer(state.record.id, state.fields, state.job)
         for state in listing
         if not model or not state.model_ids or model in state.model_ids
     ]
