@@ -22,6 +22,7 @@ from typing import Any
 import uvicorn
 
 from administration.lifecycle import LIFECYCLE
+from administration.receipt import ReceiptLimits, bounded_protocol
 from common.config import GatewayConfig
 
 __all__ = ["run_uvicorn", "run_daphne"]
@@ -46,7 +47,7 @@ def run_uvicorn(config: GatewayConfig, sock: socket.socket | None = None) -> Non
             host=config.host,
             port=config.port,
             loop="uvloop",
-            http="httptools",
+            http=bounded_protocol(ReceiptLimits.of(config)),  # httptools, with bounded receipt (D30)
             lifespan="on",
             access_log=False,
             log_level=config.log_level,
@@ -63,6 +64,12 @@ def run_daphne(config: GatewayConfig, fd: int | None = None) -> None:
     # process wants.
     from daphne.cli import CommandLineInterface
 
+    import daphne.server
+
+    from administration.receipt_twisted import bounded_factory
+
+    # daphne builds its HTTP factory by this name in Server.run: ours bounds request receipt (D30).
+    daphne.server.HTTPFactory = bounded_factory(ReceiptLimits.of(config))
     cli = CommandLineInterface()
     _tie_lifecycle_to_twisted(cli, config.shutdown_grace_period_secs)
     verbosity = "2" if config.log_level == "debug" else "1"

@@ -55,6 +55,12 @@ class GatewayConfig:
     log_level: str = "info"
     workers: int = 1  # serving processes; more than 1: a supervisor runs them on the one port
     shutdown_grace_period_secs: float = 180.0  # in-flight requests and streams may finish this long
+    # Request receipt (administration/receipt.py): what a client may make a serving process hold
+    max_request_head_bytes: int = 64 * 1024  # request target plus header lines (Envoy: 60 KiB)
+    max_request_headers: int = 100  # header fields per request (Envoy's default)
+    request_head_timeout_secs: float = 30.0  # a whole head must arrive in this long (Kestrel: 30 s)
+    request_body_timeout_secs: float = 30.0  # longest gap inside a body, and the rate rule's grace
+    min_request_body_rate: int = 1024  # bytes/s a body must average after its grace; 0: no rate rule
     # Workers and models
     worker_urls: tuple[str, ...] = ()
     model_aliases: tuple[tuple[str, str], ...] = ()
@@ -325,6 +331,15 @@ FLAGS: tuple[Flag, ...] = (
          "command supervises them", metavar="N|auto"),
     Flag("shutdown_grace_period_secs", _non_negative_float,
          "on SIGTERM, how long requests and streams in flight may take to finish"),
+    Flag("max_request_head_bytes", _positive_int,
+         "largest request head (target plus header lines, bytes; larger: 431 and the connection closed)"),
+    Flag("max_request_headers", _positive_int, "most header fields in a request (more: 431 and a close)"),
+    Flag("request_head_timeout_secs", _positive_float,
+         "a request head must arrive within this long of its first byte or of the connection (else 408, close)"),
+    Flag("request_body_timeout_secs", _positive_float,
+         "longest pause inside a request body, and the grace before --min-request-body-rate applies"),
+    Flag("min_request_body_rate", _count,
+         "bytes per second a request body must average after its grace (0: no rate rule)"),
     Flag("worker_urls", _worker_url, "HTTP worker base URLs", kind="list", metavar="URL"),
     Flag("model_aliases", _pair("=", "alias=model"), "model alias, repeatable", kind="append",
          option="--model-alias", metavar="ALIAS=MODEL"),

@@ -40,6 +40,8 @@ __all__ = [
     "multimodal_inflight_budget",
     "worker_overload_shed",
     "endpoint_not_supported",
+    "request_head_too_large",
+    "request_timeout",
 ]
 
 # Error type per status where the spec names one; other statuses use the snake-cased status text.
@@ -50,6 +52,7 @@ _TYPE_BY_STATUS: dict[int, str] = {
     405: "method_not_allowed",
     408: "timeout_error",
     413: "payload_too_large",
+    431: "request_header_fields_too_large",
     429: "rate_limit_error",
     500: "internal_error",
     501: "not_implemented",
@@ -79,6 +82,8 @@ class ErrorCode(str, Enum):
     WORKER_OVERLOAD_SHED = "worker_overload_protection_shed"
     ENDPOINT_NOT_SUPPORTED = "endpoint_not_supported"
     UNAUTHORIZED = "unauthorized"
+    REQUEST_HEAD_TOO_LARGE = "request_header_fields_too_large"
+    REQUEST_TIMEOUT = "request_timeout"
 
 
 class GatewayError(Exception):
@@ -254,3 +259,17 @@ def endpoint_not_supported(path: str, transports: str) -> GatewayError:
         ErrorCode.ENDPOINT_NOT_SUPPORTED,
         f"{path} is served by HTTP workers only; this deployment has {transports} workers",
     )
+
+
+def request_head_too_large(max_bytes: int, max_headers: int) -> GatewayError:
+    """A request head past --max-request-head-bytes or --max-request-headers (answered, then closed)."""
+    return GatewayError(
+        431,
+        ErrorCode.REQUEST_HEAD_TOO_LARGE,
+        f"Request head exceeds {max_bytes} bytes or {max_headers} header fields",
+    )
+
+
+def request_timeout(part: str, seconds: float) -> GatewayError:
+    """A request head or body that did not arrive in time (answered, then closed)."""
+    return GatewayError(408, ErrorCode.REQUEST_TIMEOUT, f"The {part} did not arrive within {seconds:g} seconds")

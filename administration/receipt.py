@@ -1,0 +1,241 @@
+"""Bounded request receipt under uvicorn: how much of a request head the gateway reads, and how long
+it waits for a head or a body (issue 14, D30).
+
+uvicorn's httptools protocol parses any head it is given (no size or count limit) and times only the
+idle gap between requests. :class:`BoundedHttpToolsProtocol` adds, per connection:
+
+- **head size and header count**: the request target plus every header line are counted as the
+  parser hands them over; past ``--max-request-head-bytes`` or ``--max-request-headers`` the request
+  gets 431 with the standard envelope and the connection is closed. The parser sees at most one
+  socket read (256 KiB under uvloop) past the limit, so no head can hold the event loop for longer
+  than that read takes;
+- **a head deadline**: a connection that sends nothing, or part of a head, for
+  ``--request-head-timeout-secs`` is closed (408 when part of a request arrived);
+- **body progress**: once the head is in, the body must keep arriving: no gap longer than
+  ``--request-body-timeout-secs`` and, after that long, at least ``--min-request-body-rate`` bytes a
+  second on average; otherwise 408 and a close. Time the gateway itself stops reading (the
+  application has not taken the last part yet, or a pipelined request waits its turn) is not counted
+  against the client.
+
+Nothing of this runs on the common path but two counters per header: a timer is armed only when a
+read ends inside a head or a body, and the connection's first head cancels the one armed when it
+opened. The daphne equivalent is in :mod:`administration.receipt_twisted`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from common.config import GatewayConfig
+from inference import errors
+
+__all__ = ["ReceiptLimits", "BoundedHttpToolsProtocol", "bounded_protocol", "rejection"]
+
+_IDLE, _HEAD, _BODY, _DONE = 0, 1, 2, 3
+_LINE_OVERHEAD = 4  # ": " and CRLF around each header line
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptLimits:
+    max_head_bytes: int = 64 * 1024
+    max_headers: int = 100
+    head_timeout_secs: float = 30.0
+    body_timeout_secs: float = 30.0
+    min_body_rate: int = 1024  # bytes per second after body_timeout_secs; 0: no rate rule
+
+    @classmethod
+    def of(cls, config: GatewayConfig) -> ReceiptLimits:
+        return cls(
+            max_head_bytes=config.max_request_head_bytes,
+            max_headers=config.max_request_headers,
+            head_timeout_secs=config.request_head_timeout_secs,
+            body_timeout_secs=config.request_body_timeout_secs,
+            min_body_rate=config.min_request_body_rate,
+        )
+
+
+def rejection(error: errors.GatewayError) -> bytes:
+    """A complete HTTP/1.1 answer that ends the connection: the error's envelope and headers."""
+    headers, body = errors.render_json(error)
+    lines = [f"HTTP/1.1 {error.status} {_REASONS.get(error.status, 'Error')}".encode()]
+    lines += [name + b": " + value for name, value in headers]
+    lines += [b"content-length: " + str(len(body)).encode(), b"connection: close", b"", body]
+    return b"\r\n".join(lines)
+
+
+_REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits of :class:`ReceiptLimits` (``limits`` is set on a
+    subclass by :func:`bounded_protocol`)."""
+
+    limits = ReceiptLimits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._phase = _IDLE
+        self._head_bytes = 0
+        self._header_count = 0
+        self._receipt_timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+        self._body_since = 0.0  # when the body's clock started (or restarted after a pause)
+        self._body_bytes = 0  # received since _body_since
+        self._last_read = 0.0
+
+    # Connection events
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # A connection that never sends a byte is held no longer than a head may take.
+        self._arm(self.loop.time() + self.limits.head_timeout_secs)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def handle_websocket_upgrade(self) -> None:
+        self._disarm()
+        self._phase = _DONE
+        super().handle_websocket_upgrade()
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, _HeadTooLarge):
+                self._reject(errors.request_head_too_large(self.limits.max_head_bytes, self.limits.max_headers))
+                return
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        phase = self._phase
+        if phase == _HEAD:
+            if self._receipt_timer is None:
+                self._arm(self.loop.time() + self.limits.head_timeout_secs)
+        elif phase == _BODY:
+            now = self._last_read = self.loop.time()
+            if self._receipt_timer is None:  # the body's first read: its bytes count as credit
+                self._body_since = now
+                self._arm(now + self.limits.body_timeout_secs)
+
+    # Parser callbacks
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._phase = _HEAD
+        self._head_bytes = 0
+        self._header_count = 0
+        if self._receipt_timer is not None:  # the first request's head: the connection's clock ends
+            self._disarm()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self._head_bytes += len(url)
+        if self._head_bytes > self.limits.max_head_bytes:
+            raise _HeadTooLarge
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value) + _LINE_OVERHEAD
+        self._header_count += 1
+        if self._head_bytes > self.limits.max_head_bytes or self._header_count > self.limits.max_headers:
+            raise _HeadTooLarge
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._phase = _BODY
+        self._body_bytes = 0
+        if self._receipt_timer is not None:
+            self._disarm()
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._phase = _DONE
+        if self._receipt_timer is not None:
+            self._disarm()
+        super().on_message_complete()
+
+    # The clock
+
+    def _arm(self, deadline: float) -> None:
+        self._deadline = deadline
+        self._receipt_timer = self.loop.call_at(deadline, self._on_deadline)
+
+    def _disarm(self) -> None:
+        if self._receipt_timer is not None:
+            self._receipt_timer.cancel()
+            self._receipt_timer = None
+
+    def _on_deadline(self) -> None:
+        self._receipt_timer = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        phase = self._phase
+        if phase == _IDLE:  # connected, never sent a byte
+            self.transport.close()
+        elif phase == _HEAD:
+            self._reject(errors.request_timeout("request head", self.limits.head_timeout_secs))
+        elif phase == _BODY:
+            now = self.loop.time()
+            if self.flow is not None and self.flow.read_paused:
+                # The gateway stopped reading, not the client: restart the body's clock.
+                self._body_since = self._last_read = now
+                self._body_bytes = 0
+                self._arm(now + self.limits.body_timeout_secs)
+                return
+            deadline = self._body_deadline()
+            if now < deadline:
+                self._arm(deadline)
+            else:
+                self._reject(errors.request_timeout("request body", self.limits.body_timeout_secs))
+
+    def _body_deadline(self) -> float:
+        """No gap longer than the body timeout; after it, the average rate at least the minimum."""
+        limits = self.limits
+        deadline = self._last_read + limits.body_timeout_secs
+        if limits.min_body_rate > 0:
+            deadline = min(deadline, self._body_since + limits.body_timeout_secs + self._body_bytes / limits.min_body_rate)
+        return deadline
+
+    def _reject(self, error: errors.GatewayError) -> None:
+        """Answer ``error`` (unless a response already started) and close. An application already
+        reading the body sees the client as gone."""
+        self._disarm()
+        self._phase = _DONE
+        cycle = self.cycle
+        started = cycle is not None and not cycle.response_complete and cycle.response_started
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+        if not started:
+            self.transport.write(rejection(error))
+        self.transport.close()
+
+
+def bounded_protocol(limits: ReceiptLimits) -> type[BoundedHttpToolsProtocol]:
+    """The protocol class uvicorn builds per connection, with ``limits``."""
+    return type("GatewayHttpProtocol", (BoundedHttpToolsProtocol,), {"limits": limits})
