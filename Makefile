@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run gateway test typecheck contracts bench install clean
+.PHONY: run gateway test typecheck contracts protos bench install clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,11 +28,16 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(ARGS)
 
 typecheck: $(STAMP)
-	$(BIN)/mypy common gateway_project inference administration responses_api standins manage.py
+	$(BIN)/mypy common gateway_project inference administration responses_api standins protos manage.py
 
 # The import contract (.importlinter): layers run one way, stand-ins stay out of the product.
 contracts: $(STAMP)
 	$(BIN)/lint-imports
+
+# Regenerate protos/*_pb2*.py(i) from protos/*.proto (grpcio-tools + mypy-protobuf, pinned in
+# requirements-dev.txt); tests/protos checks the checked-in files are what this writes.
+protos: $(STAMP)
+	$(BIN)/python -m protos.generate
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(ARGS)
