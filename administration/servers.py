@@ -23,6 +23,7 @@ import uvicorn
 
 from administration.lifecycle import LIFECYCLE
 from administration.receipt import ReceiptLimits, bounded_protocol
+from administration.receipt_twisted import bounded_factory  # Twisted's web module, not its reactor
 from common.config import GatewayConfig
 
 __all__ = ["run_uvicorn", "run_daphne"]
@@ -65,8 +66,6 @@ def run_daphne(config: GatewayConfig, fd: int | None = None) -> None:
     from daphne.cli import CommandLineInterface
 
     import daphne.server
-
-    from administration.receipt_twisted import bounded_factory
 
     # daphne builds its HTTP factory by this name in Server.run: ours bounds request receipt (D30).
     daphne.server.HTTPFactory = bounded_factory(ReceiptLimits.of(config))
