@@ -17,6 +17,7 @@ from django.contrib.admin import widgets
 from django.utils import timezone
 
 from administration.models import Worker, WorkerType
+from administration.store_ranges import column_range
 from inference.routing.workers import RuntimeType
 from administration.worker_spec import SpecRuleError, SpecTypeError, WorkerSpec, parse_worker_spec
 from common.urls import url_has_credentials
@@ -34,6 +35,9 @@ __all__ = [
     "parse_labels",
     "format_age",
 ]
+
+# What the priority column holds (the API checks the same range).
+_PRIORITY_RANGE = column_range(Worker._meta.get_field("priority"))
 
 # Breaker state shown for a worker the registry knows whose handle carries no breaker yet.
 DEFAULT_BREAKER_STATE = "closed"
@@ -180,7 +184,13 @@ class WorkerAddForm(forms.Form):
         widget=widgets.AdminTextareaWidget(attrs={"rows": 4, "placeholder": "region=eu\nrealtime=true"}),
         help_text="One key=value per line; merged over the labels the worker reports.",
     )
-    priority = forms.IntegerField(label="Priority", initial=50, widget=widgets.AdminIntegerFieldWidget())
+    priority = forms.IntegerField(
+        label="Priority",
+        initial=50,
+        min_value=_PRIORITY_RANGE[0],
+        max_value=_PRIORITY_RANGE[1],
+        widget=widgets.AdminIntegerFieldWidget(),
+    )
     cost = forms.FloatField(label="Cost", initial=1.0, widget=widgets.AdminTextInputWidget(attrs={"class": "vIntegerField"}))
 
     _SPEC_FIELDS = ("url", "runtime_type", "worker_type", "api_key", "labels", "priority", "cost")

@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
-from administration.db import arun_db
+from administration.db import STORE_ERRORS, arun_db
 from administration.worker_clients import WorkerClients, WorkerRequestFailed
 from common.telemetry import record_health_check
 from common.ticks import sleep_to_mark
@@ -107,6 +107,15 @@ class HealthChecker:
             return False
         return answer.ok
 
+    @staticmethod
+    async def _stored(worker_id: str, status: str, new: WorkerStatus) -> bool:
+        """Record a transition in the store; False when it did not happen there. While the store is
+        down (logged once as an outage) the worker keeps its status and the next probe tries again."""
+        try:
+            return bool(await arun_db(transition, worker_id, status, new))
+        except STORE_ERRORS:
+            return False
+
     async def _probe_loop(self, worker_id: str) -> None:
         successes = failures = 0
         target = self._targets.get(worker_id)
@@ -125,7 +134,7 @@ class HealthChecker:
                 new = WorkerStatus.READY
             elif status == WorkerStatus.READY and failures >= target.failure_threshold:
                 new = WorkerStatus.NOT_READY
-            if new is not None and await arun_db(transition, worker_id, status, new):
+            if new is not None and await self._stored(worker_id, status, new):
                 level = logging.WARNING if new == WorkerStatus.NOT_READY else logging.INFO
                 log.log(level, "worker %s: %s -> %s", target.url, status, new)
                 self._targets[worker_id] = replace(target, status=new)

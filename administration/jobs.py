@@ -1,5 +1,11 @@
 """Run a control-plane job: on Celery when a broker is configured, else on a background thread of
-this process, with the same code. Enqueue after the transaction that wrote the row commits."""
+this process, with the same code. Enqueue after the transaction that wrote the row commits.
+
+A job the broker does not take (down, refusing, not answering within the send timeout of
+CELERY_BROKER_CONNECTION_TIMEOUT and CELERY_TASK_PUBLISH_RETRY_POLICY) runs on this process's
+threads instead, so the row it was queued for never waits on a job that was lost. The outage is
+logged once each way (:data:`common.outages.BROKER`); while it lasts the broker is tried again
+every ``BROKER.retry_secs`` and the jobs in between run here at once."""
 
 from __future__ import annotations
 
@@ -9,9 +15,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from administration.registration import JOB_FUNCTIONS, run_job
 from administration.tasks import run_job_task
+from common.outages import BROKER
 
 __all__ = ["enqueue", "wait_for_local_jobs"]
 
@@ -39,12 +47,25 @@ def enqueue(name: str, *args: Any, local: bool = False) -> None:
         raise ValueError(f"unknown job {name!r}")
 
     def submit() -> None:
-        if settings.CELERY_BROKER_URL and not local:
-            run_job_task.delay(name, *args)
-        else:
-            _submit_local(name, args)
+        if settings.CELERY_BROKER_URL and not local and BROKER.retry_due() and _sent(name, args):
+            return
+        _submit_local(name, args)
 
     transaction.on_commit(submit)
+
+
+def _sent(name: str, args: tuple[Any, ...]) -> bool:
+    """Hand the job to the broker; False when it did not take it (the caller runs it here)."""
+    try:
+        run_job_task.delay(name, *args)
+    except (BrokerUnavailable, OSError) as exc:
+        BROKER.failed(exc)
+        return False
+    except Exception:
+        log.exception("could not send job %s%s to the broker; running it in this process", name, args[:1])
+        return False
+    BROKER.recovered()
+    return True
 
 
 def wait_for_local_jobs(timeout: float = 30.0) -> None:

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
 from common import telemetry as metrics
 from inference.asgi_io import ASGIApp
+from inference.escapes import call_guarded
 from inference.api.probes import liveness, readiness
 
 __all__ = ["MetricsListener", "ProbeListener", "exported_registry"]
@@ -133,7 +134,7 @@ async def _call_asgi(app: ASGIApp, request: web.Request) -> web.Response:
         elif message["type"] == "http.response.body":
             body.append(message.get("body", b""))
 
-    await app(scope, receive, send)
+    await call_guarded(app, scope, receive, send)
     response = web.Response(status=status, body=b"".join(body))
     for key, value in headers:
         if key.lower() != b"content-length":

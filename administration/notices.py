@@ -22,11 +22,14 @@ from typing import Callable
 from uuid import UUID
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels.layers import BaseChannelLayer, get_channel_layer
 from django.conf import settings
 from django.utils import timezone
+from redis.exceptions import RedisError
 
+from administration.db import STORE_ERRORS
 from administration.models import RegistryChange
+from common.outages import REDIS, STORE
 
 __all__ = [
     "GROUP", "CHANGE_RETENTION", "publish_registry_changed", "record_change", "latest_change", "changes_since",
@@ -84,8 +87,9 @@ def publish_registry_changed(worker_id: str | UUID | None = None) -> None:
     not one worker's change; every process then reloads the whole fleet)."""
     try:
         record_change(worker_id)
-    except Exception:  # the store is down: the listeners and the timer still carry the change
-        log.warning("could not count the registry change in the store", exc_info=True)
+        STORE.recovered()
+    except STORE_ERRORS as exc:  # the store is down (logged once): listeners and the timer carry the change
+        STORE.failed(exc)
     with _lock:
         listeners = list(_listeners)
     for listener in listeners:
@@ -96,7 +100,22 @@ def publish_registry_changed(worker_id: str | UUID | None = None) -> None:
     if getattr(settings, "REDIS_URL", None):
         layer = get_channel_layer()
         if layer is not None:
-            try:
-                async_to_sync(layer.group_send)(GROUP, {"type": "registry.changed"})
-            except Exception:
-                log.warning("could not publish the registry notice over the channel layer", exc_info=True)
+            _notify_over_redis(layer)
+
+
+def _notify_over_redis(layer: BaseChannelLayer) -> None:
+    """Tell the other processes at once. A pooled connection Redis dropped (it restarted) fails the
+    first send and is replaced, so a failed send is tried once more before it counts as an outage;
+    the store's change log carries the change either way."""
+    for attempt in (1, 2):
+        try:
+            async_to_sync(layer.group_send)(GROUP, {"type": "registry.changed"})
+        except (RedisError, OSError) as exc:
+            if attempt == 2:
+                REDIS.failed(exc)
+        except Exception:
+            log.warning("could not publish the registry notice over the channel layer", exc_info=True)
+            return
+        else:
+            REDIS.recovered()
+            return

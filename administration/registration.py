@@ -16,17 +16,23 @@ import httpx
 from django.db import close_old_connections
 from django.utils import timezone
 
+from administration.db import STORE_ERRORS
 from administration.discovery import Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker
 from administration.models import JobState, JobType, Worker, WorkerStatus
 from administration.notices import publish_registry_changed
 from common.config import current_config
 from common.http_clients import tls_context
+from common.outages import STORE
 from inference.routing.workers import RuntimeType, Transport, transport_of
 
-__all__ = ["run_registration", "run_update", "run_removal", "RegistrationFailed", "JOB_FUNCTIONS", "run_job"]
+__all__ = [
+    "run_registration", "run_update", "run_removal", "RegistrationFailed", "JOB_FUNCTIONS", "run_job",
+    "JOB_STORE_PATIENCE_SECS",
+]
 
 log = logging.getLogger(__name__)
 
+JOB_STORE_PATIENCE_SECS = 600.0  # how long a job waits out an outage of the store before it is given up
 _PROBE_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 _FIRST_RETRY_SECS = 0.5
 
@@ -87,6 +93,7 @@ def _discover(worker: Worker, generation: int) -> Discovery:
                     ) from None
                 if _current(worker.pk, generation) is None:
                     raise RegistrationFailed("worker was removed or replaced during registration") from None
+                close_old_connections()  # hold no pooled connection while waiting for the worker
                 time.sleep(pause)
                 pause = min(pause * 2, config.worker_startup_check_interval)
 
@@ -227,11 +234,29 @@ JOB_FUNCTIONS: dict[str, Callable[..., None]] = {
 
 
 def run_job(name: str, *args: Any) -> None:
-    """Run one job in this thread (Celery task bodies and local threads both come here)."""
-    close_old_connections()
-    try:
-        JOB_FUNCTIONS[name](*args)
-    except Exception:
-        log.exception("job %s%s failed", name, args[:1])
-    finally:
+    """Run one job in this thread (Celery task bodies and local threads both come here).
+
+    A job the store fails (an outage, logged once) runs again from its start once the store is back,
+    for up to JOB_STORE_PATIENCE_SECS: every job is safe to repeat, since each of its writes is
+    conditional on the job's generation. A job given up then leaves its worker's row as it was; a
+    first registration's row is released by the next POST of its URL (administration/workers.py)."""
+    deadline = time.monotonic() + JOB_STORE_PATIENCE_SECS
+    while True:
         close_old_connections()
+        try:
+            JOB_FUNCTIONS[name](*args)
+        except STORE_ERRORS as exc:
+            STORE.failed(exc)
+            if time.monotonic() + STORE.retry_secs > deadline:
+                log.error("job %s%s given up: the store was unavailable for %g s", name, args[:1],
+                          JOB_STORE_PATIENCE_SECS)
+                return
+        except Exception:
+            log.exception("job %s%s failed", name, args[:1])
+            return
+        else:
+            STORE.recovered()
+            return
+        finally:
+            close_old_connections()
+        time.sleep(STORE.retry_secs)

@@ -23,8 +23,9 @@ from typing import Any, Iterable
 
 from channels.layers import get_channel_layer
 from django.conf import settings
+from redis.exceptions import RedisError
 
-from administration.db import arun_db
+from administration.db import STORE_ERRORS, arun_db
 from administration.health import HealthChecker, HealthTarget
 from administration.host import HostPeers, Leadership, read_load_reports, write_load_reports
 from administration.loads import LoadMonitor, LoadTarget
@@ -36,6 +37,7 @@ from administration.tenant_limits import stored_tenant_limits
 from administration.workers import JobStatus, job_of, sync_cli_workers, worker_fields, worker_records
 from common.config import GatewayConfig
 from common.http_clients import aclose_http_client
+from common.outages import REDIS, STORE
 from common.ticks import sleep_to_mark
 from inference.dataplane import data_plane
 from inference.routing.registry import REGISTRY, RegistrySnapshot
@@ -234,7 +236,12 @@ class RegistrySync:
         self.leading = True
         if self._follower is not None:
             self._follower.cancel()
-        await arun_db(sync_cli_workers, self.config.worker_urls)
+        while True:  # the store may be down as the leader changes: try until it is back
+            try:
+                await arun_db(sync_cli_workers, self.config.worker_urls)
+                break
+            except STORE_ERRORS:  # logged once as an outage
+                await asyncio.sleep(STORE.retry_secs)
         self._schedule_sync(reload=True)  # the reload that starts the health checks, in turn with any other
         self.loads.start()
 
@@ -355,6 +362,8 @@ class RegistrySync:
                     await self.arefresh()
                 else:
                     await self.acatch_up()
+            except STORE_ERRORS:  # logged once as an outage; the change poll asks again when it is back
+                self._reload_wanted = self._reload_wanted or reload
             except Exception:
                 log.exception("registry refresh failed")
             if not self._dirty:
@@ -384,7 +393,7 @@ class RegistrySync:
             except Exception:
                 log.debug("registry change poll failed", exc_info=True)
                 continue
-            if newest > self._cursor:
+            if newest > self._cursor or self._reload_wanted:  # a reload the store's outage put off
                 self._schedule_sync()
 
     async def _share_load_reports(self) -> None:
@@ -411,11 +420,15 @@ class RegistrySync:
             try:
                 channel = await layer.new_channel()
                 await layer.group_add(GROUP, channel)
+                REDIS.recovered()
                 while True:
                     await layer.receive(channel)
                     self._schedule_sync()
             except asyncio.CancelledError:
                 raise
+            except (RedisError, OSError) as exc:  # Redis down (logged once): the change poll carries on
+                REDIS.failed(exc)
+                await asyncio.sleep(REDIS.retry_secs)
             except Exception:
                 log.warning("registry notice listener failed; retrying", exc_info=True)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(REDIS.retry_secs)

@@ -1,8 +1,9 @@
 """The worker spec (spec 3: body of POST /workers and PUT /workers/{id}): parsing and its two kinds of
 failure.
 
-- :class:`SpecTypeError`: a known field with the wrong type or an unknown enum value, or no url.
-  Answered 422 in plain text, before any other check (the spec's deserialisation failure).
+- :class:`SpecTypeError`: a known field with the wrong type or an unknown enum value, an integer
+  past the range of the store column that holds it, or no url. Answered 422 in plain text, before
+  any other check (the spec's deserialisation failure).
 - :class:`SpecRuleError`: a well-typed value the rules refuse (the URL's scheme, host or path).
   Answered 400 BAD_REQUEST.
 
@@ -18,8 +19,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
+from django.db import models
+
+from administration.models import Worker
+from administration.store_ranges import column_range
 from common.urls import url_has_credentials
-from inference.routing.workers import RuntimeType, Transport, WorkerType, normalize_runtime_type, transport_of
+from inference.routing.workers import (
+    RUNTIME_NAMES,
+    RuntimeType,
+    Transport,
+    WorkerType,
+    normalize_runtime_type,
+    transport_of,
+)
 
 __all__ = [
     "WorkerSpec",
@@ -30,6 +42,8 @@ __all__ = [
     "transport_of",
     "MODEL_TYPES",
     "PROVIDER_HOSTS",
+    "PATCH_FIELDS",
+    "spec_schema",
 ]
 
 WORKER_TYPES = tuple(WorkerType.values)
@@ -57,51 +71,76 @@ class SpecRuleError(ValueError):
 
 
 # --- typed readers --------------------------------------------------------------------------------
+#
+# Each reader checks one value (raising SpecTypeError) and carries the JSON Schema of what it accepts:
+# the published OpenAPI description of the control plane (administration/api/openapi.py) is built
+# from these, so the spec's fields, types and ranges are declared once.
 
-Reader = Callable[[Any, str], Any]
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    read: Callable[[Any, str], Any]
+    schema: Mapping[str, Any]
+
+    def __call__(self, value: Any, name: str) -> Any:
+        return self.read(value, name)
 
 
-def _string(value: Any, name: str) -> str:
+def _read_string(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise SpecTypeError(f"{name}: invalid type, expected a string")
     return value
 
 
-def _unsigned(value: Any, name: str) -> int:
-    if type(value) is not int or value < 0:
-        raise SpecTypeError(f"{name}: invalid type, expected an unsigned integer")
-    return value
+def _integer_in(low: int, high: int, kind: str) -> Reader:
+    """An integer from ``low`` to ``high``: the range of the store column that holds it, so no value
+    can overflow the store (a value past it is the spec's 422, like a wrong type)."""
+
+    def read(value: Any, name: str) -> int:
+        if type(value) is not int or (low == 0 and value < 0):
+            raise SpecTypeError(f"{name}: invalid type, expected {kind}")
+        if not low <= value <= high:
+            raise SpecTypeError(f"{name}: invalid value {value}, expected {kind} from {low} to {high}")
+        return value
+
+    return Reader(read, {"type": "integer", "minimum": low, "maximum": high})
 
 
-def _integer(value: Any, name: str) -> int:
-    if type(value) is not int:
-        raise SpecTypeError(f"{name}: invalid type, expected an integer")
-    return value
-
-
-def _number(value: Any, name: str) -> float:
+def _read_number(value: Any, name: str) -> float:
     if type(value) not in (int, float) or not math.isfinite(value):
         raise SpecTypeError(f"{name}: invalid type, expected a number")
     return value
 
 
-def _boolean(value: Any, name: str) -> bool:
+def _read_boolean(value: Any, name: str) -> bool:
     if type(value) is not bool:
         raise SpecTypeError(f"{name}: invalid type, expected a boolean")
     return value
 
 
-def _object(value: Any, name: str) -> dict[str, Any]:
+def _read_object(value: Any, name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise SpecTypeError(f"{name}: invalid type, expected an object")
     return value
 
 
-def _string_map(value: Any, name: str) -> dict[str, str]:
-    mapping = _object(value, name)
+def _read_string_map(value: Any, name: str) -> dict[str, str]:
+    mapping = _read_object(value, name)
     for key, item in mapping.items():
-        _string(item, f"{name}.{key}")
+        _read_string(item, f"{name}.{key}")
     return dict(mapping)
+
+
+_string = Reader(_read_string, {"type": "string"})
+_number = Reader(_read_number, {"type": "number"})
+_boolean = Reader(_read_boolean, {"type": "boolean"})
+_object = Reader(_read_object, {"type": "object"})
+_string_map = Reader(_read_string_map, {"type": "object", "additionalProperties": {"type": "string"}})
+# priority has a column of its own; the other integers live in the JSON settings column and get the
+# range of an unsigned integer column, so each could move to a column and every consumer (timers,
+# pools, counters) reads a value it can hold.
+_integer = _integer_in(*column_range(Worker._meta.get_field("priority")), "an integer")
+_unsigned = _integer_in(*column_range(models.PositiveIntegerField()), "an unsigned integer")
 
 
 def _list_of(reader: Reader) -> Reader:
@@ -110,40 +149,48 @@ def _list_of(reader: Reader) -> Reader:
             raise SpecTypeError(f"{name}: invalid type, expected an array")
         return [reader(item, f"{name}[{i}]") for i, item in enumerate(value)]
 
-    return read
+    return Reader(read, {"type": "array", "items": dict(reader.schema)})
 
 
 def _enum(options: tuple[str, ...]) -> Reader:
     def read(value: Any, name: str) -> str:
-        text = _string(value, name)
+        text = _read_string(value, name)
         if text not in options:
             raise SpecTypeError(f"{name}: unknown variant `{text}`, expected one of {', '.join(options)}")
         return text
 
-    return read
+    return Reader(read, {"type": "string", "enum": list(options)})
 
 
-def _runtime(value: Any, name: str) -> str:
-    text = _string(value, name)
+def _read_runtime(value: Any, name: str) -> str:
+    text = _read_string(value, name)
     try:
         return str(normalize_runtime_type(text))
     except ValueError:
         raise SpecTypeError(f"{name}: unknown variant `{text}`") from None
 
 
+_runtime = Reader(_read_runtime, {"type": "string", "enum": list(RUNTIME_NAMES)})
+
+
 def _optional(reader: Reader) -> Reader:
     def read(value: Any, name: str) -> Any:
         return None if value is None else reader(value, name)
 
-    return read
+    return Reader(read, {**reader.schema, "nullable": True})
+
+
+def _nullable(readers: Mapping[str, Reader]) -> dict[str, Any]:
+    """The properties of an object whose fields may each be null (null means "not given")."""
+    return {key: {**reader.schema, "nullable": True} for key, reader in readers.items()}
 
 
 def _block(readers: Mapping[str, Reader]) -> Reader:
     def read(value: Any, name: str) -> dict[str, Any]:
-        given = _object(value, name)
+        given = _read_object(value, name)
         return {key: readers[key](item, f"{name}.{key}") for key, item in given.items() if key in readers and item is not None}
 
-    return read
+    return Reader(read, {"type": "object", "properties": _nullable(readers)})
 
 
 _CARD_FIELDS: dict[str, Reader] = {
@@ -165,8 +212,8 @@ _CARD_FIELDS: dict[str, Reader] = {
 }
 
 
-def _model_card(value: Any, name: str) -> dict[str, Any]:
-    given = _object(value, name)
+def _read_model_card(value: Any, name: str) -> dict[str, Any]:
+    given = _read_object(value, name)
     if "id" not in given or given["id"] is None:
         raise SpecTypeError(f"{name}: missing field `id`")
     card = {key: _CARD_FIELDS[key](item, f"{name}.{key}") for key, item in given.items() if key in _CARD_FIELDS and item is not None}
@@ -174,6 +221,11 @@ def _model_card(value: Any, name: str) -> dict[str, Any]:
     card.setdefault("model_type", list(DEFAULT_MODEL_TYPES))
     return card
 
+
+_model_card = Reader(
+    _read_model_card,
+    {"type": "object", "required": ["id"], "properties": {**_nullable(_CARD_FIELDS), "id": dict(_string.schema)}},
+)
 
 HEALTH_FIELDS: dict[str, Reader] = {
     "timeout_secs": _unsigned,
@@ -221,6 +273,21 @@ _FIELDS: dict[str, Reader] = {
     "http_pool": _block(HTTP_POOL_FIELDS),
     "resilience": _block(RESILIENCE_FIELDS),
 }
+# What a PATCH body may name: every field but the overload block, which PATCH refuses.
+PATCH_FIELDS = tuple(name for name in _FIELDS if name != "overload")
+
+
+def spec_schema(fields: tuple[str, ...] | None = None, required: tuple[str, ...] = ("url",)) -> dict[str, Any]:
+    """The JSON Schema (OpenAPI 3.0 dialect) of a spec body, or of the named fields of one: what
+    :func:`parse_worker_spec` accepts, from the same readers."""
+    names = fields or tuple(_FIELDS)
+    properties = {name: dict(_FIELDS[name].schema) for name in names}
+    if "runtime_type" in properties:
+        properties["runtime"] = properties["runtime_type"]  # the alias
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    return schema
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@ manage.py commands call these; none of them decides anything on its own."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from functools import partial
 from dataclasses import asdict, dataclass
@@ -16,8 +17,9 @@ from django.utils import timezone
 from administration.jobs import enqueue
 from administration.models import JobState, JobType, Worker, WorkerSource, WorkerStatus, WorkerType
 from administration.notices import publish_registry_changed
+from administration.registration import JOB_STORE_PATIENCE_SECS
 from administration.worker_spec import SpecRuleError, WorkerSpec, parse_worker_spec
-from common.config import GatewayConfig
+from common.config import GatewayConfig, current_config
 from inference.routing.breaker import DEFAULT_CAPACITY, DEFAULT_RETRYABLE, Resilience
 from inference.routing.workers import WorkerRecord
 
@@ -48,6 +50,9 @@ __all__ = [
 ]
 
 FAILED_JOB_RETENTION = timedelta(minutes=5)
+ABANDONED_SLACK = timedelta(minutes=1)
+
+log = logging.getLogger(__name__)
 
 
 class WorkerError(Exception):
@@ -103,10 +108,27 @@ def _queue(name: str, worker: Worker, *args: Any, local: bool = False) -> None:
         raise JobQueueUnavailable(f"job queue unavailable: {type(exc).__name__}") from None
 
 
+def _abandoned(worker: Worker) -> bool:
+    """A first registration whose job cannot still be running (its process died, the broker lost
+    it, it gave up on the store): longer since the job last moved than discovery may take
+    (--worker-startup-timeout-secs) plus a store outage the job may wait out. Its row would
+    otherwise keep the URL from ever being registered again."""
+    if worker.registered or worker.job_updated_at is None:
+        return False
+    config = current_config()
+    limit = timedelta(seconds=config.worker_startup_timeout_secs + JOB_STORE_PATIENCE_SECS) + ABANDONED_SLACK
+    return timezone.now() - worker.job_updated_at > limit
+
+
 def create_worker(spec: WorkerSpec, *, source: str = WorkerSource.API) -> Worker:
     """Reserve an id for ``spec.url`` and queue its registration (POST /workers)."""
     with transaction.atomic():
         existing = Worker.objects.select_for_update().filter(url=spec.url).first()
+        if existing is not None and _abandoned(existing):
+            log.warning("registration of %s (id %s) was abandoned by its job; registering the url anew",
+                        existing.url, existing.pk)
+            existing.delete()  # never listed (a first registration): no other process knew it
+            existing = None
         if existing is not None:
             if existing.registered:
                 raise WorkerAlreadyExists(f"Worker {spec.url} already exists with id {existing.pk}")

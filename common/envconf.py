@@ -62,6 +62,23 @@ def env_secret(name: str, default: str | None = None) -> str | None:
     return env_str(name, default)
 
 
+# While Postgres is down, a request that needs it waits at most this long for a pooled connection
+# (psycopg's default is 30 s) and a new connection at most CONNECT_TIMEOUT_SECS, then answers 503
+# (administration/store_outage.py). DATABASE_URL's ?pool_timeout= and ?connect_timeout= change them.
+POOL_TIMEOUT_SECS = 3.0
+CONNECT_TIMEOUT_SECS = 3
+
+
+def _positive_seconds(name: str, value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number of seconds, got {value!r}") from None
+    if not seconds > 0:
+        raise ImproperlyConfigured(f"{name} must be above 0, got {value!r}")
+    return seconds
+
+
 def database_from_url(url: str, *, base_dir: Path) -> dict[str, Any]:
     """A Django DATABASES entry from sqlite:///path or postgres://user:pass@host:port/name."""
     parts = urlsplit(url)
@@ -88,9 +105,13 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, Any]:
     if scheme in ("postgres", "postgresql", "pgsql"):
         if not parts.path or parts.path == "/":
             raise ImproperlyConfigured("DATABASE_URL: postgres URL needs a database name")
-        options: dict[str, Any] = {"pool": {"min_size": 1, "max_size": 10}}
+        pool: dict[str, Any] = {"min_size": 1, "max_size": 10, "timeout": POOL_TIMEOUT_SECS}
+        options: dict[str, Any] = {"pool": pool, "connect_timeout": CONNECT_TIMEOUT_SECS}
         for key, values in parse_qs(parts.query).items():
-            options[key] = values[-1]
+            if key == "pool_timeout":
+                pool["timeout"] = _positive_seconds("DATABASE_URL: pool_timeout", values[-1])
+            else:  # libpq parameters (sslmode, connect_timeout, ...)
+                options[key] = values[-1]
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": unquote(parts.path.lstrip("/")),
@@ -99,6 +120,9 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, Any]:
             "HOST": parts.hostname or "",
             "PORT": str(parts.port or ""),
             "CONN_MAX_AGE": 0,
+            # The pool checks a connection before handing it out: one Postgres dropped (a restart, a
+            # failover, a cut network) is replaced instead of failing the request that drew it.
+            "CONN_HEALTH_CHECKS": True,
             "OPTIONS": options,
         }
     raise ImproperlyConfigured(f"DATABASE_URL: unsupported scheme {scheme!r} (use sqlite:// or postgres://)")

@@ -321,20 +321,22 @@ _METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"
 
 class HttpTimer:
     """Wraps ``send`` of one data-plane request: counts it, times it to the response head, counts the
-    response by status and gateway error code."""
+    response by status and gateway error code. ``responded``: the response head went out."""
 
-    __slots__ = ("path", "method", "started", "_send")
+    __slots__ = ("path", "method", "started", "responded", "_send")
 
     def __init__(self, path: str, method: str, send: Any) -> None:
         self.path = path
         self.method = method if method in _METHODS else "OTHER"
         self.started = perf_counter()
+        self.responded = False
         self._send = send
         _child(HTTP_REQUESTS, self.method, path).inc()
         HTTP_ACTIVE.inc()
 
     async def send(self, message: Any) -> None:
         if message["type"] == "http.response.start":
+            self.responded = True
             _child(HTTP_DURATION, self.method, self.path).observe(perf_counter() - self.started)
             error_code = ""
             for key, value in message.get("headers") or ():

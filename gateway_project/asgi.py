@@ -10,23 +10,35 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
 
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from typing import Any, cast  # noqa: E402
+
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-# The admin console's CSS and JS are served from the installed apps (no collectstatic step).
-django_app = ASGIStaticFilesHandler(get_asgi_application())
+from gateway_project.static_files import StaticFiles  # noqa: E402
 
-from typing import Any, cast  # noqa: E402
+# The admin console's CSS and JS are served from the installed apps (no collectstatic step), by a
+# handler that refuses any path climbing out of them with a 404.
+django_app = StaticFiles(cast(Any, get_asgi_application()))
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from administration.lifecycle import LIFECYCLE  # noqa: E402
 from inference.api.routes import data_plane_routes  # noqa: E402
+from inference.asgi_io import Receive, Scope, Send  # noqa: E402
+
+
+async def refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
+    """No route speaks WebSocket: the handshake is refused (the server answers 403), where a missing
+    "websocket" entry was an unhandled exception in the log under daphne."""
+    if (await receive())["type"] == "websocket.connect":
+        await send({"type": "websocket.close", "code": 1008})
+
 
 application = ProtocolTypeRouter(
     {
         "http": LIFECYCLE.gate(URLRouter([*data_plane_routes(), re_path(r"", cast(Any, django_app))])),
+        "websocket": refuse_websocket,
         "lifespan": LIFECYCLE.lifespan,
     }
 )

@@ -1,5 +1,12 @@
-"""Celery application. With CELERY_BROKER_URL set, jobs go through the broker to
-``celery -A gateway_project worker``; without it, the project's job helper runs them in-process."""
+"""The Celery application: the one app of every process (the gateway, ``celery -A gateway_project
+worker``, the manage.py commands), configured from the Django settings' CELERY_* names.
+
+gateway_project/__init__.py imports it, so it exists wherever Django's settings are loaded, and it
+is made the default app of every thread: the jobs' task (administration/tasks.py, a shared task)
+resolves to it on a request's or a job's thread too, not to Celery's unconfigured fallback app. With
+CELERY_BROKER_URL set, jobs go through the broker to the worker; without it, the project's job
+helper (administration/jobs.py) runs them in-process.
+"""
 
 from __future__ import annotations
 
@@ -12,3 +19,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
 app = Celery("gateway_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+app.set_default()

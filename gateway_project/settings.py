@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "rest_framework",
+    "drf_spectacular",  # the control plane's OpenAPI description (GET /openapi.json)
     "inference",
     "administration",
     "responses_api",
@@ -59,6 +60,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Innermost, so the first to see a view's exception: a store outage is a 503, never a 500.
+    "administration.store_outage.StoreOutageMiddleware",
 ]
 
 ROOT_URLCONF = "gateway_project.urls"
@@ -90,11 +93,23 @@ REDIS_URL = env_str("REDIS_URL")
 CHANNEL_LAYERS = {"default": channel_layer_from_url(REDIS_URL)}
 
 # Celery: with a broker, jobs go to `celery -A gateway_project worker`; without one they run
-# in-process on a background thread (see gateway_project/celery.py).
+# in-process on a background thread (see gateway_project/celery.py, the one app every process uses).
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL")
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND")
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
+# Sending a job to a broker that is down fails within a few seconds (one retry, for a connection the
+# broker dropped as it restarted); the job then runs in the gateway process (administration/jobs.py).
+BROKER_TIMEOUT_SECS = 2.0
+CELERY_BROKER_CONNECTION_TIMEOUT = BROKER_TIMEOUT_SECS
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 1, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5,
+}
+if (CELERY_BROKER_URL or "").startswith(("redis://", "rediss://")):  # Redis as the broker: its socket timeouts
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "socket_connect_timeout": BROKER_TIMEOUT_SECS, "socket_timeout": BROKER_TIMEOUT_SECS,
+    }
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True  # a worker started before its broker waits for it
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -117,6 +132,14 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["administration.api.auth.ControlPlaneAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["administration.api.auth.IsControlPlaneAdmin"],
     "EXCEPTION_HANDLER": "administration.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+# GET /openapi.json (administration/api/openapi.py): the DRF views and the async views' declarations.
+SPECTACULAR_SETTINGS = {
+    "PREPROCESSING_HOOKS": ["administration.api.openapi.add_async_views"],
+    "SERVE_INCLUDE_SCHEMA": False,
+    "DESCRIPTION": "The gateway's control plane (spec 3): worker registry, cache flush, loads, profiling.",
+    "DISABLE_ERRORS_AND_WARNINGS": False,
 }
 
 LOG_LEVEL = (env_str("GW_LOG_LEVEL", "info") or "info").upper()
@@ -127,10 +150,16 @@ LOGGING = {
         "plain": {"format": "%(asctime)s [%(process)d] %(levelname)s %(name)s %(message)s"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # An exception escaping a Django view is logged once, by inference.escapes with the request id.
+    "filters": {"one_escape_record": {"()": "gateway_project.escapes.OneEscapeRecord"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         "inference": {"level": LOG_LEVEL, "handlers": ["console"], "propagate": False},
         "administration": {"level": LOG_LEVEL, "handlers": ["console"], "propagate": False},
         "django": {"level": "WARNING"},
+        "django.request": {"filters": ["one_escape_record"]},
+        # The pool warns at each reconnection attempt while Postgres is down; the outage is logged
+        # once each way instead (common/outages.py).
+        "psycopg.pool": {"level": "ERROR"},
     },
 }

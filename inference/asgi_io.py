@@ -21,6 +21,8 @@ __all__ = [
     "ClientDisconnected",
     "header",
     "request_id_for",
+    "sane_request_id",
+    "new_request_id",
     "read_body",
     "parse_json_object",
     "send_response",
@@ -61,12 +63,29 @@ def header(scope: Scope, name: bytes) -> bytes | None:
 _SANE_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,256}")
 
 
+# Where a request id made for a request is kept in its scope, so a later reader (the escape handler)
+# finds the same one.
+_MADE_REQUEST_ID = "gw.request_id"
+
+
+def sane_request_id(given: bytes | None) -> bytes | None:
+    """A client's X-Request-ID when it is a sane token to keep, else None."""
+    return given if given and _SANE_REQUEST_ID.fullmatch(given) else None
+
+
+def new_request_id() -> bytes:
+    return b"req-" + os.urandom(12).hex().encode()
+
+
 def request_id_for(scope: Scope) -> bytes:
-    """The client's X-Request-ID when it is a sane token, else a new one."""
+    """The client's X-Request-ID when it is a sane token, else the one made for this request."""
     given = header(scope, b"x-request-id")
     if given and _SANE_REQUEST_ID.fullmatch(given):
         return given
-    return b"req-" + os.urandom(12).hex().encode()
+    made: bytes | None = scope.get(_MADE_REQUEST_ID)
+    if made is None:
+        made = scope[_MADE_REQUEST_ID] = new_request_id()
+    return made
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:

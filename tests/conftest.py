@@ -22,6 +22,20 @@ from inference.routing.registry import REGISTRY
 from inference.routing.workers import WorkerRecord
 from inference.dataplane import reset_data_plane
 from standins.mock_worker import MockWorkerConfig, MockWorkerState, build_app, mock_state
+from tests.log_watch import MARKER, describe, watching_escapes
+
+
+@pytest.fixture(autouse=True)
+def _no_unhandled_exceptions(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test during which an unhandled exception was logged (tests/log_watch.py), unless it is
+    marked ``escapes_expected``."""
+    if request.node.get_closest_marker(MARKER) is not None:
+        yield
+        return
+    with watching_escapes() as watch:
+        yield
+    if watch.records:
+        pytest.fail(f"unhandled exception logged during the test:\n{describe(watch.records)}", pytrace=False)
 
 
 def free_port() -> int:
@@ -190,6 +204,7 @@ def _close_database_connections(django_db_setup: None) -> Iterator[None]:
         import psycopg
     except ImportError:
         return
-    for leftover in [o for o in gc.get_objects() if isinstance(o, psycopg.Connection)]:
+    # By type: isinstance() of a dead weakref.proxy in the heap raises ReferenceError.
+    for leftover in [o for o in gc.get_objects() if issubclass(type(o), psycopg.Connection)]:
         if not leftover.closed:
             leftover.close()

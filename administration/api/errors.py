@@ -1,8 +1,9 @@
 """The control plane's error envelope (spec 3, Errors) and DRF's exception handler.
 
 Authentication and permission failures become ``{"error": {"message", "type"}}`` with type
-``unauthorized`` (401) or ``forbidden`` (403); everything else is left to DRF's default handler, and the
-worker endpoints render their own ``{error, code}`` bodies.
+``unauthorized`` (401) or ``forbidden`` (403); everything else is left to DRF's default handler. The
+worker endpoints answer ``{error, code}`` bodies (:func:`worker_error_body`). A store outage on any
+control route is answered 503 by administration/store_outage.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from rest_framework import exceptions  # type: ignore[import-untyped, unused-ign
 from rest_framework.response import Response  # type: ignore[import-untyped, unused-ignore]
 from rest_framework.views import exception_handler as drf_exception_handler  # type: ignore[import-untyped, unused-ignore]
 
-__all__ = ["ErrorType", "ErrorBody", "error_body", "exception_handler"]
+__all__ = ["ErrorType", "ErrorBody", "error_body", "WorkerErrorBody", "worker_error_body", "exception_handler"]
 
 
 class ErrorType(StrEnum):
@@ -40,6 +41,16 @@ class ErrorBody(TypedDict):
 
 def error_body(message: str, error_type: ErrorType | str) -> ErrorBody:
     return {"error": {"message": message, "type": str(error_type)}}
+
+
+class WorkerErrorBody(TypedDict):
+    error: str
+    code: str
+
+
+def worker_error_body(message: str, code: str) -> WorkerErrorBody:
+    """The worker endpoints' body (spec 3, Errors): ``{"error": <message>, "code": <CODE>}``."""
+    return {"error": message, "code": code}
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from administration.api.auth import ControlPlaneAuthentication, IsControlPlaneAdmin
+from administration.api.errors import worker_error_body
 from administration.lifecycle import LIFECYCLE
 from administration.models import Worker, WorkerType
 from administration.worker_spec import SpecRuleError, SpecTypeError, parse_worker_patch, parse_worker_spec
@@ -52,7 +53,7 @@ def _plain(status: int, text: str) -> HttpResponse:
 
 
 def _error(status: int, code: str, message: str) -> Response:
-    return Response({"error": message, "code": code}, status=status)
+    return Response(worker_error_body(message, code), status=status)
 
 
 def _json_body(request: Request) -> Any:

@@ -2,9 +2,15 @@
 
 A fixed one-minute window per tenant. With ``REDIS_URL`` set the counter lives in Redis and is
 shared by every gateway process: one Lua script (INCR, and PEXPIRE on the first hit) per request,
-one round trip. Without Redis the counter is in-process. When Redis cannot be reached the limiter
-fails open: requests pass, one warning is logged per outage, and Redis is tried again after
-:data:`REDIS_RETRY_SECS`.
+one round trip. Without Redis the counter is in-process.
+
+When Redis cannot be reached the limiter fails open to this process's own count: each request is
+counted in an in-process window as without Redis, so a tenant still meets its limit in every
+process (at most limit x processes a minute across them) and no request is refused because Redis is
+down. Redis is an accelerator shared by the processes, not the record; refusing every limited
+tenant (failing closed) would turn its outage into an outage of the data plane. The outage is logged
+once when it starts and once when it ends (:data:`common.outages.REDIS`), and Redis is tried again
+``REDIS.retry_secs`` after each failure; the counts of the outage are not carried into Redis.
 
 Where a tenant's limit comes from (:meth:`TenantLimits.combine`, the one place that decides): a row
 stored in the admin console (table ``administration_tenantratelimit``), else its
@@ -16,26 +22,24 @@ never per request) and installs the result with :func:`refit_rate_limiter`.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
+
+from common.outages import REDIS
 
 __all__ = [
     "RateDecision",
     "RateLimiter",
     "LocalRateLimiter",
     "RedisRateLimiter",
+    "WindowCounts",
     "TenantLimits",
     "refit_rate_limiter",
-    "REDIS_RETRY_SECS",
 ]
 
-log = logging.getLogger(__name__)
-
 WINDOW_SECS = 60
-REDIS_RETRY_SECS = 1.0
 
 _INCR_SCRIPT = """
 local n = redis.call('INCR', KEYS[1])
@@ -135,19 +139,31 @@ class RateLimiter:
         """Release connections (lifespan shutdown)."""
 
 
-class LocalRateLimiter(RateLimiter):
-    """The in-process counter (no Redis): one window per tenant."""
+class WindowCounts:
+    """Requests counted in this process: one window per tenant."""
 
-    def __init__(self, limits: TenantLimits) -> None:
-        super().__init__(limits)
+    __slots__ = ("_windows",)
+
+    def __init__(self) -> None:
         self._windows: dict[str, list[int]] = {}  # tenant -> [window, count]
 
-    async def _count(self, tenant_id: str, window: int) -> int | None:
+    def count(self, tenant_id: str, window: int) -> int:
         entry = self._windows.get(tenant_id)
         if entry is None or entry[0] != window:
             entry = self._windows[tenant_id] = [window, 0]
         entry[1] += 1
         return entry[1]
+
+
+class LocalRateLimiter(RateLimiter):
+    """The in-process counter (no Redis)."""
+
+    def __init__(self, limits: TenantLimits) -> None:
+        super().__init__(limits)
+        self._counts = WindowCounts()
+
+    async def _count(self, tenant_id: str, window: int) -> int | None:
+        return self._counts.count(tenant_id, window)
 
 
 class RedisRateLimiter(RateLimiter):
@@ -161,8 +177,7 @@ class RedisRateLimiter(RateLimiter):
         self.url = url
         self.prefix = prefix
         self._clients: dict[asyncio.AbstractEventLoop, tuple[Any, Any]] = {}
-        self._down_until = 0.0
-        self._warned = False
+        self._fallback = WindowCounts()  # while Redis is down
 
     def _script(self) -> Any:
         loop = asyncio.get_running_loop()
@@ -175,21 +190,15 @@ class RedisRateLimiter(RateLimiter):
         return found[1]
 
     async def _count(self, tenant_id: str, window: int) -> int | None:
-        if self._down_until and time.monotonic() < self._down_until:
-            return None
+        if not REDIS.retry_due():
+            return self._fallback.count(tenant_id, window)
         key = f"{self.prefix}{tenant_id}:{window}"
         try:
             count = await self._script()(keys=[key], args=[WINDOW_SECS * 1000 + 1000])
-        except Exception as exc:  # redis.RedisError, OSError, timeouts: fail open
-            self._down_until = time.monotonic() + REDIS_RETRY_SECS
-            if not self._warned:
-                self._warned = True
-                log.warning("rate limiter: Redis unavailable (%s); letting requests through", type(exc).__name__)
-            return None
-        self._down_until = 0.0
-        if self._warned:
-            self._warned = False
-            log.info("rate limiter: Redis is reachable again")
+        except Exception as exc:  # redis.RedisError, OSError, timeouts: count in this process
+            REDIS.failed(exc)
+            return self._fallback.count(tenant_id, window)
+        REDIS.recovered()
         return int(count)
 
     async def aclose(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from time import perf_counter
 from typing import Any, Awaitable
 
@@ -34,10 +35,15 @@ log = logging.getLogger(__name__)
 _FORWARDED = (b"x-correlation-id", b"traceparent", b"tracestate", b"x-gw-routing-key")
 
 
+# A value a worker's HTTP parser would refuse (a control character other than tab): not passed on.
+# Servers refuse such heads before they reach us; this keeps any other way in from writing one.
+_UNSENDABLE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
 def forwarded_headers(scope: Scope) -> tuple[tuple[str, str], ...]:
     found = []
     for key, value in scope["headers"]:
-        if key in _FORWARDED or key.startswith(b"x-request-id-"):
+        if (key in _FORWARDED or key.startswith(b"x-request-id-")) and not _UNSENDABLE.search(value):
             found.append((key.decode("latin-1"), value.decode("latin-1")))
     return tuple(found)
 

@@ -20,6 +20,7 @@ __all__ = [
     "WorkerType",
     "RuntimeType",
     "normalize_runtime_type",
+    "RUNTIME_NAMES",
     "Transport",
     "transport_of",
     "WorkerLoad",
@@ -62,6 +63,8 @@ _ALIASES: dict[str, str] = {
     "engine_d": RuntimeType.MLX,
     "engine_e": RuntimeType.TOKENSPEED,
 }
+# Every name a worker spec may give for its runtime (any letter case): the real ones and the aliases.
+RUNTIME_NAMES: tuple[str, ...] = (*RuntimeType.values, *_ALIASES)
 
 
 def normalize_runtime_type(value: str) -> RuntimeType:

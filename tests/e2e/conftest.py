@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
+from tests.log_watch import MARKER, escape_lines
 
 __all__ = ["ROOT", "Process", "free_port", "wait_for"]
 
@@ -107,7 +108,9 @@ def _clear_workers(database_url: str) -> None:
 
 
 @pytest.fixture
-def spawn(tmp_path: Path, e2e_database_url: str) -> Iterator[Callable[..., Process]]:
+def spawn(request: pytest.FixtureRequest, tmp_path: Path, e2e_database_url: str) -> Iterator[Callable[..., Process]]:
+    """Start processes; after the test, stop them and fail it if any logged an unhandled exception
+    (tests/log_watch.py), unless it is marked ``escapes_expected``."""
     _clear_workers(e2e_database_url)
     started: list[Process] = []
 
@@ -144,6 +147,10 @@ def spawn(tmp_path: Path, e2e_database_url: str) -> Iterator[Callable[..., Proce
     yield start
     for process in reversed(started):
         process.stop()
+    if request.node.get_closest_marker(MARKER) is None:
+        escapes = {process.name: lines for process in started if (lines := escape_lines(process.log()))}
+        if escapes:
+            pytest.fail(f"unhandled exception logged by a process the test started: {escapes}", pytrace=False)
 
 
 @pytest.fixture

@@ -1,8 +1,10 @@
-"""Per-tenant rate limits: in-process counter, the shared Redis counter, failing open, how stored
-limits combine with the flags, and the runtime following limits that come, change and go."""
+"""Per-tenant rate limits: in-process counter, the shared Redis counter, failing open to the local
+count when Redis is cut, how stored limits combine with the flags, and the runtime following limits
+that come, change and go."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -10,6 +12,7 @@ from typing import AsyncIterator
 
 import pytest
 
+from common.outages import REDIS
 from inference.admission.rate_limit import (
     LocalRateLimiter,
     RateDecision,
@@ -19,6 +22,7 @@ from inference.admission.rate_limit import (
 )
 from common.config import GatewayConfig
 from inference.dataplane import DataPlane
+from tests.faults import FaultProxy
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -112,16 +116,35 @@ async def test_two_limiters_share_one_budget_through_redis(redis_prefix: str) ->
     assert allowed == [True, True, True, True, False, False]
 
 
-async def test_redis_down_fails_open_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
-    limiter = RedisRateLimiter(TenantLimits(1, ()), "redis://127.0.0.1:1/0", prefix="gw:test:down:")
-    caplog.set_level(logging.WARNING, logger="inference.admission.rate_limit")
-    try:
-        results = [await limiter.hit("acme") for _ in range(5)]
-    finally:
-        await limiter.aclose()
-    assert results == [None] * 5  # let through
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1
+@needs_redis
+async def test_redis_cut_counts_in_the_process_and_recovers(
+    redis_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis cut under a limiter (a proxy of ours resets its connections and refuses new ones): the
+    limit still holds, counted in this process (fail open to the local count, never refused for the
+    outage), the outage is logged once each way, and counting returns to Redis when it does."""
+    caplog.set_level(logging.WARNING, logger="common.outages")
+    with FaultProxy("127.0.0.1", 6379) as proxy:
+        limiter = RedisRateLimiter(TenantLimits(0, (("acme", "2"), ("globex", "9"))), proxy.url("redis", "/0"),
+                                   prefix=redis_prefix)
+        try:
+            before = await limiter.hit("globex")
+            assert before is not None and before.remaining == 8  # counted in Redis
+            proxy.cut()
+            during = [await limiter.hit("acme") for _ in range(6)]
+            assert [d.allowed for d in during if d is not None] == [True, True, False, False, False, False]
+            proxy.restore()
+            await asyncio.sleep(REDIS.retry_secs + 0.1)
+            after = await limiter.hit("globex")
+        finally:
+            await limiter.aclose()
+            REDIS.recovered()  # whatever happened, later tests start with Redis up
+    assert after is not None and after.remaining == (7 if after.reset_at == before.reset_at else 8)
+    assert not REDIS.down
+    lines = [r.getMessage() for r in caplog.records if r.name == "common.outages"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("Redis unavailable (") and "counted in each process alone" in lines[0]
+    assert lines[1].startswith("Redis reachable again after")
 
 
 def test_a_stored_row_overrides_the_flag_and_the_default_covers_the_rest() -> None:

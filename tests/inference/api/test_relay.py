@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from inference.api.relay import forwarded_headers
 from tests.conftest import RunningWorker, record_for
 
 CHAT = {"model": "mock-model", "messages": [{"role": "user", "content": "hello"}]}
@@ -100,6 +101,14 @@ async def test_tracing_headers_are_forwarded_but_client_credentials_are_not(make
     assert received["traceparent"] == "00-abc-def-01"
     assert "x-secret-thing" not in received
     assert "authorization" not in received  # the worker has no key of its own
+
+
+def test_a_forwarded_header_a_worker_would_refuse_is_not_passed_on() -> None:
+    # Servers refuse control characters in a head; a scope that carries one anyway (found by the
+    # hostile suite driving the app directly) must not make the gateway write an invalid head.
+    scope = {"headers": [(b"traceparent", b"00-ok-01"), (b"x-request-id-extra", b"\xc5\x14\xf7("),
+                         (b"x-correlation-id", b"tab\tok"), (b"x-request-id-nul", b"a\x00b")]}
+    assert forwarded_headers(scope) == (("traceparent", "00-ok-01"), ("x-correlation-id", "tab\tok"))
 
 
 async def test_worker_key_is_presented_to_the_worker(make_gateway, start_worker) -> None:

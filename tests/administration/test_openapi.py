@@ -1,0 +1,99 @@
+"""The control plane's published OpenAPI description: GET /openapi.json, public, valid OpenAPI 3, and
+listing every control route of gateway_project/urls.py with every method its view answers (a new
+route without a declaration fails here)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+from drf_spectacular.validation import validate_schema
+from rest_framework.views import APIView
+
+from administration.control_auth import reset_control_plane_auth
+from administration.api.openapi import ASYNC_VIEW_DECLARATIONS, SCHEMA_PATH
+from administration.models import Worker
+from administration.store_ranges import column_range
+from common.config import GatewayConfig, install_config
+
+# Not described: the console (HTML pages) and the description itself.
+UNDESCRIBED = ("admin/", SCHEMA_PATH.lstrip("/"))
+HTTP_METHODS = ("get", "post", "put", "patch", "delete")
+
+
+@pytest.fixture
+def document(client: Client) -> dict[str, Any]:
+    answer = client.get(SCHEMA_PATH)
+    assert answer.status_code == 200 and answer["Content-Type"] == "application/json"
+    return dict(orjson.loads(answer.content))
+
+
+def _control_routes() -> dict[str, tuple[str, ...]]:
+    """Each control route of the URLconf (as an OpenAPI path) and the methods its view answers."""
+    routes: dict[str, tuple[str, ...]] = {}
+    for pattern in get_resolver().url_patterns:
+        if isinstance(pattern, URLResolver) or str(pattern.pattern) in UNDESCRIBED:
+            continue
+        assert isinstance(pattern, URLPattern)
+        path = "/" + re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", str(pattern.pattern))
+        view_class = getattr(pattern.callback, "view_class", None) or ASYNC_VIEW_DECLARATIONS.get(pattern.callback)
+        assert view_class is not None and issubclass(view_class, APIView), f"{path} has no declaration"
+        routes[path] = tuple(method for method in HTTP_METHODS if hasattr(view_class, method))
+    return routes
+
+
+def test_the_description_is_valid_openapi_3(document: dict[str, Any]) -> None:
+    assert document["openapi"].startswith("3.")
+    validate_schema(document)
+    assert document["components"]["securitySchemes"]["bearerAuth"] == {"type": "http", "scheme": "bearer"}
+
+
+def test_every_control_route_and_method_is_described(document: dict[str, Any]) -> None:
+    routes = _control_routes()
+    assert set(routes) >= {"/workers", "/workers/{worker_id}", "/flush_cache", "/get_loads", "/start_profile",
+                           "/stop_profile"}
+    assert set(document["paths"]) == set(routes)
+    for path, methods in routes.items():
+        assert set(document["paths"][path]) - {"parameters"} == set(methods), path
+        for method in methods:
+            operation = document["paths"][path][method]
+            assert operation["security"] == [{"bearerAuth": []}], (path, method)
+            assert {"401", "403"} <= set(operation["responses"]), (path, method)
+
+
+def test_the_worker_spec_is_described_from_its_readers(document: dict[str, Any]) -> None:
+    register = document["paths"]["/workers"]["post"]
+    spec = register["requestBody"]["content"]["application/json"]["schema"]
+    assert spec["required"] == ["url"]
+    low, high = column_range(Worker._meta.get_field("priority"))
+    assert spec["properties"]["priority"] == {"type": "integer", "minimum": low, "maximum": high}
+    assert spec["properties"]["health"]["properties"]["timeout_secs"]["maximum"] == 2**31 - 1
+    assert "engine_a" in spec["properties"]["runtime_type"]["enum"]
+    assert set(register["responses"]["422"]["content"]) == {"text/plain"}
+    assert set(register["responses"]["400"]["content"]) == {"text/plain", "application/json"}
+    assert register["responses"]["202"]["content"]["application/json"]["schema"]["required"] == [
+        "status", "worker_id", "url", "location", "message"
+    ]
+    patch = document["paths"]["/workers/{worker_id}"]["patch"]["requestBody"]["content"]["application/json"]["schema"]
+    assert "overload" not in patch["properties"] and "required" not in patch
+    assert {"url", "priority", "cost", "labels", "api_key", "health"} <= set(patch["properties"])
+    profile = document["paths"]["/start_profile"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert {"url", "output_dir", "num_steps"} <= set(profile["properties"])
+
+
+@pytest.mark.django_db
+def test_the_description_is_public_under_control_plane_auth(client: Client) -> None:
+    install_config(GatewayConfig(control_plane_api_keys=(("k1", "ops", "admin", "cp-key"),)), export=False)
+    reset_control_plane_auth()
+    try:
+        assert client.get("/workers").status_code == 401
+        assert client.get(SCHEMA_PATH).status_code == 200
+        assert client.get(SCHEMA_PATH, HTTP_AUTHORIZATION="Bearer wrong").status_code == 200
+        assert client.post(SCHEMA_PATH).status_code == 405
+    finally:
+        install_config(GatewayConfig(), export=False)
+        reset_control_plane_auth()
