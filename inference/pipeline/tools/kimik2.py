@@ -1,0 +1,58 @@
+"""Kimi K2 (profile A)::
+
+    <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>
+
+The call ID is the model's own ``functions.get_weather:0`` (kept unchanged, as the spec keeps
+model-specific ID formats); the name is the part between ``functions.`` and ``:index``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from inference.pipeline.tools.base import (
+    ParsedCall,
+    RegionResult,
+    ToolParser,
+    arguments_json,
+    closed_region,
+)
+from inference.pipeline.tools.registry import TOOL_PARSERS
+
+__all__ = ["KimiK2ToolParser"]
+
+SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+CALL_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_end|>"
+ARGUMENT_BEGIN = "<|tool_call_argument_begin|>"
+
+
+@TOOL_PARSERS.register("kimik2", "kimi_k2")
+class KimiK2ToolParser(ToolParser):
+    start_markers = (CALL_BEGIN,)
+    drop_markers = (SECTION_BEGIN, SECTION_END)
+
+    def _decide_region(self, region: str, final: bool) -> RegionResult | None:
+        closed = closed_region(region, CALL_BEGIN, CALL_END, final)
+        if closed is None:
+            return None
+        if closed is False or closed is True:
+            return RegionResult(len(region), None)
+        body, consumed = closed
+        call = self._call_in(body)
+        return RegionResult(consumed, (call,) if call else None)
+
+    @staticmethod
+    def _call_in(body: str) -> ParsedCall | None:
+        call_id, sep, raw = body.partition(ARGUMENT_BEGIN)
+        call_id = call_id.strip()
+        qualified, colon, index = call_id.rpartition(":")
+        if not sep or not colon or not index.isdigit():
+            return None
+        name = qualified.removeprefix("functions.")
+        if not name:
+            return None
+        try:
+            arguments = arguments_json(json.loads(raw))
+        except ValueError:
+            return None
+        return ParsedCall(name, arguments, call_id) if arguments is not None else None
