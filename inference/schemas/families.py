@@ -48,18 +48,35 @@ class FamilyInfo:
     tool_parser: str | None
     reasoning_parser: str | None
     harmony: bool = False
+    # Chat-template quirks (inference.pipeline.templates):
+    tool_arguments_as_text: bool = False  # the template reads tool-call arguments as JSON text
+    thinking_default: bool | None = None  # thinking when the request says nothing (None: template's)
+    effort_levels: tuple[str, ...] = ()  # the template's own reasoning-effort levels (clamped to)
 
 
 FAMILIES: tuple[FamilyInfo, ...] = (
     FamilyInfo(ModelFamily.KIMI, (), ("kimi_k2", "KimiK2ForCausalLM"), "kimik2", "kimi_k2"),
     FamilyInfo(ModelFamily.MINIMAX, (), ("minimax_m2", "MiniMaxM2ForCausalLM"), "minimax_m2", "minimax"),
     FamilyInfo(ModelFamily.GLM, (), ("glm4_moe", "Glm4MoeForCausalLM"), "glm45", "glm45"),
-    FamilyInfo(ModelFamily.DEEPSEEK_V4, (), (), None, "deepseek_v3"),
-    FamilyInfo(ModelFamily.GPT_OSS, ("gpt-oss",), ("gpt_oss", "GptOssForCausalLM"), None, None, harmony=True),
-    FamilyInfo(ModelFamily.DEEPSEEK_R1, ("deepseek-r1",), (), "deepseek", "deepseek_r1"),
-    FamilyInfo(ModelFamily.DEEPSEEK_V31, ("deepseek-v3.1", "deepseek-v3-1", "deepseek-v3_1"), (), "deepseek31", "deepseek_v3"),
-    FamilyInfo(ModelFamily.DEEPSEEK_V32, ("deepseek-v3.2", "deepseek-v3-2"), (), None, "deepseek_v3"),
-    FamilyInfo(ModelFamily.DEEPSEEK_V3, ("deepseek-v3",), ("deepseek_v3", "DeepseekV3ForCausalLM"), "deepseek", None),
+    FamilyInfo(
+        ModelFamily.DEEPSEEK_V4, (), (), None, "deepseek_v3", tool_arguments_as_text=True, thinking_default=True
+    ),
+    FamilyInfo(
+        ModelFamily.GPT_OSS, ("gpt-oss",), ("gpt_oss", "GptOssForCausalLM"), None, None, harmony=True,
+        effort_levels=("low", "medium", "high"),
+    ),
+    FamilyInfo(ModelFamily.DEEPSEEK_R1, ("deepseek-r1",), (), "deepseek", "deepseek_r1", tool_arguments_as_text=True),
+    FamilyInfo(
+        ModelFamily.DEEPSEEK_V31, ("deepseek-v3.1", "deepseek-v3-1", "deepseek-v3_1"), (), "deepseek31", "deepseek_v3",
+        tool_arguments_as_text=True,
+    ),
+    FamilyInfo(
+        ModelFamily.DEEPSEEK_V32, ("deepseek-v3.2", "deepseek-v3-2"), (), None, "deepseek_v3", tool_arguments_as_text=True
+    ),
+    FamilyInfo(
+        ModelFamily.DEEPSEEK_V3, ("deepseek-v3",), ("deepseek_v3", "DeepseekV3ForCausalLM"), "deepseek", None,
+        tool_arguments_as_text=True,
+    ),
     FamilyInfo(ModelFamily.QWEN3, ("qwen3",), ("qwen3", "qwen3_moe", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"), "qwen", "qwen3"),
     FamilyInfo(ModelFamily.QWQ, ("qwq",), (), "qwen", "qwq"),
     FamilyInfo(ModelFamily.QWEN, ("qwen",), ("qwen2", "Qwen2ForCausalLM"), "qwen", None),

@@ -1,0 +1,136 @@
+"""The incremental detokenizer against ``tokenizer.decode(all_ids)`` with the real fixture
+tokenizers: multilingual text and emoji, one token per step and in batches; no step ever sends a
+U+FFFD for text that has none, and each step decodes only a small window."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Sequence
+
+import pytest
+from tokenizers import Tokenizer
+
+from inference.pipeline.detokenize import IncrementalDetokenizer
+
+from .splitting import FIXTURES
+
+FOLDERS = ("llama3", "qwen3", "mistral", "deepseek-r1", "whisper-large-v3")
+TEXTS = (
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "Grüße aus Zürich — naïve café, smörgåsbord, 12 °C.",
+    "你好，世界！今天天气很好。日本語のテキスト、한국어 텍스트.",
+    "مرحبا بالعالم • Привет, мир • Γειά σου Κόσμε • שלום עולם",
+    "Emoji: 😀🙂👋🏽 family 👨‍👩‍👧‍👦 flags 🇨🇭🇯🇵 math 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 and 🫠.",
+    "  leading spaces,\ttabs,\nnewlines\n\n  and   runs of   spaces  ",
+    "def f(x):\n    return {\"a\": [1, 2, 3]}  # code ✓",
+)
+
+
+@lru_cache(maxsize=None)
+def tokenizer(folder: str) -> Tokenizer:
+    return Tokenizer.from_file(str(FIXTURES / folder / "tokenizer.json"))
+
+
+def stream(detok: IncrementalDetokenizer, ids: Sequence[int], batch: int) -> list[str]:
+    deltas = [detok.step(ids[at : at + batch]) for at in range(0, len(ids), batch)]
+    deltas.append(detok.flush())
+    return deltas
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_deltas_concatenate_to_the_full_decode(folder: str, batch: int) -> None:
+    tok = tokenizer(folder)
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        deltas = stream(IncrementalDetokenizer(tok), ids, batch)
+        assert "".join(deltas) == tok.decode(ids), text
+        assert not any("\ufffd" in delta for delta in deltas), text
+
+
+@pytest.mark.parametrize("folder", ["llama3", "qwen3", "mistral", "deepseek-r1"])
+def test_a_split_character_is_held_until_its_last_byte(folder: str) -> None:
+    tok = tokenizer(folder)
+    ids = tok.encode("Emoji 🫠 and 𝔘", add_special_tokens=False).ids
+    pieces = [tok.decode([token_id]) for token_id in ids]
+    assert any("\ufffd" in piece for piece in pieces), "the text must split a character across tokens"
+    detok = IncrementalDetokenizer(tok)
+    deltas = [detok.step([token_id]) for token_id in ids]
+    assert "" in deltas  # held while incomplete
+    assert "".join(deltas) == tok.decode(ids) == "Emoji 🫠 and 𝔘"
+
+
+def test_mistral_byte_fallback_tokens_are_decoded() -> None:
+    tok = tokenizer("mistral")
+    encoding = tok.encode("🫠", add_special_tokens=False)
+    assert any(token.startswith("<0x") for token in encoding.tokens)
+    assert "".join(stream(IncrementalDetokenizer(tok), encoding.ids, 1)) == tok.decode(encoding.ids)
+
+
+@pytest.mark.parametrize("folder", ["llama3", "qwen3", "mistral", "deepseek-r1"])
+def test_a_truncated_character_is_sent_by_flush(folder: str) -> None:
+    tok = tokenizer(folder)
+    ids = tok.encode("ok 🫠", add_special_tokens=False).ids[:-1]  # cut inside the emoji
+    assert tok.decode(ids).endswith("\ufffd")
+    detok = IncrementalDetokenizer(tok)
+    sent = "".join(detok.step([token_id]) for token_id in ids)
+    assert "\ufffd" not in sent
+    assert sent + detok.flush() == tok.decode(ids)
+    assert detok.flush() == ""
+
+
+@pytest.mark.parametrize(
+    ("folder", "special"),
+    [("qwen3", "<|im_end|>"), ("llama3", "<|eot_id|>"), ("mistral", "[TOOL_CALLS]"), ("deepseek-r1", "<｜end▁of▁sentence｜>")],
+)
+@pytest.mark.parametrize("skip", [True, False])
+def test_skip_special_tokens(folder: str, special: str, skip: bool) -> None:
+    tok = tokenizer(folder)
+    special_id = tok.token_to_id(special)
+    ids = [*tok.encode("Answer: 42 ✓", add_special_tokens=False).ids, special_id, *tok.encode(" more", add_special_tokens=False).ids]
+    text = "".join(stream(IncrementalDetokenizer(tok, skip_special_tokens=skip), ids, 1))
+    assert text == tok.decode(ids, skip_special_tokens=skip)
+    assert (special in text) is (not skip)
+
+
+def test_prompt_context_keeps_the_space_a_sentencepiece_token_carries() -> None:
+    tok = tokenizer("mistral")
+    prompt = tok.encode("<s>[INST] Hi[/INST]", add_special_tokens=False).ids
+    output = tok.encode("Hello there", add_special_tokens=False).ids  # "▁Hello", "▁there"
+    unprimed = "".join(stream(IncrementalDetokenizer(tok), output, 1))
+    primed = "".join(stream(IncrementalDetokenizer(tok, prompt_ids=prompt), output, 1))
+    assert unprimed == "Hello there" == tok.decode(output)
+    assert primed == " Hello there"
+
+
+@pytest.mark.parametrize("folder", ["llama3", "qwen3"])
+def test_prompt_context_changes_nothing_for_byte_level_tokenizers(folder: str) -> None:
+    tok = tokenizer(folder)
+    prompt = tok.encode("User: 你好 🫠\nAssistant:", add_special_tokens=False).ids
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        primed = "".join(stream(IncrementalDetokenizer(tok, prompt_ids=prompt), ids, 1))
+        assert primed == tok.decode(ids)
+
+
+class CountingTokenizer:
+    """Records the length of every decode the detokenizer asks for."""
+
+    def __init__(self, inner: Tokenizer) -> None:
+        self.inner = inner
+        self.windows: list[int] = []
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> Any:
+        self.windows.append(len(ids))
+        return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def test_each_step_decodes_a_small_window() -> None:
+    counting = CountingTokenizer(tokenizer("qwen3"))
+    ids = counting.inner.encode(" ".join(TEXTS) * 20, add_special_tokens=False).ids
+    assert len(ids) > 2000
+    detok = IncrementalDetokenizer(counting, prompt_ids=ids[:50])  # type: ignore[arg-type]
+    text = "".join(stream(detok, ids, 1))
+    assert text == counting.inner.decode(ids)
+    assert max(counting.windows) <= 24
+    assert len(counting.windows) <= 2 * len(ids) + 30
