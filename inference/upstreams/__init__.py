@@ -3,13 +3,14 @@
 - relays (:mod:`inference.upstreams.base`), where the upstream speaks the client's API: HTTP workers
   today (:mod:`inference.upstreams.http`);
 - engine clients (:mod:`inference.upstreams.engine`), where the gateway is the server and drives an
-  engine with token ids (gRPC per runtime, ZMQ).
+  engine with token ids (gRPC per runtime in :mod:`inference.upstreams.grpc`; ZMQ later).
 
 Importing this package registers every built-in upstream.
 """
 
 from __future__ import annotations
 
+from inference.upstreams import grpc as _grpc  # noqa: F401  (registers the gRPC engine clients)
 from inference.upstreams import http  # noqa: F401  (registers the HTTP relay)
 from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
 from inference.upstreams.engine import ENGINE_CLIENTS, EngineClient

@@ -266,8 +266,10 @@ class EngineClient(ABC):
         ``UpstreamFailure`` while nothing was yielded, so the caller may retry on another worker;
         once an output was yielded a failure can no longer be retried. It ends after every choice
         yielded an output with ``finish`` set. When the client goes away the caller cancels the
-        iteration (cancels the task consuming it, or ``aclose()`` on the generator) and must then
-        call :meth:`abort` with the request id.
+        iteration (cancels the task consuming it, or ``aclose()`` on the generator); the client
+        then stops the engine's work itself, before the iteration ends (the gRPC clients cancel
+        the RPC and send Abort once, in a ``finally``). :meth:`abort` is for requests the caller
+        stops by other means; a second abort of the same id is harmless.
         """
 
     @abstractmethod

@@ -1,6 +1,10 @@
 """``manage.py runmockworker``: serve the project's mock OpenAI-compatible worker (a test aid).
 
 Prints ``mock worker serving MODEL on http://HOST:PORT`` once listening; stop it with Ctrl+C/SIGTERM.
+
+With ``--grpc``: serve the gRPC engine stand-in instead (``--runtime sglang|vllm``, ``--tokenizer``
+a fixture tokenizer folder or tokenizer.json; :mod:`standins.grpc_engine`), which prints
+``mock grpc engine (RUNTIME) serving MODEL on grpc://HOST:PORT``.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from standins.grpc_engine import REPLIES, RUNTIMES, GrpcEngineConfig, run_grpc_engine
 from standins.mock_worker import MockWorkerConfig, run_mock_worker
 
 __all__ = ["Command"]
@@ -21,7 +26,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=int, required=True, help="TCP port (0 picks a free one)")
-        parser.add_argument("--model", required=True, help="model name served and reported")
+        parser.add_argument("--model", default=None, help="model name served and reported (required over HTTP)")
         parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
         parser.add_argument(
             "--owned-by",
@@ -34,12 +39,27 @@ class Command(BaseCommand):
             "--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health"
         )
         parser.add_argument(
-            "--max-model-len", type=int, default=4096, help="context window, reported and enforced"
+            "--max-model-len", type=int, default=None, help="context window, reported and enforced (default 4096; 32768 with --grpc)"
         )
+        grpc_options = parser.add_argument_group("gRPC engine stand-in (--grpc)")
+        grpc_options.add_argument("--grpc", action="store_true", help="serve an engine's gRPC service instead of HTTP")
+        grpc_options.add_argument("--runtime", choices=RUNTIMES, default="sglang", help="the engine's service (default sglang)")
+        grpc_options.add_argument("--tokenizer", default=None, help="tokenizer.json or its folder (required with --grpc)")
+        grpc_options.add_argument(
+            "--reply", choices=REPLIES, default="text",
+            help="default scripted reply (a prompt marker [[mock:KIND]] picks one per request)",
+        )
+        grpc_options.add_argument("--text", default=None, help="the reply's text")
+        grpc_options.add_argument("--chunk-tokens", type=int, default=3, help="tokens per streamed chunk")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not 0 <= options["port"] <= 65535:
             raise CommandError("--port must be between 0 and 65535")
+        if options["grpc"]:
+            self._serve_grpc(options)
+            return
+        if not options["model"]:
+            raise CommandError("--model is required")
         try:
             config = MockWorkerConfig(
                 model=options["model"],
@@ -47,11 +67,38 @@ class Command(BaseCommand):
                 tokens=options["tokens"],
                 delay_ms=options["delay_ms"],
                 api_key=options["api_key"] or None,
-                max_model_len=options["max_model_len"],
+                max_model_len=options["max_model_len"] or 4096,
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         try:
             run_mock_worker(config, options["host"], options["port"])
         except OSError as exc:  # e.g. the port is taken
+            raise CommandError(f"cannot serve on {options['host']}:{options['port']}: {exc}") from None
+
+    def _serve_grpc(self, options: dict[str, Any]) -> None:
+        if not options["tokenizer"]:
+            raise CommandError("--tokenizer is required with --grpc")
+        extra: dict[str, Any] = {}
+        if options["text"]:
+            extra["text"] = options["text"]
+        if options["max_model_len"]:
+            extra["max_context_length"] = options["max_model_len"]
+        try:
+            config = GrpcEngineConfig(
+                runtime=options["runtime"],
+                tokenizer=options["tokenizer"],
+                model=options["model"] or "mock-model",
+                reply=options["reply"],
+                chunk_tokens=options["chunk_tokens"],
+                delay_ms=options["delay_ms"],
+                **extra,
+            )
+            if not config.tokenizer_file.is_file():
+                raise ValueError(f"no tokenizer at {config.tokenizer_file}")
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        try:
+            run_grpc_engine(config, options["host"], options["port"])
+        except (OSError, RuntimeError) as exc:
             raise CommandError(f"cannot serve on {options['host']}:{options['port']}: {exc}") from None

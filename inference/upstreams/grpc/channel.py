@@ -1,0 +1,82 @@
+"""One gRPC channel per worker: created once (on first use, in the running event loop), reused by
+every call, closed when the worker leaves.
+
+The keepalive profile is the engines' own client's (smg): a ping every 30 s, 10 s to answer, also
+while idle; the engines' servers accept pings every 10 s without calls. Message sizes are unbounded
+both ways, as on the engines' servers (a tokenizer zip or a long prompt must not hit gRPC's 4 MiB
+default).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import grpc
+
+from inference.upstreams.failures import FailureKind, UpstreamFailure
+
+__all__ = ["CHANNEL_OPTIONS", "WorkerChannel", "failure_from_rpc_error", "grpc_target"]
+
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+)
+
+
+def grpc_target(url: str) -> tuple[str, bool]:
+    """``grpc://host:port`` → (``host:port``, False); ``grpcs://`` → (…, True). A bare
+    ``host:port`` is taken as plaintext."""
+    if "://" not in url:
+        return url, False
+    parts = urlsplit(url)
+    if parts.scheme not in ("grpc", "grpcs", "http", "https") or not parts.netloc:
+        raise ValueError(f"not a gRPC worker URL: {url!r}")
+    return parts.netloc, parts.scheme in ("grpcs", "https")
+
+
+def failure_from_rpc_error(error: grpc.aio.AioRpcError, what: str) -> UpstreamFailure:
+    """The upstream failure an RPC error stands for: unreachable, timed out, or broken off."""
+    code = error.code()
+    detail = f"{what}: {code.name if code is not None else 'UNKNOWN'}: {error.details() or ''}".rstrip(": ")
+    if code is grpc.StatusCode.UNAVAILABLE:
+        return UpstreamFailure(FailureKind.CONNECT, detail)
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return UpstreamFailure(FailureKind.TIMEOUT, detail)
+    return UpstreamFailure(FailureKind.BROKEN, detail)
+
+
+class WorkerChannel:
+    """The ``grpc.aio`` channel to one worker. ``get()`` creates it on first use and returns the
+    same channel afterwards; ``close()`` closes it (a later ``get()`` would open a new one)."""
+
+    def __init__(self, url: str, *, api_key: str | None = None) -> None:
+        self.url = url
+        self.target, self.secure = grpc_target(url)
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        )
+        self._channel: grpc.aio.Channel | None = None
+        self.opened = 0  # channels created over this object's life (tests check reuse)
+
+    def get(self) -> grpc.aio.Channel:
+        if self._channel is None:
+            if self.secure:
+                credentials = grpc.ssl_channel_credentials()
+                self._channel = grpc.aio.secure_channel(self.target, credentials, options=CHANNEL_OPTIONS)
+            else:
+                self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+            self.opened += 1
+        return self._channel
+
+    @property
+    def is_open(self) -> bool:
+        return self._channel is not None
+
+    async def close(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()

@@ -1,0 +1,384 @@
+"""What every gRPC engine client shares: the worker's one channel, folding the engine's stream of
+``chunk`` and ``complete`` messages into neutral :class:`EngineOutput`, the Abort sent when a
+generation ends early, and the mapping of RPC errors to :class:`UpstreamFailure`.
+
+A runtime module (sglang.py, vllm.py, ...) is only a codec: it builds its GenerateRequest from an
+:class:`EngineRequest`, turns each GenerateResponse into a :class:`WireChunk` or
+:class:`WireComplete`, and maps its control messages.
+
+Wire facts the fold relies on (the engines' own servicers):
+
+- chunks carry only the tokens new since the previous chunk (and the logprobs of those tokens);
+- when streaming, the final chunk's tokens come again in ``complete.output_ids``: they are never
+  counted twice; without streaming there are no chunks and ``complete`` carries every token;
+- SGLang and TokenSpeed report cumulative completion counts, vLLM and MLX the count of the chunk's
+  own tokens (the client accumulates): ``counts_cumulative`` says which;
+- n > 1 is one request; ``index`` tells the choices apart and each ends with its own ``complete``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar, cast
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from inference.routing.load_report import EngineLoad
+from inference.upstreams.engine import (
+    EngineClient,
+    EngineOutput,
+    EngineRequest,
+    Finish,
+    FinishReason,
+    TokenizerBundle,
+    TokenLogprobs,
+)
+from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.upstreams.grpc.channel import WorkerChannel, failure_from_rpc_error
+
+__all__ = [
+    "GrpcEngineClient",
+    "WireChunk",
+    "WireComplete",
+    "finish_reason",
+    "input_logprobs",
+    "output_logprobs",
+    "scheduler_load",
+]
+
+logger = logging.getLogger(__name__)
+
+ResponseT = TypeVar("ResponseT")
+T = TypeVar("T")
+StubT = TypeVar("StubT")
+
+ABORT_REASON = "aborted by the gateway"
+
+
+@dataclass(frozen=True, slots=True)
+class WireChunk:
+    """One streamed chunk as the runtime sent it (counts as reported, not yet folded)."""
+
+    index: int
+    token_ids: tuple[int, ...]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WireComplete:
+    """A choice's closing message as the runtime sent it."""
+
+    index: int
+    output_ids: tuple[int, ...]
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    matched_token_id: int | None = None
+    matched_stop_str: str | None = None
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
+
+
+def finish_reason(reason: str) -> FinishReason:
+    """An engine's finish-reason string as a neutral reason; an engine error raises."""
+    value = reason.strip().lower()
+    if value in ("length", "max_tokens"):
+        return FinishReason.LENGTH
+    if value in ("abort", "aborted", "cancelled", "canceled"):
+        return FinishReason.ABORT
+    if value in ("error", "failed"):
+        raise UpstreamFailure(FailureKind.BROKEN, f"the engine ended the request with {reason!r}")
+    return FinishReason.STOP  # "stop", "eos", "stop_token", "" (proto3's unset)
+
+
+def output_logprobs(message: Any) -> tuple[TokenLogprobs, ...] | None:
+    """``OutputLogProbs`` (token_logprobs, token_ids, top_logprobs[values, token_ids]), the shape the
+    SGLang, vLLM, TokenSpeed and MLX protos share; None when it carries no token."""
+    ids = list(message.token_ids)
+    if not ids:
+        return None
+    values = list(message.token_logprobs)
+    tops = list(message.top_logprobs)
+    result = []
+    for position, token_id in enumerate(ids):
+        top: tuple[tuple[int, float], ...] = ()
+        if position < len(tops):
+            top = tuple(zip((int(t) for t in tops[position].token_ids), (float(v) for v in tops[position].values)))
+        logprob = float(values[position]) if position < len(values) else 0.0
+        result.append(TokenLogprobs(int(token_id), logprob, top))
+    return tuple(result)
+
+
+def input_logprobs(message: Any) -> tuple[TokenLogprobs | None, ...] | None:
+    """``InputLogProbs`` (each value proto3-optional: the first prompt token has none)."""
+    ids = list(message.token_ids)
+    if not ids:
+        return None
+    values = list(message.token_logprobs)
+    tops = list(message.top_logprobs)
+    result: list[TokenLogprobs | None] = []
+    for position, token_id in enumerate(ids):
+        entry = values[position] if position < len(values) else None
+        if entry is None or not entry.HasField("value"):
+            result.append(None)
+            continue
+        top: tuple[tuple[int, float], ...] = ()
+        if position < len(tops):
+            top = tuple(zip((int(t) for t in tops[position].token_ids), (float(v) for v in tops[position].values)))
+        result.append(TokenLogprobs(int(token_id), float(entry.value), top))
+    return tuple(result)
+
+
+@dataclass(slots=True)
+class _Choice:
+    streamed: bool = False
+    completion_tokens: int = 0
+    finished: bool = False
+
+
+class GrpcEngineClient(EngineClient, Generic[ResponseT]):
+    """An engine client over ``grpc.aio``: one :class:`WorkerChannel` per worker.
+
+    Pass ``channel`` to reuse the channel runtime detection opened; otherwise one is made from
+    ``url``. ``control_timeout`` bounds each control RPC (health, model info, loads, flush,
+    profiling, abort); a generation has no deadline here (the caller's timeout cancels it).
+    """
+
+    counts_cumulative: ClassVar[bool] = True
+    """Whether chunks report cumulative completion counts (else each chunk's own count)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        channel: WorkerChannel | None = None,
+        control_timeout: float = 30.0,
+    ) -> None:
+        super().__init__(url, api_key=api_key)
+        self.channel = channel if channel is not None else WorkerChannel(url, api_key=api_key)
+        self.control_timeout = control_timeout
+        self._aborts: set[asyncio.Task[None]] = set()
+        self._stub: Any = None
+        self._stub_channel: grpc.aio.Channel | None = None
+
+    # -- the codec, per runtime -------------------------------------------------------------
+
+    @abstractmethod
+    def _open_generate(self, request: EngineRequest) -> grpc.aio.UnaryStreamCall[Any, ResponseT]:
+        """Start the Generate RPC for ``request`` on the worker's channel."""
+
+    @abstractmethod
+    def _decode(self, response: ResponseT) -> WireChunk | WireComplete | None:
+        """One GenerateResponse as a chunk or a complete (None: nothing in it)."""
+
+    @abstractmethod
+    async def _send_abort(self, request_id: str, reason: str) -> None: ...
+
+    # -- shared ------------------------------------------------------------------------------
+
+    def _stub_on(self, factory: Callable[[grpc.aio.Channel], StubT]) -> StubT:
+        """The runtime's stub on the worker's channel, made once per channel."""
+        channel = self.channel.get()
+        if self._stub_channel is not channel:
+            self._stub = factory(channel)
+            self._stub_channel = channel
+        return cast(StubT, self._stub)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.channel.metadata
+
+    async def _control(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Run one unary control RPC, mapping its errors to :class:`UpstreamFailure`."""
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as error:
+            raise failure_from_rpc_error(error, f"{self.runtime} {what}") from None
+
+    async def abort(self, request_id: str, reason: str = ABORT_REASON) -> None:
+        await self._control("Abort", lambda: self._send_abort(request_id, reason))
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        """Yield each choice's outputs; end when every choice finished.
+
+        When the iteration stops before the engine settled the request (the consumer stopped
+        iterating, its task was cancelled, or the stream failed here), the RPC is cancelled and
+        Abort is sent for ``request.request_id``, once, before the iteration's exception
+        propagates: callers need not abort themselves.
+        """
+        choices = [_Choice() for _ in range(max(1, request.sampling.n))]
+        remaining = len(choices)
+        yielded = False
+        settled = False  # the engine ended the request itself: nothing to abort
+        call = self._open_generate(request)
+        try:
+            try:
+                async for response in call:
+                    piece = self._decode(response)
+                    if piece is None:
+                        continue
+                    if not 0 <= piece.index < len(choices):
+                        raise UpstreamFailure(
+                            FailureKind.BROKEN, f"{self.runtime} Generate: choice index {piece.index} out of range"
+                        )
+                    choice = choices[piece.index]
+                    if choice.finished:
+                        continue
+                    if isinstance(piece, WireChunk):
+                        output = self._fold_chunk(choice, piece)
+                    else:
+                        try:
+                            output = self._fold_complete(choice, piece)
+                        except UpstreamFailure:
+                            settled = True
+                            raise
+                        remaining -= 1
+                        if remaining == 0:
+                            settled = True
+                    if output is not None:
+                        yielded = True
+                        yield output
+                    if remaining == 0:
+                        return
+            except grpc.aio.AioRpcError as error:
+                settled = True  # the call ended with a status: the engine is done with it
+                failure = failure_from_rpc_error(error, f"{self.runtime} Generate")
+                if yielded:
+                    failure.kind = FailureKind.BROKEN
+                raise failure from None
+            settled = True
+            raise UpstreamFailure(
+                FailureKind.BROKEN, f"{self.runtime} Generate: the stream ended before every choice finished"
+            )
+        finally:
+            if not settled:
+                call.cancel()
+                await self._abort_after_exit(request.request_id)
+
+    def _fold_chunk(self, choice: _Choice, chunk: WireChunk) -> EngineOutput | None:
+        if chunk.token_ids:
+            choice.streamed = True
+        if self.counts_cumulative:
+            choice.completion_tokens = max(chunk.completion_tokens, choice.completion_tokens + len(chunk.token_ids))
+        else:
+            choice.completion_tokens += len(chunk.token_ids)
+        if not chunk.token_ids and chunk.prompt_logprobs is None:
+            return None
+        return EngineOutput(
+            index=chunk.index,
+            token_ids=chunk.token_ids,
+            prompt_tokens=chunk.prompt_tokens,
+            completion_tokens=choice.completion_tokens,
+            cached_tokens=chunk.cached_tokens,
+            reasoning_tokens=chunk.reasoning_tokens,
+            logprobs=chunk.logprobs,
+            prompt_logprobs=chunk.prompt_logprobs,
+        )
+
+    def _fold_complete(self, choice: _Choice, complete: WireComplete) -> EngineOutput:
+        reason = finish_reason(complete.finish_reason)
+        choice.finished = True
+        # Streamed: the last chunk already carried complete.output_ids (and their logprobs).
+        new_ids = () if choice.streamed else complete.output_ids
+        logprobs = None if choice.streamed else complete.logprobs
+        if self.counts_cumulative:
+            total = max(complete.completion_tokens, choice.completion_tokens + len(new_ids))
+        else:
+            total = choice.completion_tokens + len(new_ids)
+        choice.completion_tokens = total
+        return EngineOutput(
+            index=complete.index,
+            token_ids=new_ids,
+            prompt_tokens=complete.prompt_tokens,
+            completion_tokens=total,
+            cached_tokens=complete.cached_tokens,
+            reasoning_tokens=complete.reasoning_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=None if choice.streamed else complete.prompt_logprobs,
+            finish=Finish(reason, complete.matched_token_id, complete.matched_stop_str),
+        )
+
+    async def _abort_after_exit(self, request_id: str) -> None:
+        """Send Abort in a task of its own, so a second cancellation of the consumer cannot stop
+        it half-way; wait for it here (shielded)."""
+        task = asyncio.ensure_future(self._abort_quietly(request_id))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+        await asyncio.shield(task)
+
+    async def _abort_quietly(self, request_id: str) -> None:
+        try:
+            await asyncio.wait_for(self._send_abort(request_id, ABORT_REASON), self.control_timeout)
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError) as error:
+            logger.warning("%s Abort of %s failed: %s", self.runtime, request_id, error)
+
+    async def _fetch_tokenizer(self, call: grpc.aio.UnaryStreamCall[Any, Any]) -> TokenizerBundle:
+        """Collect a GetTokenizer stream (zip bytes in chunks, the sha256 on the last one) and
+        check the digest."""
+        parts: list[bytes] = []
+        digest = ""
+        try:
+            async for chunk in call:
+                parts.append(bytes(chunk.data))
+                if chunk.sha256:
+                    digest = str(chunk.sha256)
+        except grpc.aio.AioRpcError as error:
+            raise failure_from_rpc_error(error, f"{self.runtime} GetTokenizer") from None
+        bundle = TokenizerBundle(b"".join(parts), digest)
+        if not digest or not bundle.intact:
+            raise UpstreamFailure(
+                FailureKind.BROKEN, f"{self.runtime} GetTokenizer: the archive does not match its sha256"
+            )
+        return bundle
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+def scheduler_load(message: Any) -> EngineLoad:
+    """A ``SchedulerLoad`` (SGLang, vLLM and TokenSpeed share its core fields) as an engine load
+    entry; the optional sub-reports are kept when the engine sent them."""
+    load: EngineLoad = {
+        "dp_rank": int(message.dp_rank),
+        "num_running_reqs": int(message.num_running_reqs),
+        "num_waiting_reqs": int(message.num_waiting_reqs),
+        "num_waiting_uncached_tokens": int(message.num_waiting_uncached_tokens),
+        "num_total_reqs": int(message.num_total_reqs),
+        "num_used_tokens": int(message.num_used_tokens),
+        "max_total_num_tokens": int(message.max_total_num_tokens),
+        "token_usage": float(message.token_usage),
+        "gen_throughput": float(message.gen_throughput),
+        "cache_hit_rate": float(message.cache_hit_rate),
+        "utilization": float(message.utilization),
+        "max_running_requests": int(message.max_running_requests),
+    }
+    fields = message.DESCRIPTOR.fields_by_name
+    if "memory" in fields and message.HasField("memory"):
+        load["memory"] = MessageToDict(message.memory, preserving_proto_field_name=True)
+    if "queues" in fields and message.HasField("queues"):
+        load["queues"] = MessageToDict(message.queues, preserving_proto_field_name=True)
+    if "disaggregation" in fields and message.HasField("disaggregation"):
+        disaggregation = message.disaggregation
+        load["disagg_mode"] = str(disaggregation.mode)
+        load["kv_transfer_latency_ms"] = float(disaggregation.kv_transfer_latency_ms)
+        load["kv_transfer_speed_gb_s"] = float(disaggregation.kv_transfer_speed_gb_s)
+        load["prefill_queue_reqs"] = int(
+            disaggregation.prefill_prealloc_queue_reqs + disaggregation.prefill_inflight_queue_reqs
+        )
+        load["decode_queue_reqs"] = int(
+            disaggregation.decode_prealloc_queue_reqs + disaggregation.decode_transfer_queue_reqs
+        )
+    return load
