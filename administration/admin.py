@@ -25,8 +25,9 @@ from django.views.decorators.http import require_POST
 
 from administration.console import WorkerAddForm, job_summary, live_state, stored_spec
 from administration.fleet_page import fleet_urls
-from administration.models import TenantRateLimit, Worker, WorkerStatus
+from administration.models import RegisteredTokenizer, TenantRateLimit, Worker, WorkerStatus
 from administration.tenant_limits import delete_tenant_rate_limits, flag_tenant_limit, save_tenant_rate_limit
+from administration.tokenizers import purge_expired_tokenizers, remove_tokenizer
 from administration.workers import (
     WorkerError,
     create_worker,
@@ -36,7 +37,7 @@ from administration.workers import (
 )
 from common.config import current_config
 
-__all__ = ["WorkerAdmin", "TenantRateLimitAdmin"]
+__all__ = ["WorkerAdmin", "TenantRateLimitAdmin", "RegisteredTokenizerAdmin"]
 
 _EMPTY = "—"
 _ADD_FIELDSETS = [
@@ -359,3 +360,52 @@ class TenantRateLimitAdmin(_TenantRateLimitModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return super().changelist_view(request, {"rate_limit_help": _RATE_LIMIT_HELP, **(extra_context or {})})
+
+
+if TYPE_CHECKING:
+    _TokenizerModelAdmin = admin.ModelAdmin[RegisteredTokenizer]
+else:
+    _TokenizerModelAdmin = admin.ModelAdmin
+
+_TOKENIZER_HELP = (
+    "Tokenizers added with POST /v1/tokenizers and their loads (pending, processing, completed, failed). "
+    "Each gateway process loads a completed tokenizer when a request first needs it. A failed load is "
+    "kept about five minutes. Deleting a row here removes the tokenizer as DELETE /v1/tokenizers/{id} does."
+)
+
+
+@admin.register(RegisteredTokenizer)
+class RegisteredTokenizerAdmin(_TokenizerModelAdmin):
+    """Read-only rows (adds go through the API, which validates and queues the load); delete removes."""
+
+    list_display = ["name", "status_badge", "source", "vocab_size", "message", "updated_at"]
+    list_filter = ["status"]
+    search_fields = ["name", "source"]
+    search_help_text = "Search by name or source."
+    readonly_fields = ["id", "name", "source", "chat_template_path", "status", "message", "vocab_size", "location",
+                       "created_at", "updated_at"]
+    fieldsets = [(None, {"fields": [("name", "status"), "id", "source", "chat_template_path", "message",
+                                    ("vocab_size", "location"), ("created_at", "updated_at")],
+                         "description": _TOKENIZER_HELP})]
+    empty_value_display = _EMPTY
+
+    @admin.display(description="Status", ordering="status")
+    def status_badge(self, row: RegisteredTokenizer) -> SafeString:
+        return _badge("tokenizer", row.status, row.get_status_display())
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: RegisteredTokenizer | None = None) -> bool:
+        return False
+
+    def delete_model(self, request: HttpRequest, obj: RegisteredTokenizer) -> None:
+        remove_tokenizer(str(obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[RegisteredTokenizer]) -> None:
+        for row in list(queryset):
+            remove_tokenizer(str(row.pk))
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        purge_expired_tokenizers()
+        return super().changelist_view(request, extra_context)

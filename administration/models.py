@@ -12,6 +12,7 @@ from inference.routing.workers import RuntimeType, WorkerStatus, WorkerType
 
 __all__ = [
     "Worker", "WorkerStatus", "WorkerSource", "WorkerType", "JobType", "JobState", "TenantRateLimit", "RegistryChange",
+    "TokenizerStatus", "RegisteredTokenizer",
 ]
 
 
@@ -140,3 +141,43 @@ class RegistryChange(models.Model):
 
     class Meta:
         verbose_name = "registry change"
+
+
+class TokenizerStatus(models.TextChoices):
+    """Spec 3, Tokenizer loading status."""
+
+    PENDING = "pending", "Pending (queued)"
+    PROCESSING = "processing", "Processing (loading)"
+    COMPLETED = "completed", "Completed (ready)"
+    FAILED = "failed", "Failed"
+
+
+class RegisteredTokenizer(models.Model):
+    """A tokenizer added through POST /v1/tokenizers, and its load job's state (the job is the row,
+    as for workers). A name is held by one row that has not failed; a failed row is kept about five
+    minutes for its status, then goes. ``location`` is the local path the job loaded it from (for a
+    hub id or a gRPC worker, where the files were fetched to on the job's host). Gateway processes
+    read completed rows in their fleet loop, never per request."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=255)
+    source = models.CharField(max_length=2048, help_text="Model hub id, local path, or grpc://worker")
+    chat_template_path = models.CharField(max_length=2048, blank=True, default="")
+    status = models.CharField(max_length=16, choices=TokenizerStatus.choices, default=TokenizerStatus.PENDING)
+    message = models.TextField(blank=True, default="")
+    vocab_size = models.PositiveIntegerField(null=True, blank=True)
+    location = models.CharField(max_length=4096, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["name", "created_at"]
+        verbose_name = "tokenizer"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["name"], condition=~models.Q(status="failed"), name="tokenizer_name_unique_unless_failed"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"

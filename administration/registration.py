@@ -20,6 +20,7 @@ from administration.db import STORE_ERRORS
 from administration.discovery import Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker
 from administration.models import JobState, JobType, Worker, WorkerStatus
 from administration.notices import publish_registry_changed
+from administration.tokenizer_jobs import run_tokenizer_load
 from common.config import current_config
 from common.http_clients import tls_context
 from common.outages import STORE
@@ -230,6 +231,7 @@ JOB_FUNCTIONS: dict[str, Callable[..., None]] = {
     "register": run_registration,
     "update": run_update,
     "remove": run_removal,
+    "load_tokenizer": run_tokenizer_load,  # administration/tokenizer_jobs.py
 }
 
 

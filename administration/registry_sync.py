@@ -4,8 +4,9 @@ It keeps the data plane's registry snapshot current, by deltas: every committed 
 worker it touched in the store's change log (administration/notices.py), and this process reads the
 changes past the last one it applied (twice a second, at once when a job in this process or a Redis
 notice says so) and re-reads just those workers; a burst of changes shares one read. A full reload
-of the fleet runs at start-up, for a change that is not one worker's (tenant limits), when this
-process fell behind the log, and every 30 s as a safety net. Both build the same snapshot.
+of the fleet runs at start-up, for a change that is not one worker's (tenant limits, the tokenizer
+registry), when this process fell behind the log, and every 30 s as a safety net. Both build the
+same snapshot.
 
 The process that leads the host (every process of a one-process gateway; one elected process of a
 supervised one) also syncs --worker-urls into the store and runs the health checks and the load
@@ -34,12 +35,14 @@ from administration.notices import (
     CHANGE_RETENTION, GROUP, add_local_listener, changes_since, latest_change, prune_changes, remove_local_listener,
 )
 from administration.tenant_limits import stored_tenant_limits
+from administration.tokenizer_jobs import tokenizer_entries
 from administration.workers import JobStatus, job_of, sync_cli_workers, worker_fields, worker_records
 from common.config import GatewayConfig
 from common.http_clients import aclose_http_client
 from common.outages import REDIS, STORE
 from common.ticks import sleep_to_mark
 from inference.dataplane import data_plane
+from inference.pipeline.tokenizer_registry import TOKENIZERS, TokenizerEntry
 from inference.routing.registry import REGISTRY, RegistrySnapshot
 from inference.routing.workers import RuntimeType, Transport, WorkerRecord, transport_of
 
@@ -84,6 +87,7 @@ class FleetState:
     workers: dict[str, WorkerState]
     tenant_limits: dict[str, int] = field(default_factory=dict)
     version: int = 0
+    tokenizers: list[TokenizerEntry] = field(default_factory=list)  # the registry's completed loads
 
     @property
     def records(self) -> list[WorkerRecord]:
@@ -156,10 +160,11 @@ def _worker_states(config: GatewayConfig, workers: list[Worker]) -> dict[str, Wo
 
 
 def load_fleet_state(config: GatewayConfig) -> FleetState:
-    """The whole fleet and the tenant limits, with the newest change number read first."""
+    """The whole fleet, the tenant limits and the registered tokenizers, with the newest change
+    number read first."""
     version = latest_change()
     workers = list(Worker.objects.listed())  # one read: records and targets come from the same rows
-    return FleetState(_worker_states(config, workers), stored_tenant_limits(), version)
+    return FleetState(_worker_states(config, workers), stored_tenant_limits(), version, tokenizer_entries())
 
 
 def load_worker_states(config: GatewayConfig, worker_ids: Iterable[str]) -> dict[str, WorkerState]:
@@ -269,6 +274,7 @@ class RegistrySync:
         self._seen = {seq for seq in self._seen if seq > self._floor}
         self._read_at = time.monotonic()
         data_plane().install_tenant_limits(state.tenant_limits)
+        TOKENIZERS.publish(state.tokenizers)
         if self.leading:
             self.health.reconcile(state.health)
             self.loads.reconcile(state.loads)

@@ -34,7 +34,7 @@ RETRY_AFTER_SECS = 5
 MESSAGE = "The gateway's store is unavailable; try again shortly"
 # Route prefixes whose every request reads or writes the store (the fan-out routes and the data
 # plane work from the registry snapshot and keep answering).
-STORE_ROUTES = ("/workers", "/admin/")
+STORE_ROUTES = ("/workers", "/admin/", "/v1/tokenizers")
 
 _Response = Callable[[HttpRequest], HttpResponse]
 

@@ -66,6 +66,11 @@ class GatewayConfig:
     model_aliases: tuple[tuple[str, str], ...] = ()
     worker_startup_check_interval: float = 30.0
     worker_startup_timeout_secs: float = 1800.0
+    # Tokenizers (gRPC workers: the gateway renders, tokenizes and detokenizes)
+    model_path: str | None = None  # hub id or local path: the tokenizer when no --tokenizer-path
+    tokenizer_path: str | None = None  # hub id, local directory or tokenizer.json, or grpc://worker
+    chat_template: str | None = None  # a template file or the template text, over the model's own
+    disable_tokenizer_autoload: bool = False  # only registered or configured tokenizers are used
     # Client authentication
     api_key: str | None = field(default=None, repr=False)
     tenant_api_keys: tuple[tuple[str, str], ...] = field(default=(), repr=False)
@@ -346,6 +351,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag("worker_startup_check_interval", _positive_float,
          "longest pause between discovery attempts of a worker that is not up yet (seconds)"),
     Flag("worker_startup_timeout_secs", _positive_float, "give up registering a worker after this long"),
+    Flag("model_path", _text, "model hub id or local path whose tokenizer serves gRPC workers "
+         "(after a worker's tokenizer_path/model_path labels)"),
+    Flag("tokenizer_path", _text, "tokenizer location over --model-path: a local directory or tokenizer.json, a hub "
+         "id, or grpc://worker (its GetTokenizer)"),
+    Flag("chat_template", _text, "chat template file (or template text) used over the model's own"),
+    Flag("disable_tokenizer_autoload", _bool, "never load a tokenizer that is not registered or configured: "
+         "a model without one answers 500 tokenizer_not_found", kind="switch"),
     Flag("api_key", _text, "shared client API key (Bearer)"),
     Flag("tenant_api_keys", _pair(":", "tenant_id:key"), "per-tenant API key, repeatable", kind="append",
          option="--tenant-api-key", metavar="TENANT:KEY"),

@@ -6,13 +6,29 @@ from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
-from django.urls import path
+from django.urls import path, register_converter
 
 from administration.api.fanout import flush_cache_view, get_loads_view, start_profile_view, stop_profile_view
 from administration.api.openapi import SCHEMA_PATH, openapi_view
+from administration.api.tokenizers import TokenizersView, TokenizerStatusView, TokenizerView
 from administration.api.workers import WorkersView, WorkerView
 from gateway_project.escapes import server_error
 from inference import errors
+
+class AnyTextConverter:
+    """``<text:...>``: any non-empty text, "/" and line breaks included (``path`` stops at a line
+    break, which then answered the router's 404 instead of the route's own)."""
+
+    regex = r"[\s\S]+"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(AnyTextConverter, "text")
 
 admin.site.site_header = "Inference gateway"
 admin.site.site_title = "Inference gateway"
@@ -26,6 +42,11 @@ urlpatterns = [
     path("get_loads", get_loads_view),
     path("start_profile", start_profile_view),
     path("stop_profile", stop_profile_view),
+    # Control-plane routes under /v1 (spec 3): not data-plane paths, so the ASGI router hands them here.
+    # A name may hold "/" (a hub id): the status route is matched first.
+    path("v1/tokenizers", TokenizersView.as_view()),
+    path("v1/tokenizers/<text:tokenizer_id>/status", TokenizerStatusView.as_view()),
+    path("v1/tokenizers/<text:tokenizer_id>", TokenizerView.as_view()),
     path(SCHEMA_PATH.lstrip("/"), openapi_view),
 ]
 

@@ -42,6 +42,8 @@ __all__ = [
     "endpoint_not_supported",
     "request_head_too_large",
     "request_timeout",
+    "tokenizer_not_ready",
+    "tokenizer_not_found",
 ]
 
 # Error type per status where the spec names one; other statuses use the snake-cased status text.
@@ -84,6 +86,8 @@ class ErrorCode(str, Enum):
     UNAUTHORIZED = "unauthorized"
     REQUEST_HEAD_TOO_LARGE = "request_header_fields_too_large"
     REQUEST_TIMEOUT = "request_timeout"
+    TOKENIZER_NOT_READY = "tokenizer_not_ready"
+    TOKENIZER_NOT_FOUND = "tokenizer_not_found"
 
 
 class GatewayError(Exception):
@@ -273,3 +277,20 @@ def request_head_too_large(max_bytes: int, max_headers: int) -> GatewayError:
 def request_timeout(part: str, seconds: float) -> GatewayError:
     """A request head or body that did not arrive in time (answered, then closed)."""
     return GatewayError(408, ErrorCode.REQUEST_TIMEOUT, f"The {part} did not arrive within {seconds:g} seconds")
+
+
+def tokenizer_not_ready(model: str) -> GatewayError:
+    """503 while the model's tokenizer loads in this process (spec 1: Retry-After: 1)."""
+    return GatewayError(
+        503,
+        ErrorCode.TOKENIZER_NOT_READY,
+        f"The tokenizer for model '{model}' is loading; retry shortly",
+        headers=((b"retry-after", b"1"),),
+    )
+
+
+def tokenizer_not_found(model: str, detail: str | None = None) -> GatewayError:
+    """500 when no tokenizer can serve ``model``: none registered or configured under
+    --disable-tokenizer-autoload, or its load failed (``detail``)."""
+    message = f"No tokenizer is available for model '{model}'"
+    return GatewayError(500, ErrorCode.TOKENIZER_NOT_FOUND, f"{message}: {detail}" if detail else message)

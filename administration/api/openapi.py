@@ -35,8 +35,9 @@ from administration.api.fanout import (
     start_profile_view,
     stop_profile_view,
 )
+from administration.api.tokenizers import TokenizersView, TokenizerStatusView, TokenizerView
 from administration.api.workers import WorkersView, WorkerView
-from administration.models import JobState, JobType, WorkerStatus
+from administration.models import JobState, JobType, TokenizerStatus, WorkerStatus
 from administration.worker_spec import PATCH_FIELDS, spec_schema
 from inference.routing.load_report import GATEWAY_VERSION, LoadsReport
 
@@ -247,6 +248,101 @@ extend_schema_view(
                    **_QUEUE_DOWN, **_WORKER_STORE_DOWN},
     ),
 )(WorkerView)
+
+
+# --- /v1/tokenizers -----------------------------------------------------------------------------------
+
+TOKENIZER_RECORD = {
+    "type": "object",
+    "required": ["id", "name", "source", "vocab_size"],
+    "properties": {
+        "id": {"type": "string", "format": "uuid"}, "name": _STRING, "source": _STRING,
+        "vocab_size": {"type": "integer", "nullable": True},
+    },
+}
+TOKENIZER_LIST = {
+    "type": "object", "required": ["tokenizers"],
+    "properties": {"tokenizers": {"type": "array", "items": TOKENIZER_RECORD}},
+}
+TOKENIZER_STATUS = {
+    "type": "object",
+    "required": ["id", "status", "message"],
+    "properties": {
+        "id": {"type": "string", "format": "uuid"},
+        "status": {"type": "string", "enum": list(TokenizerStatus.values)},
+        "message": _STRING,
+        "vocab_size": {"type": "integer", "description": "Only when completed"},
+    },
+}
+ADD_TOKENIZER = {
+    "type": "object",
+    "required": ["name", "source"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 255, "description": "Unique"},
+        "source": {"type": "string", "minLength": 1, "maxLength": 2048,
+                   "description": "Model hub id, local path (directory or tokenizer.json), or grpc://worker"},
+        "chat_template_path": {"type": "string", "nullable": True, "maxLength": 2048,
+                               "description": "A Jinja2 chat template file over the model's own"},
+    },
+}
+TOKENIZER_ACCEPTED = {
+    "type": "object", "required": ["id", "status", "message"],
+    "properties": {"id": {"type": "string", "format": "uuid"}, "status": {"type": "string", "enum": ["pending"]},
+                   "message": _STRING},
+}
+TOKENIZER_CONFLICT = {
+    "type": "object", "required": ["id", "status", "message"],
+    "properties": {"id": {"type": "string", "format": "uuid", "description": "The existing tokenizer's id"},
+                   "status": {"type": "string", "enum": ["failed"]}, "message": _STRING},
+}
+DELETED = {
+    "type": "object", "required": ["success", "message"],
+    "properties": {"success": {"type": "boolean"}, "message": _STRING},
+}
+_TOKENIZER_ID = OpenApiParameter(
+    "tokenizer_id", str, OpenApiParameter.PATH, description="The tokenizer's id or name"
+)
+_TOKENIZER_BAD_BODY = {
+    400: OpenApiResponse(ADMIN_ERROR, "bad_request: not a JSON object with a name and a source"),
+    413: OpenApiResponse(GATEWAY_ERROR, "payload_too_large: the body is over DATA_UPLOAD_MAX_MEMORY_SIZE"),
+}
+
+extend_schema_view(
+    get=extend_schema(
+        operation_id="list_tokenizers", summary="The loaded tokenizers",
+        responses={200: TOKENIZER_LIST, **_AUTH, **_STORE_DOWN},
+    ),
+    post=extend_schema(
+        operation_id="add_tokenizer", summary="Add a tokenizer (202 pending; the load runs in the background)",
+        request={"application/json": ADD_TOKENIZER},
+        responses={202: TOKENIZER_ACCEPTED, **_TOKENIZER_BAD_BODY, **_AUTH,
+                   409: OpenApiResponse(TOKENIZER_CONFLICT, "The name is taken (the existing tokenizer's id)"),
+                   **_STORE_DOWN},
+    ),
+)(TokenizersView)
+
+extend_schema_view(
+    get=extend_schema(
+        operation_id="get_tokenizer", summary="A loaded tokenizer by id or name", parameters=[_TOKENIZER_ID],
+        responses={200: TOKENIZER_RECORD, **_AUTH, 404: OpenApiResponse(ADMIN_ERROR, "tokenizer_not_found"),
+                   **_STORE_DOWN},
+    ),
+    delete=extend_schema(
+        operation_id="remove_tokenizer", summary="Remove a tokenizer (by id, or a loaded one by name)",
+        parameters=[_TOKENIZER_ID],
+        responses={200: DELETED, **_AUTH, 404: OpenApiResponse(DELETED, "No such tokenizer (success false)"),
+                   **_STORE_DOWN},
+    ),
+)(TokenizerView)
+
+extend_schema_view(
+    get=extend_schema(
+        operation_id="tokenizer_status",
+        summary="Loading status: a loaded tokenizer by id or name; a queued, loading or failed job by its id",
+        parameters=[_TOKENIZER_ID],
+        responses={200: TOKENIZER_STATUS, **_AUTH, 404: OpenApiResponse(ADMIN_ERROR, "not_found"), **_STORE_DOWN},
+    ),
+)(TokenizerStatusView)
 
 
 # --- the async views' declarations ---------------------------------------------------------------------

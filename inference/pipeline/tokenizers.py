@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from tokenizers import Tokenizer
 
@@ -219,24 +219,36 @@ def load_tokenizer(path: str | os.PathLike[str], *, chat_template: str | None = 
 CacheKey = tuple[str, str | None]
 
 
+@lru_cache(maxsize=1)
+def _load_executor() -> ThreadPoolExecutor:
+    """Threads for loads started by :meth:`TokenizerCache.start` (a large tokenizer.json takes ~0.4 s)."""
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenizer-load")
+
+
 class TokenizerCache:
     """Loaded tokenizers by (path, chat-template override), least recently used dropped first.
 
     Safe to use from the event loop and from threads. :meth:`aget` loads on a thread and shares
-    one load among the requests that ask for the same tokenizer meanwhile.
+    one load among the requests that ask for the same tokenizer meanwhile; :meth:`start` begins a
+    load without waiting for it. ``resolve`` turns a location that is not a local path (a model-hub
+    id, a gRPC worker) into one, on the loading thread (default: the location is the path).
     """
 
-    def __init__(self, maxsize: int = 8) -> None:
+    def __init__(self, maxsize: int = 8, *, resolve: Callable[[str], str | os.PathLike[str]] | None = None) -> None:
         if maxsize < 1:
             raise ValueError("maxsize must be at least 1")
         self.maxsize = maxsize
+        self._resolve = resolve
         self._items: OrderedDict[CacheKey, ModelTokenizer] = OrderedDict()
         self._loading: dict[CacheKey, Future[ModelTokenizer]] = {}
         self._lock = threading.Lock()
 
     @staticmethod
     def key(path: str | os.PathLike[str], chat_template: str | None = None) -> CacheKey:
-        return (str(Path(path).expanduser()), chat_template)
+        location = os.fspath(path)
+        if "://" in location:  # a worker's URL for ``resolve``, not a path to normalise
+            return (location, chat_template)
+        return (str(Path(location).expanduser()), chat_template)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -289,7 +301,8 @@ class TokenizerCache:
 
     def _load(self, key: CacheKey, pending: Future[ModelTokenizer]) -> ModelTokenizer:
         try:
-            loaded = load_tokenizer(key[0], chat_template=key[1])
+            location = self._resolve(key[0]) if self._resolve is not None else key[0]
+            loaded = load_tokenizer(location, chat_template=key[1])
         except BaseException as error:
             with self._lock:
                 self._loading.pop(key, None)
@@ -310,6 +323,25 @@ class TokenizerCache:
         if owner:
             return self._load(key, pending)
         return pending.result()
+
+    def start(self, path: str | os.PathLike[str], chat_template: str | None = None) -> Future[ModelTokenizer]:
+        """Begin loading this tokenizer on a loading thread unless it is cached or already loading;
+        returns at once with the load's future (done already for a cached tokenizer). From the moment
+        it returns, :meth:`loading` is true until the load ends."""
+        key = self.key(path, chat_template)
+        found, pending, owner = self._claim(key)
+        if found is not None:
+            pending.set_result(found)
+        elif owner:
+            _load_executor().submit(self._load_quietly, key, pending)
+        return pending
+
+    def _load_quietly(self, key: CacheKey, pending: Future[ModelTokenizer]) -> None:
+        """A started load: its outcome (a failure too) is the future's, for whoever watches it."""
+        try:
+            self._load(key, pending)
+        except Exception:
+            pass
 
     async def aget(self, path: str | os.PathLike[str], chat_template: str | None = None) -> ModelTokenizer:
         """The tokenizer; a load runs on a thread, and concurrent callers share it."""

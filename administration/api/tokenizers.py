@@ -1,0 +1,150 @@
+"""/v1/tokenizers (spec 3, Tokenizers; control-plane auth): DRF adapters over
+administration/tokenizers.py.
+
+Routed to Django although they start with /v1: the data plane's router (inference/api/routes.py)
+takes fixed paths only, and these are not among them. Errors use the general admin body
+``{"error": {"message", "type"}}``: 400 bad_request for a body that is not a JSON object with the
+fields the spec names, 404 tokenizer_not_found (the record) or not_found (the status); the
+duplicate-name 409 and the DELETE answers have the spec's own bodies.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+import orjson
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from administration.api.auth import ControlPlaneAuthentication, IsControlPlaneAdmin
+from administration.api.errors import ErrorType, error_body
+from administration.models import RegisteredTokenizer, TokenizerStatus
+from administration.tokenizers import (
+    TokenizerConflict,
+    add_tokenizer,
+    find_tokenizer,
+    find_tokenizer_job,
+    list_tokenizers,
+    remove_tokenizer,
+)
+
+__all__ = [
+    "TokenizersView", "TokenizerView", "TokenizerStatusView", "TokenizerRecord", "TokenizerStatusBody",
+    "tokenizer_record", "tokenizer_status", "TOKENIZER_NOT_FOUND",
+]  # fmt: skip
+
+TOKENIZER_NOT_FOUND = "tokenizer_not_found"  # the record route's 404 type (spec 3, Errors)
+_LIMITS = {"name": 255, "source": 2048, "chat_template_path": 2048}  # the columns' sizes
+
+
+class TokenizerRecord(TypedDict):
+    id: str
+    name: str
+    source: str
+    vocab_size: int | None
+
+
+class _StatusRequired(TypedDict):
+    id: str
+    status: str
+    message: str
+
+
+class TokenizerStatusBody(_StatusRequired, total=False):
+    vocab_size: int
+
+
+class BodyError(Exception):
+    """The add request's body is not what the spec asks for (answered 400 bad_request)."""
+
+
+def tokenizer_record(row: RegisteredTokenizer) -> TokenizerRecord:
+    return {"id": str(row.pk), "name": row.name, "source": row.source, "vocab_size": row.vocab_size}
+
+
+def tokenizer_status(row: RegisteredTokenizer) -> TokenizerStatusBody:
+    body: TokenizerStatusBody = {"id": str(row.pk), "status": row.status, "message": row.message}
+    if row.status == TokenizerStatus.COMPLETED and row.vocab_size is not None:
+        body["vocab_size"] = row.vocab_size
+    return body
+
+
+def _text_field(body: dict[str, Any], name: str, *, required: bool) -> str | None:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise BodyError(f"'{name}' is required")
+        return None
+    if not isinstance(value, str):
+        raise BodyError(f"'{name}' must be a string")
+    if required and not value.strip():
+        raise BodyError(f"'{name}' must not be empty")
+    if len(value) > _LIMITS[name]:
+        raise BodyError(f"'{name}' is longer than {_LIMITS[name]} characters")
+    if "\x00" in value:
+        raise BodyError(f"'{name}' must not contain NUL characters")
+    return value
+
+
+def parse_add_request(raw: bytes) -> tuple[str, str, str | None]:
+    """(name, source, chat_template_path) of an add request. Raises :class:`BodyError`."""
+    try:
+        body = orjson.loads(raw or b"")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BodyError(f"The body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BodyError("The body must be a JSON object")
+    name = _text_field(body, "name", required=True)
+    source = _text_field(body, "source", required=True)
+    assert name is not None and source is not None
+    return name, source, _text_field(body, "chat_template_path", required=False) or None
+
+
+class _TokenizerView(APIView):
+    authentication_classes = [ControlPlaneAuthentication]
+    permission_classes = [IsControlPlaneAdmin]
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, BodyError):
+            return Response(error_body(str(exc), ErrorType.BAD_REQUEST), status=400)
+        response: Response = super().handle_exception(exc)
+        return response
+
+
+class TokenizersView(_TokenizerView):
+    def get(self, request: Request) -> Response:
+        return Response({"tokenizers": [tokenizer_record(row) for row in list_tokenizers()]})
+
+    def post(self, request: Request) -> Response:
+        name, source, chat_template_path = parse_add_request(request.body)
+        try:
+            row = add_tokenizer(name, source, chat_template_path)
+        except TokenizerConflict as conflict:
+            return Response({"id": str(conflict.existing), "status": "failed", "message": str(conflict)}, status=409)
+        message = f"Tokenizer load queued; poll /v1/tokenizers/{row.pk}/status"
+        return Response({"id": str(row.pk), "status": TokenizerStatus.PENDING.value, "message": message}, status=202)
+
+
+class TokenizerView(_TokenizerView):
+    def get(self, request: Request, tokenizer_id: str) -> Response:
+        row = find_tokenizer(tokenizer_id)
+        if row is None:
+            return Response(error_body(f"Tokenizer '{tokenizer_id}' not found", TOKENIZER_NOT_FOUND), status=404)
+        return Response(tokenizer_record(row))
+
+    def delete(self, request: Request, tokenizer_id: str) -> Response:
+        row = remove_tokenizer(tokenizer_id)
+        if row is None:
+            return Response({"success": False, "message": f"Tokenizer '{tokenizer_id}' not found"}, status=404)
+        return Response({"success": True, "message": f"Tokenizer '{row.name}' removed"})
+
+
+class TokenizerStatusView(_TokenizerView):
+    def get(self, request: Request, tokenizer_id: str) -> Response:
+        row = find_tokenizer_job(tokenizer_id)
+        if row is None:
+            return Response(
+                error_body(f"No tokenizer or tokenizer job '{tokenizer_id}'", ErrorType.NOT_FOUND), status=404
+            )
+        return Response(tokenizer_status(row))
