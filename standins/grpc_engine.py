@@ -443,11 +443,38 @@ def _output_logprobs(module: Any, engine: _Engine, tokens: list[int], top: int) 
     )
 
 
-class _SglangService:
-    """``sglang.grpc.scheduler.SglangScheduler``: cumulative counts, request_id on every response."""
+class _CommonService:
+    """The RPCs both engines' services answer alike (``smg.grpc.common`` messages)."""
 
     def __init__(self, engine: _Engine) -> None:
         self.engine = engine
+
+    async def FlushCache(self, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext[Any, Any]) -> common_pb2.FlushCacheResponse:
+        return _flush(self.engine)
+
+    async def StartProfile(self, request: common_pb2.StartProfileRequest, context: grpc.aio.ServicerContext[Any, Any]) -> common_pb2.ProfileResponse:
+        self.engine.state.profiles.append("start")
+        return common_pb2.ProfileResponse(success=True, message="profiling started (mock)")
+
+    async def StopProfile(self, request: common_pb2.StopProfileRequest, context: grpc.aio.ServicerContext[Any, Any]) -> common_pb2.ProfileResponse:
+        self.engine.state.profiles.append("stop")
+        return common_pb2.ProfileResponse(success=True, message="profiling stopped (mock)")
+
+    async def GetTokenizer(self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
+        for chunk in self.engine.tokenizer_chunks():
+            yield chunk
+
+    def common_methods(self) -> dict[str, tuple[_Method, type[Message], bool]]:
+        return {
+            "FlushCache": (self.FlushCache, common_pb2.FlushCacheRequest, False),
+            "StartProfile": (self.StartProfile, common_pb2.StartProfileRequest, False),
+            "StopProfile": (self.StopProfile, common_pb2.StopProfileRequest, False),
+            "GetTokenizer": (self.GetTokenizer, common_pb2.GetTokenizerRequest, True),
+        }
+
+
+class _SglangService(_CommonService):
+    """``sglang.grpc.scheduler.SglangScheduler``: cumulative counts, request_id on every response."""
 
     async def Generate(self, request: sg.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[sg.GenerateResponse]:
         p = request.sampling_params
@@ -534,21 +561,6 @@ class _SglangService:
             dp_rank_count=len(loads), loads=loads,
         )
 
-    async def FlushCache(self, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext[Any, Any]) -> common_pb2.FlushCacheResponse:
-        return _flush(self.engine)
-
-    async def StartProfile(self, request: common_pb2.StartProfileRequest, context: grpc.aio.ServicerContext[Any, Any]) -> common_pb2.ProfileResponse:
-        self.engine.state.profiles.append("start")
-        return common_pb2.ProfileResponse(success=True, message="profiling started (mock)")
-
-    async def StopProfile(self, request: common_pb2.StopProfileRequest, context: grpc.aio.ServicerContext[Any, Any]) -> common_pb2.ProfileResponse:
-        self.engine.state.profiles.append("stop")
-        return common_pb2.ProfileResponse(success=True, message="profiling stopped (mock)")
-
-    async def GetTokenizer(self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        for chunk in self.engine.tokenizer_chunks():
-            yield chunk
-
     def handler(self) -> grpc.GenericRpcHandler:
         return _handler(
             _SERVICES["sglang"],
@@ -559,19 +571,13 @@ class _SglangService:
                 "GetModelInfo": (self.GetModelInfo, sg.GetModelInfoRequest, False),
                 "GetServerInfo": (self.GetServerInfo, sg.GetServerInfoRequest, False),
                 "GetLoads": (self.GetLoads, sg.GetLoadsRequest, False),
-                "FlushCache": (self.FlushCache, common_pb2.FlushCacheRequest, False),
-                "StartProfile": (self.StartProfile, common_pb2.StartProfileRequest, False),
-                "StopProfile": (self.StopProfile, common_pb2.StopProfileRequest, False),
-                "GetTokenizer": (self.GetTokenizer, common_pb2.GetTokenizerRequest, True),
+                **self.common_methods(),
             },
         )
 
 
-class _VllmService:
+class _VllmService(_CommonService):
     """``vllm.grpc.engine.VllmEngine``: per-chunk counts, no request id on responses."""
-
-    def __init__(self, engine: _Engine) -> None:
-        self.engine = engine
 
     async def Generate(self, request: vl.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[vl.GenerateResponse]:
         if request.WhichOneof("input") != "tokenized":
@@ -653,21 +659,6 @@ class _VllmService:
             dp_rank_count=len(loads), loads=loads,
         )
 
-    async def FlushCache(self, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext[Any, Any]) -> common_pb2.FlushCacheResponse:
-        return _flush(self.engine)
-
-    async def StartProfile(self, request: common_pb2.StartProfileRequest, context: grpc.aio.ServicerContext[Any, Any]) -> common_pb2.ProfileResponse:
-        self.engine.state.profiles.append("start")
-        return common_pb2.ProfileResponse(success=True, message="profiling started (mock)")
-
-    async def StopProfile(self, request: common_pb2.StopProfileRequest, context: grpc.aio.ServicerContext[Any, Any]) -> common_pb2.ProfileResponse:
-        self.engine.state.profiles.append("stop")
-        return common_pb2.ProfileResponse(success=True, message="profiling stopped (mock)")
-
-    async def GetTokenizer(self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        for chunk in self.engine.tokenizer_chunks():
-            yield chunk
-
     def handler(self) -> grpc.GenericRpcHandler:
         return _handler(
             _SERVICES["vllm"],
@@ -678,10 +669,7 @@ class _VllmService:
                 "GetModelInfo": (self.GetModelInfo, vl.GetModelInfoRequest, False),
                 "GetServerInfo": (self.GetServerInfo, vl.GetServerInfoRequest, False),
                 "GetLoads": (self.GetLoads, vl.GetLoadsRequest, False),
-                "FlushCache": (self.FlushCache, common_pb2.FlushCacheRequest, False),
-                "StartProfile": (self.StartProfile, common_pb2.StartProfileRequest, False),
-                "StopProfile": (self.StopProfile, common_pb2.StopProfileRequest, False),
-                "GetTokenizer": (self.GetTokenizer, common_pb2.GetTokenizerRequest, True),
+                **self.common_methods(),
             },
         )
 

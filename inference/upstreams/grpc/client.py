@@ -23,6 +23,7 @@ import logging
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import grpc
@@ -30,16 +31,21 @@ from google.protobuf.json_format import MessageToDict
 
 from inference.routing.load_report import EngineLoad
 from inference.upstreams.engine import (
+    CommandResult,
     EngineClient,
+    EngineHealth,
     EngineOutput,
     EngineRequest,
     Finish,
     FinishReason,
+    ModelInfo,
+    ProfileOptions,
     TokenizerBundle,
     TokenLogprobs,
 )
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.grpc.channel import WorkerChannel, failure_from_rpc_error
+from protos import common_pb2
 
 __all__ = [
     "GrpcEngineClient",
@@ -48,6 +54,7 @@ __all__ = [
     "finish_reason",
     "input_logprobs",
     "output_logprobs",
+    "profile_request",
     "scheduler_load",
 ]
 
@@ -158,6 +165,8 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
 
     counts_cumulative: ClassVar[bool] = True
     """Whether chunks report cumulative completion counts (else each chunk's own count)."""
+    messages: ClassVar[ModuleType]
+    """The runtime's generated message module (its HealthCheckRequest, GetModelInfoRequest, ...)."""
 
     def __init__(
         self,
@@ -186,6 +195,11 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
 
     @abstractmethod
     async def _send_abort(self, request_id: str, reason: str) -> None: ...
+
+    @property
+    @abstractmethod
+    def stub(self) -> Any:
+        """The runtime's async stub on the worker's channel (see :meth:`_stub_on`)."""
 
     # -- shared ------------------------------------------------------------------------------
 
@@ -344,8 +358,99 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
             )
         return bundle
 
+    # -- control RPCs: the same on every runtime whose messages carry these names ------------
+
+    async def health(self) -> EngineHealth:
+        answer = await self._control(
+            "HealthCheck",
+            lambda: self.stub.HealthCheck(self.messages.HealthCheckRequest(), metadata=self.metadata, timeout=self.control_timeout),
+        )
+        return EngineHealth(answer.healthy, answer.message)
+
+    async def model_info(self) -> ModelInfo:
+        m = await self._control(
+            "GetModelInfo",
+            lambda: self.stub.GetModelInfo(self.messages.GetModelInfoRequest(), metadata=self.metadata, timeout=self.control_timeout),
+        )
+        return ModelInfo(
+            model_path=m.model_path,
+            served_model_name=m.served_model_name,
+            tokenizer_path=m.tokenizer_path,
+            max_context_length=m.max_context_length or None,
+            vocab_size=m.vocab_size or None,
+            eos_token_ids=tuple(m.eos_token_ids),
+            bos_token_id=m.bos_token_id or None,
+            pad_token_id=m.pad_token_id or None,
+            architectures=tuple(m.architectures),
+            model_type=m.model_type,
+            is_generation=m.is_generation,
+            supports_vision=m.supports_vision,
+            max_req_input_len=m.max_req_input_len or None,
+        )
+
+    async def server_info(self) -> dict[str, Any]:
+        answer = await self._control(
+            "GetServerInfo",
+            lambda: self.stub.GetServerInfo(self.messages.GetServerInfoRequest(), metadata=self.metadata, timeout=self.control_timeout),
+        )
+        return MessageToDict(answer, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+    async def loads(self) -> tuple[EngineLoad, ...]:
+        answer = await self._control(
+            "GetLoads",
+            lambda: self.stub.GetLoads(self.messages.GetLoadsRequest(), metadata=self.metadata, timeout=self.control_timeout),
+        )
+        return tuple(scheduler_load(load) for load in answer.loads)
+
+    async def flush_cache(self) -> CommandResult:
+        answer = await self._control(
+            "FlushCache",
+            lambda: self.stub.FlushCache(
+                common_pb2.FlushCacheRequest(), metadata=self.metadata, timeout=self.control_timeout
+            ),
+        )
+        return CommandResult(answer.success, answer.message)
+
+    async def start_profile(self, options: ProfileOptions) -> CommandResult:
+        answer = await self._control(
+            "StartProfile",
+            lambda: self.stub.StartProfile(profile_request(options), metadata=self.metadata, timeout=self.control_timeout),
+        )
+        return CommandResult(answer.success, answer.message)
+
+    async def stop_profile(self) -> CommandResult:
+        answer = await self._control(
+            "StopProfile",
+            lambda: self.stub.StopProfile(
+                common_pb2.StopProfileRequest(), metadata=self.metadata, timeout=self.control_timeout
+            ),
+        )
+        return CommandResult(answer.success, answer.message)
+
+    async def tokenizer(self) -> TokenizerBundle:
+        return await self._fetch_tokenizer(
+            self.stub.GetTokenizer(common_pb2.GetTokenizerRequest(), metadata=self.metadata)
+        )
+
     async def close(self) -> None:
         await self.channel.close()
+
+
+def profile_request(options: ProfileOptions) -> common_pb2.StartProfileRequest:
+    message = common_pb2.StartProfileRequest(
+        activities=list(options.activities), profile_by_stage=options.profile_by_stage
+    )
+    if options.output_dir is not None:
+        message.output_dir = options.output_dir
+    if options.start_step is not None:
+        message.start_step = options.start_step
+    if options.num_steps is not None:
+        message.num_steps = options.num_steps
+    if options.with_stack is not None:
+        message.with_stack = options.with_stack
+    if options.record_shapes is not None:
+        message.record_shapes = options.record_shapes
+    return message
 
 
 def scheduler_load(message: Any) -> EngineLoad:

@@ -12,22 +12,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import grpc
-from google.protobuf.json_format import MessageToDict
 
-from inference.routing.load_report import EngineLoad
 from inference.upstreams.engine import (
     ENGINE_CLIENTS,
-    CommandResult,
     Constraint,
     ConstraintKind,
-    EngineHealth,
     EngineRequest,
-    ModelInfo,
-    ProfileOptions,
-    TokenizerBundle,
 )
 from inference.upstreams.grpc.client import (
     GrpcEngineClient,
@@ -35,16 +29,14 @@ from inference.upstreams.grpc.client import (
     WireComplete,
     input_logprobs,
     output_logprobs,
-    scheduler_load,
 )
-from protos import common_pb2
 from protos import sglang_scheduler_pb2 as pb
 from protos import sglang_scheduler_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from protos.sglang_scheduler_pb2_grpc import SglangSchedulerAsyncStub
 
-__all__ = ["SglangClient", "choice_regex", "profile_request", "sglang_constraint"]
+__all__ = ["SglangClient", "choice_regex", "sglang_constraint"]
 
 
 def choice_regex(choices: tuple[str, ...]) -> str:
@@ -71,27 +63,11 @@ def sglang_constraint(constraint: Constraint) -> tuple[str, str]:
     return field, constraint.value
 
 
-def profile_request(options: ProfileOptions) -> common_pb2.StartProfileRequest:
-    message = common_pb2.StartProfileRequest(
-        activities=list(options.activities), profile_by_stage=options.profile_by_stage
-    )
-    if options.output_dir is not None:
-        message.output_dir = options.output_dir
-    if options.start_step is not None:
-        message.start_step = options.start_step
-    if options.num_steps is not None:
-        message.num_steps = options.num_steps
-    if options.with_stack is not None:
-        message.with_stack = options.with_stack
-    if options.record_shapes is not None:
-        message.record_shapes = options.record_shapes
-    return message
-
-
 @ENGINE_CLIENTS.register("sglang")
 class SglangClient(GrpcEngineClient[pb.GenerateResponse]):
     runtime = "sglang"
     counts_cumulative = True
+    messages: ClassVar[ModuleType] = pb
 
     @property
     def stub(self) -> SglangSchedulerAsyncStub:
@@ -178,76 +154,4 @@ class SglangClient(GrpcEngineClient[pb.GenerateResponse]):
     async def _send_abort(self, request_id: str, reason: str) -> None:
         await self.stub.Abort(
             pb.AbortRequest(request_id=request_id, reason=reason), metadata=self.metadata, timeout=self.control_timeout
-        )
-
-    async def health(self) -> EngineHealth:
-        answer = await self._control(
-            "HealthCheck",
-            lambda: self.stub.HealthCheck(pb.HealthCheckRequest(), metadata=self.metadata, timeout=self.control_timeout),
-        )
-        return EngineHealth(answer.healthy, answer.message)
-
-    async def model_info(self) -> ModelInfo:
-        m = await self._control(
-            "GetModelInfo",
-            lambda: self.stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=self.metadata, timeout=self.control_timeout),
-        )
-        return ModelInfo(
-            model_path=m.model_path,
-            served_model_name=m.served_model_name,
-            tokenizer_path=m.tokenizer_path,
-            max_context_length=m.max_context_length or None,
-            vocab_size=m.vocab_size or None,
-            eos_token_ids=tuple(m.eos_token_ids),
-            bos_token_id=m.bos_token_id or None,
-            pad_token_id=m.pad_token_id or None,
-            architectures=tuple(m.architectures),
-            model_type=m.model_type,
-            is_generation=m.is_generation,
-            supports_vision=m.supports_vision,
-            max_req_input_len=m.max_req_input_len or None,
-        )
-
-    async def server_info(self) -> dict[str, Any]:
-        answer = await self._control(
-            "GetServerInfo",
-            lambda: self.stub.GetServerInfo(pb.GetServerInfoRequest(), metadata=self.metadata, timeout=self.control_timeout),
-        )
-        return MessageToDict(answer, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-
-    async def loads(self) -> tuple[EngineLoad, ...]:
-        answer = await self._control(
-            "GetLoads",
-            lambda: self.stub.GetLoads(pb.GetLoadsRequest(), metadata=self.metadata, timeout=self.control_timeout),
-        )
-        return tuple(scheduler_load(load) for load in answer.loads)
-
-    async def flush_cache(self) -> CommandResult:
-        answer = await self._control(
-            "FlushCache",
-            lambda: self.stub.FlushCache(
-                common_pb2.FlushCacheRequest(), metadata=self.metadata, timeout=self.control_timeout
-            ),
-        )
-        return CommandResult(answer.success, answer.message)
-
-    async def start_profile(self, options: ProfileOptions) -> CommandResult:
-        answer = await self._control(
-            "StartProfile",
-            lambda: self.stub.StartProfile(profile_request(options), metadata=self.metadata, timeout=self.control_timeout),
-        )
-        return CommandResult(answer.success, answer.message)
-
-    async def stop_profile(self) -> CommandResult:
-        answer = await self._control(
-            "StopProfile",
-            lambda: self.stub.StopProfile(
-                common_pb2.StopProfileRequest(), metadata=self.metadata, timeout=self.control_timeout
-            ),
-        )
-        return CommandResult(answer.success, answer.message)
-
-    async def tokenizer(self) -> TokenizerBundle:
-        return await self._fetch_tokenizer(
-            self.stub.GetTokenizer(common_pb2.GetTokenizerRequest(), metadata=self.metadata)
         )
