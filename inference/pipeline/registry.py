@@ -12,7 +12,9 @@ into a failure (and start-up, for a flag).
 
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+from typing import TypeVar
+
+from inference.upstreams.registry import NamedRegistry
 
 __all__ = ["ParserRegistry", "UnknownParser", "normalize_parser_name"]
 
@@ -34,36 +36,10 @@ class UnknownParser(LookupError):
         super().__init__(f"unknown {kind} {name!r}; known: {', '.join(known)}")
 
 
-class ParserRegistry(Generic[T]):
+class ParserRegistry(NamedRegistry[T]):
     """Parser classes of one kind (tool-call or reasoning), by name and alias."""
 
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._by_name: dict[str, type[T]] = {}
+    normalize = staticmethod(normalize_parser_name)
 
-    def register(self, name: str, *aliases: str) -> Callable[[type[T]], type[T]]:
-        """Class decorator: ``cls`` answers to ``name`` and each alias. A name is taken once."""
-
-        def add(cls: type[T]) -> type[T]:
-            for each in (name, *aliases):
-                key = normalize_parser_name(each)
-                taken = self._by_name.get(key)
-                if taken is not None and taken is not cls:
-                    raise ValueError(f"{self.kind} {key!r} is already registered as {taken.__name__}")
-                self._by_name[key] = cls
-            return cls
-
-        return add
-
-    def get(self, name: str) -> type[T]:
-        try:
-            return self._by_name[normalize_parser_name(name)]
-        except KeyError:
-            raise UnknownParser(self.kind, name, self.names()) from None
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and normalize_parser_name(name) in self._by_name
-
-    def names(self) -> tuple[str, ...]:
-        """Every registered name and alias, sorted."""
-        return tuple(sorted(self._by_name))
+    def missing(self, name: str) -> LookupError:
+        return UnknownParser(self.kind, name, self.names())

@@ -37,7 +37,7 @@ from inference.pipeline.events import TextDelta, ToolCall, ToolCallDelta
 
 __all__ = [
     "ParsedCall", "ParsedTools", "RegionResult", "ToolEvent", "ToolParser", "ToolSchemas",
-    "arguments_json", "call_from_object", "closed_region", "make_call_id", "partial_suffix",
+    "TaggedToolParser", "arguments_json", "call_from_object", "make_call_id", "partial_suffix",
     "typed_value",
 ]  # fmt: skip
 
@@ -279,10 +279,20 @@ class ToolParser(ABC):
             return
 
 
-def closed_region(region: str, start: str, end: str, final: bool) -> tuple[str, int] | None | bool:
-    """For regions between ``start`` and ``end``: (body, consumed) once ``end`` arrived; None while
-    waiting; False at the end of an output cut inside the region."""
-    at = region.find(end, len(start))
-    if at < 0:
-        return False if final else None
-    return region[len(start) : at], at + len(end)
+class TaggedToolParser(ToolParser):
+    """A family whose calls sit between its start marker and ``end_marker``: a region is decided
+    when the end marker arrives (an output that ends inside one is not a call); the family reads the
+    calls in the body between the markers (:meth:`_calls_in`, None: not a valid call)."""
+
+    end_marker: ClassVar[str]
+
+    def _decide_region(self, region: str, final: bool) -> RegionResult | None:
+        start = len(self.start_markers[0])
+        at = region.find(self.end_marker, start)
+        if at < 0:
+            return RegionResult(len(region), None) if final else None
+        return RegionResult(at + len(self.end_marker), self._calls_in(region[start:at]))
+
+    @abstractmethod
+    def _calls_in(self, body: str) -> tuple[ParsedCall, ...] | None:
+        """The calls in one region's body, or None when it is not a valid call."""

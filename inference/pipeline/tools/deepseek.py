@@ -15,14 +15,14 @@ Each call is decided at its ``<｜tool▁call▁end｜>``; the section markers n
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import json
 
 from inference.pipeline.tools.base import (
     ParsedCall,
-    RegionResult,
-    ToolParser,
+    TaggedToolParser,
     arguments_json,
-    closed_region,
 )
 from inference.pipeline.tools.registry import TOOL_PARSERS
 
@@ -43,22 +43,19 @@ def _strip_fence(text: str) -> str | None:
     return text[first_line + 1 : -3].strip()
 
 
-class _DeepSeekToolParser(ToolParser):
+class _DeepSeekToolParser(TaggedToolParser):
     start_markers = (CALL_BEGIN,)
     drop_markers = (CALLS_BEGIN, CALLS_END)
 
-    def _decide_region(self, region: str, final: bool) -> RegionResult | None:
-        closed = closed_region(region, CALL_BEGIN, CALL_END, final)
-        if closed is None:
-            return None
-        if closed is False or closed is True:
-            return RegionResult(len(region), None)
-        body, consumed = closed
-        call = self._call_in(body)
-        return RegionResult(consumed, (call,) if call else None)
+    end_marker = CALL_END
 
+    def _calls_in(self, body: str) -> tuple[ParsedCall, ...] | None:
+        call = self._call_in(body)
+        return (call,) if call else None
+
+    @abstractmethod
     def _call_in(self, body: str) -> ParsedCall | None:
-        raise NotImplementedError
+        """The one call in a region's body (V3 and V3.1 write it differently)."""
 
 
 @TOOL_PARSERS.register("deepseek", "deepseek_v3", "deepseekv3")

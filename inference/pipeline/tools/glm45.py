@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 
-from inference.pipeline.tools.base import ParsedCall, RegionResult, ToolParser, closed_region, typed_value
+from inference.pipeline.tools.base import ParsedCall, TaggedToolParser, typed_value
 from inference.pipeline.tools.registry import TOOL_PARSERS
 
 __all__ = ["Glm45ToolParser"]
@@ -24,18 +24,14 @@ _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\
 
 
 @TOOL_PARSERS.register("glm45", "glm4_moe", "glm47", "glm47_moe")
-class Glm45ToolParser(ToolParser):
+class Glm45ToolParser(TaggedToolParser):
     start_markers = (START,)
 
-    def _decide_region(self, region: str, final: bool) -> RegionResult | None:
-        closed = closed_region(region, START, END, final)
-        if closed is None:
-            return None
-        if closed is False or closed is True:
-            return RegionResult(len(region), None)
-        body, consumed = closed
+    end_marker = END
+
+    def _calls_in(self, body: str) -> tuple[ParsedCall, ...] | None:
         call = self._call_in(body)
-        return RegionResult(consumed, (call,) if call else None)
+        return (call,) if call else None
 
     def _call_in(self, body: str) -> ParsedCall | None:
         first = body.find("<arg_key>")

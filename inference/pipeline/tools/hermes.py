@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from inference.pipeline.tools.base import RegionResult, ToolParser, call_from_object, closed_region
+from inference.pipeline.tools.base import ParsedCall, TaggedToolParser, call_from_object
 from inference.pipeline.tools.registry import TOOL_PARSERS
 
 __all__ = ["HermesToolParser"]
@@ -21,18 +21,13 @@ START, END = "<tool_call>", "</tool_call>"
 
 
 @TOOL_PARSERS.register("qwen", "qwen25", "hermes")
-class HermesToolParser(ToolParser):
+class HermesToolParser(TaggedToolParser):
     start_markers = (START,)
+    end_marker = END
 
-    def _decide_region(self, region: str, final: bool) -> RegionResult | None:
-        closed = closed_region(region, START, END, final)
-        if closed is None:
-            return None
-        if closed is False or closed is True:
-            return RegionResult(len(region), None)
-        body, consumed = closed
+    def _calls_in(self, body: str) -> tuple[ParsedCall, ...] | None:
         try:
             call = call_from_object(json.loads(body))
         except ValueError:
-            call = None
-        return RegionResult(consumed, (call,) if call else None)
+            return None
+        return (call,) if call else None

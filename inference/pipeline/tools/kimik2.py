@@ -12,10 +12,8 @@ import json
 
 from inference.pipeline.tools.base import (
     ParsedCall,
-    RegionResult,
-    ToolParser,
+    TaggedToolParser,
     arguments_json,
-    closed_region,
 )
 from inference.pipeline.tools.registry import TOOL_PARSERS
 
@@ -27,19 +25,15 @@ ARGUMENT_BEGIN = "<|tool_call_argument_begin|>"
 
 
 @TOOL_PARSERS.register("kimik2", "kimi_k2")
-class KimiK2ToolParser(ToolParser):
+class KimiK2ToolParser(TaggedToolParser):
     start_markers = (CALL_BEGIN,)
     drop_markers = (SECTION_BEGIN, SECTION_END)
 
-    def _decide_region(self, region: str, final: bool) -> RegionResult | None:
-        closed = closed_region(region, CALL_BEGIN, CALL_END, final)
-        if closed is None:
-            return None
-        if closed is False or closed is True:
-            return RegionResult(len(region), None)
-        body, consumed = closed
+    end_marker = CALL_END
+
+    def _calls_in(self, body: str) -> tuple[ParsedCall, ...] | None:
         call = self._call_in(body)
-        return RegionResult(consumed, (call,) if call else None)
+        return (call,) if call else None
 
     @staticmethod
     def _call_in(body: str) -> ParsedCall | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 
-from inference.pipeline.tools.base import ParsedCall, RegionResult, ToolParser, closed_region, typed_value
+from inference.pipeline.tools.base import ParsedCall, TaggedToolParser, typed_value
 from inference.pipeline.tools.registry import TOOL_PARSERS
 
 __all__ = ["MiniMaxM2ToolParser"]
@@ -36,18 +36,10 @@ def _trim_newline(value: str) -> str:
 
 
 @TOOL_PARSERS.register("minimax_m2", "minimax")
-class MiniMaxM2ToolParser(ToolParser):
+class MiniMaxM2ToolParser(TaggedToolParser):
     start_markers = (START,)
 
-    def _decide_region(self, region: str, final: bool) -> RegionResult | None:
-        closed = closed_region(region, START, END, final)
-        if closed is None:
-            return None
-        if closed is False or closed is True:
-            return RegionResult(len(region), None)
-        body, consumed = closed
-        calls = self._calls_in(body)
-        return RegionResult(consumed, calls)
+    end_marker = END
 
     def _calls_in(self, body: str) -> tuple[ParsedCall, ...] | None:
         calls: list[ParsedCall] = []
