@@ -34,9 +34,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from common.config import GatewayConfig
 from inference import errors
 
-__all__ = ["ReceiptLimits", "BoundedHttpToolsProtocol", "bounded_protocol", "rejection"]
+__all__ = ["ReceiptLimits", "BoundedHttpToolsProtocol", "bounded_protocol", "rejection", "IDLE", "HEAD", "BODY", "DONE"]
 
-_IDLE, _HEAD, _BODY, _DONE = 0, 1, 2, 3
+IDLE, HEAD, BODY, DONE = 0, 1, 2, 3  # where a connection is in its current request
 _LINE_OVERHEAD = 4  # ": " and CRLF around each header line
 
 
@@ -47,6 +47,15 @@ class ReceiptLimits:
     head_timeout_secs: float = 30.0
     body_timeout_secs: float = 30.0
     min_body_rate: int = 1024  # bytes per second after body_timeout_secs; 0: no rate rule
+
+    def body_deadline(self, since: float, last_read: float, received: int) -> float:
+        """When a body whose clock started at ``since``, last read at ``last_read``, with ``received``
+        bytes since then, is too slow: no gap past the body timeout, and after it an average rate at
+        least the minimum."""
+        deadline = last_read + self.body_timeout_secs
+        if self.min_body_rate > 0:
+            deadline = min(deadline, since + self.body_timeout_secs + received / self.min_body_rate)
+        return deadline
 
     @classmethod
     def of(cls, config: GatewayConfig) -> ReceiptLimits:
@@ -83,7 +92,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._phase = _IDLE
+        self._phase = IDLE
         self._head_bytes = 0
         self._header_count = 0
         self._receipt_timer: asyncio.TimerHandle | None = None
@@ -105,7 +114,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def handle_websocket_upgrade(self) -> None:
         self._disarm()
-        self._phase = _DONE
+        self._phase = DONE
         super().handle_websocket_upgrade()
 
     def data_received(self, data: bytes) -> None:
@@ -127,10 +136,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.send_400_response(msg)
             return
         phase = self._phase
-        if phase == _HEAD:
+        if phase == HEAD:
             if self._receipt_timer is None:
                 self._arm(self.loop.time() + self.limits.head_timeout_secs)
-        elif phase == _BODY:
+        elif phase == BODY:
             now = self._last_read = self.loop.time()
             if self._receipt_timer is None:  # the body's first read: its bytes count as credit
                 self._body_since = now
@@ -140,7 +149,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._phase = _HEAD
+        self._phase = HEAD
         self._head_bytes = 0
         self._header_count = 0
         if self._receipt_timer is not None:  # the first request's head: the connection's clock ends
@@ -163,7 +172,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self._phase = _BODY
+        self._phase = BODY
         self._body_bytes = 0
         if self._receipt_timer is not None:
             self._disarm()
@@ -174,7 +183,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_body(body)
 
     def on_message_complete(self) -> None:
-        self._phase = _DONE
+        self._phase = DONE
         if self._receipt_timer is not None:
             self._disarm()
         super().on_message_complete()
@@ -195,11 +204,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport is None or self.transport.is_closing():
             return
         phase = self._phase
-        if phase == _IDLE:  # connected, never sent a byte
+        if phase == IDLE:  # connected, never sent a byte
             self.transport.close()
-        elif phase == _HEAD:
+        elif phase == HEAD:
             self._reject(errors.request_timeout("request head", self.limits.head_timeout_secs))
-        elif phase == _BODY:
+        elif phase == BODY:
             now = self.loop.time()
             if self.flow is not None and self.flow.read_paused:
                 # The gateway stopped reading, not the client: restart the body's clock.
@@ -207,25 +216,17 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 self._body_bytes = 0
                 self._arm(now + self.limits.body_timeout_secs)
                 return
-            deadline = self._body_deadline()
+            deadline = self.limits.body_deadline(self._body_since, self._last_read, self._body_bytes)
             if now < deadline:
                 self._arm(deadline)
             else:
                 self._reject(errors.request_timeout("request body", self.limits.body_timeout_secs))
 
-    def _body_deadline(self) -> float:
-        """No gap longer than the body timeout; after it, the average rate at least the minimum."""
-        limits = self.limits
-        deadline = self._last_read + limits.body_timeout_secs
-        if limits.min_body_rate > 0:
-            deadline = min(deadline, self._body_since + limits.body_timeout_secs + self._body_bytes / limits.min_body_rate)
-        return deadline
-
     def _reject(self, error: errors.GatewayError) -> None:
         """Answer ``error`` (unless a response already started) and close. An application already
         reading the body sees the client as gone."""
         self._disarm()
-        self._phase = _DONE
+        self._phase = DONE
         cycle = self.cycle
         started = cycle is not None and not cycle.response_complete and cycle.response_started
         if cycle is not None and not cycle.response_complete:

@@ -18,12 +18,10 @@ from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
 
-from administration.receipt import ReceiptLimits, rejection
+from administration.receipt import BODY, DONE, HEAD, IDLE, ReceiptLimits, rejection
 from inference import errors
 
 __all__ = ["BoundedChannel", "bounded_factory"]
-
-_IDLE, _HEAD, _BODY, _DONE = 0, 1, 2, 3
 
 
 class BoundedChannel(HTTPChannel):
@@ -33,7 +31,7 @@ class BoundedChannel(HTTPChannel):
 
     def __init__(self) -> None:
         super().__init__()
-        self._phase = _IDLE
+        self._phase = IDLE
         self._receipt_timer: Any = None  # an IDelayedCall
         self._body_since = 0.0
         self._body_bytes = 0
@@ -55,13 +53,13 @@ class BoundedChannel(HTTPChannel):
         if phase != self._phase:
             self._disarm()
             self._phase = phase
-            if phase == _HEAD:
+            if phase == HEAD:
                 self._arm(self.limits.head_timeout_secs)
-            elif phase == _BODY:
+            elif phase == BODY:
                 self._body_since = self._last_read = self._now()
                 self._body_bytes = 0
                 self._arm(self.limits.body_timeout_secs)
-        elif phase == _BODY:
+        elif phase == BODY:
             self._last_read = self._now()
             self._body_bytes += len(data)
 
@@ -69,10 +67,10 @@ class BoundedChannel(HTTPChannel):
         """Where this channel is in the current request, from its parsing state after a read."""
         if self.line_mode:  # the head of a request, or between requests
             first_line_pending = getattr(self, "_HTTPChannel__first_line", 1)
-            return _HEAD if self._buffer or not first_line_pending else _IDLE
+            return HEAD if self._buffer or not first_line_pending else IDLE
         if self._handlingRequest:
-            return _DONE  # the request is in; later bytes wait for its answer
-        return _BODY if self._transferDecoder is not None else _DONE
+            return DONE  # the request is in; later bytes wait for its answer
+        return BODY if self._transferDecoder is not None else DONE
 
     def _now(self) -> float:
         return float(self.factory.reactor.seconds()) if self.factory is not None else 0.0
@@ -89,16 +87,12 @@ class BoundedChannel(HTTPChannel):
     def _on_deadline(self) -> None:
         self._receipt_timer = None
         phase = self._phase
-        if phase == _IDLE:  # the connection's own clock (any phase change re-arms): it never sent a byte
+        if phase == IDLE:  # the connection's own clock (any phase change re-arms): it never sent a byte
             self.loseConnection()
-        elif phase == _HEAD:
+        elif phase == HEAD:
             self._reject(errors.request_timeout("request head", self.limits.head_timeout_secs))
-        elif phase == _BODY:
-            limits = self.limits
-            deadline = self._last_read + limits.body_timeout_secs
-            if limits.min_body_rate > 0:
-                deadline = min(deadline, self._body_since + limits.body_timeout_secs
-                               + self._body_bytes / limits.min_body_rate)
+        elif phase == BODY:
+            deadline = self.limits.body_deadline(self._body_since, self._last_read, self._body_bytes)
             remaining = deadline - self._now()
             if remaining > 0:
                 self._arm(remaining)
@@ -107,7 +101,7 @@ class BoundedChannel(HTTPChannel):
 
     def _reject(self, error: errors.GatewayError) -> None:
         self._disarm()
-        self._phase = _DONE
+        self._phase = DONE
         transport: Any = self.transport  # zope interfaces confuse the type checker
         if transport is not None:
             transport.write(rejection(error))
