@@ -12,22 +12,22 @@ read, so the data plane may report on every request.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
+
+from common.urls import redact_credentials
 
 __all__ = ["Outage", "STORE", "REDIS", "BROKER", "describe"]
 
 log = logging.getLogger(__name__)
 
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]*@")
 _DETAIL_LIMIT = 200
 
 
 def describe(exc: BaseException) -> str:
     """An error in one line for the log: its type and first line, any credentials in a URL hidden."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    text = _USERINFO.sub(r"\1***@", text)[:_DETAIL_LIMIT]
+    text = redact_credentials(text)[:_DETAIL_LIMIT]
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
-__all__ = ["url_has_credentials"]
+import re
+
+__all__ = ["url_has_credentials", "redact_credentials"]
+
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]*@")
 
 
 def url_has_credentials(url: str) -> bool:
@@ -14,3 +18,9 @@ def url_has_credentials(url: str) -> bool:
         return False
     authority = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
     return "@" in authority
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` with the user and password of every URL in it replaced by ``***`` (for log lines
+    that quote a service's error, which may name its URL)."""
+    return _USERINFO.sub(r"\1***@", text)

@@ -17,7 +17,7 @@ from inference import errors
 from inference.asgi_io import new_request_id, sane_request_id
 from inference.escapes import log_escape
 
-__all__ = ["OneEscapeRecord", "request_id_of", "server_error"]
+__all__ = ["OneEscapeRecord", "envelope_response", "request_id_of", "server_error"]
 
 _REQUEST_ID = "gw.request_id"  # where the id is kept in request.META once made
 
@@ -33,10 +33,16 @@ def request_id_of(request: HttpRequest) -> str:
 
 def server_error(request: HttpRequest) -> HttpResponse:
     """handler500: the 500 envelope, carrying the request id the log record names."""
-    error = errors.internal_error()
-    response = HttpResponse(errors.error_body(error), status=500, content_type="application/json")
-    response["X-GW-Error-Code"] = str(error.code)
-    response["X-Request-ID"] = request_id_of(request)
+    return envelope_response(errors.internal_error(), request_id_of(request))
+
+
+def envelope_response(error: errors.GatewayError, request_id: str | None = None) -> HttpResponse:
+    """A :class:`~inference.errors.GatewayError` as a Django response (Django's own error handlers:
+    unknown route, refused request, escaped exception): the data plane's envelope and headers."""
+    headers, body = errors.render_json(error, request_id.encode("latin-1") if request_id else None)
+    response = HttpResponse(body, status=error.status)
+    for name, value in headers:
+        response[name.decode("latin-1")] = value.decode("latin-1")
     return response
 
 

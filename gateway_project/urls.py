@@ -12,7 +12,7 @@ from administration.api.fanout import flush_cache_view, get_loads_view, start_pr
 from administration.api.openapi import SCHEMA_PATH, openapi_view
 from administration.api.tokenizers import TokenizersView, TokenizerStatusView, TokenizerView
 from administration.api.workers import WorkersView, WorkerView
-from gateway_project.escapes import server_error
+from gateway_project.escapes import envelope_response, server_error
 from inference import errors
 
 class AnyTextConverter:
@@ -53,10 +53,7 @@ urlpatterns = [
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """Unknown routes answer with the standard error envelope."""
-    error = errors.endpoint_not_found(request.path)
-    response = HttpResponse(errors.error_body(error), status=404, content_type="application/json")
-    response["X-GW-Error-Code"] = str(error.code)
-    return response
+    return envelope_response(errors.endpoint_not_found(request.path))
 
 
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
@@ -66,9 +63,7 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
         error = errors.payload_too_large(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
     else:
         error = errors.invalid_request("Bad request")
-    response = HttpResponse(errors.error_body(error), status=error.status, content_type="application/json")
-    response["X-GW-Error-Code"] = str(error.code)
-    return response
+    return envelope_response(error)
 
 
 handler400 = bad_request

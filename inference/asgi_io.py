@@ -79,8 +79,8 @@ def new_request_id() -> bytes:
 
 def request_id_for(scope: Scope) -> bytes:
     """The client's X-Request-ID when it is a sane token, else the one made for this request."""
-    given = header(scope, b"x-request-id")
-    if given and _SANE_REQUEST_ID.fullmatch(given):
+    given = sane_request_id(header(scope, b"x-request-id"))
+    if given is not None:
         return given
     made: bytes | None = scope.get(_MADE_REQUEST_ID)
     if made is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 import orjson
+from django.db import models
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -35,7 +36,13 @@ __all__ = [
 ]  # fmt: skip
 
 TOKENIZER_NOT_FOUND = "tokenizer_not_found"  # the record route's 404 type (spec 3, Errors)
-_LIMITS = {"name": 255, "source": 2048, "chat_template_path": 2048}  # the columns' sizes
+
+
+def _column_length(name: str) -> int:
+    """The longest text the field's column holds (the model is the one place that says)."""
+    field = RegisteredTokenizer._meta.get_field(name)
+    assert isinstance(field, models.CharField) and field.max_length is not None
+    return field.max_length
 
 
 class TokenizerRecord(TypedDict):
@@ -80,8 +87,9 @@ def _text_field(body: dict[str, Any], name: str, *, required: bool) -> str | Non
         raise BodyError(f"'{name}' must be a string")
     if required and not value.strip():
         raise BodyError(f"'{name}' must not be empty")
-    if len(value) > _LIMITS[name]:
-        raise BodyError(f"'{name}' is longer than {_LIMITS[name]} characters")
+    limit = _column_length(name)
+    if len(value) > limit:
+        raise BodyError(f"'{name}' is longer than {limit} characters")
     if "\x00" in value:
         raise BodyError(f"'{name}' must not contain NUL characters")
     return value
