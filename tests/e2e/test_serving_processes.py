@@ -92,12 +92,17 @@ class Pinned:
 
 def pin_each(gateway: Process, port: int, pids: list[int]) -> dict[int, Pinned]:
     """One connection held by each serving process (others opened on the way are closed), each
-    process ready (it sees the leader's health checks through the store within about a second)."""
+    process ready (it sees the leader's health checks through the store within about a second).
+    A process just forked accepts nothing until its start-up ends (seconds on a loaded machine), so
+    connections are opened until a deadline rather than a count, pausing between rounds."""
     pinned: dict[int, Pinned] = {}
     spare: list[Pinned] = []
-    for _ in range(200):
-        if len(pinned) == len(pids):
-            break
+    deadline = time.monotonic() + 30
+    opened = 0
+    while len(pinned) < len(pids) and time.monotonic() < deadline:
+        opened += 1
+        if opened % 20 == 0:
+            time.sleep(0.2)
         connection = Pinned(port)
         assert connection.request("GET", "/liveness")[0] == 200  # accepted and served by its process
         owner = connection_owner(port, connection.client_port, pids)
@@ -105,6 +110,10 @@ def pin_each(gateway: Process, port: int, pids: list[int]) -> dict[int, Pinned]:
             pinned[owner] = connection
         else:
             spare.append(connection)
+        if len(spare) >= 100:  # bounded descriptors while a slow process starts
+            for connection in spare:
+                connection.close()
+            spare.clear()
     for connection in spare:
         connection.close()
     assert set(pinned) == set(pids), f"connections reached {sorted(pinned)} of {pids}:\n{gateway.log()}"
