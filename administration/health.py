@@ -1,6 +1,9 @@
 """Health checks (spec 3, Worker status): pending → ready → not_ready → ready.
 
-One asyncio task per checked worker probes ``GET {url}{endpoint}``. ``success_threshold``
+One asyncio task per checked worker probes it: an HTTP worker by ``GET {url}{endpoint}``, a gRPC
+worker by its engine's HealthCheck RPC through the process's shared engine client
+(``data_plane().engines``: the one channel the data plane uses too); an answer of healthy=false or
+a failed RPC is a failed probe. ``success_threshold``
 consecutive successes make a pending or not_ready worker ready; ``failure_threshold`` consecutive
 failures make a ready worker not_ready. A pending worker is probed every second until it is ready,
 then every ``check_interval_secs``. Transitions are conditional UPDATEs, so several gateway
@@ -27,14 +30,22 @@ from common.telemetry import record_health_check
 from common.ticks import sleep_to_mark
 from administration.models import Worker, WorkerStatus, WorkerType
 from administration.notices import record_change
+from inference.dataplane import data_plane
+from inference.routing.workers import WorkerRecord
+from inference.upstreams.failures import UpstreamFailure
 
 __all__ = ["HealthTarget", "HealthChecker", "transition"]
 
 log = logging.getLogger(__name__)
 
 _PENDING_PROBE_SECS = 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class HealthTarget:
+    """One worker to check. ``engine`` is the record of a gRPC worker, probed by HealthCheck through
+    its engine client (None: an HTTP worker, probed at ``endpoint``)."""
+
     worker_id: str
     url: str
     api_key: str | None
@@ -45,6 +56,7 @@ class HealthTarget:
     success_threshold: int
     failure_threshold: int
     worker_type: str = WorkerType.REGULAR  # the gw_worker_health_checks_total label
+    engine: WorkerRecord | None = None
 
 
 def transition(worker_id: str, old: str, new: str) -> bool:
@@ -100,12 +112,28 @@ class HealthChecker:
         await self._clients.aclose()
 
     async def probe(self, target: HealthTarget) -> bool:
+        if target.engine is not None:
+            return await self._probe_engine(target, target.engine)
         headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
         try:
             answer = await self._clients.get(target.url + target.endpoint, headers, target.timeout_secs)
         except WorkerRequestFailed:
             return False
         return answer.ok
+
+    async def _probe_engine(self, target: HealthTarget, record: WorkerRecord) -> bool:
+        """HealthCheck through the worker's shared engine client, in turn with the HTTP probes; the
+        timeout starts with its turn."""
+        async with self._clients.turn():
+            try:
+                async with asyncio.timeout(target.timeout_secs):
+                    health = await data_plane().engines.client(record).health()
+            except (UpstreamFailure, TimeoutError) as exc:
+                log.debug("health check of %s failed: %s", target.url, exc or "timed out")
+                return False
+        if not health.healthy:
+            log.debug("health check of %s: unhealthy (%s)", target.url, health.message)
+        return health.healthy
 
     @staticmethod
     async def _stored(worker_id: str, status: str, new: WorkerStatus) -> bool:

@@ -140,13 +140,14 @@ class GatewayLifecycle:
         if self.in_flight:
             log.warning("shutdown grace period over: %d request(s) cut off", self.in_flight)
 
-    def gate(self, app: ASGIApp) -> ASGIApp:
+    def gate(self, app: ASGIApp, timed_paths: frozenset[str] | None = None) -> ASGIApp:
         """Wrap the HTTP app so the first request starts the gateway when no lifespan came, and an
-        exception escaping any route is answered with the 500 envelope (:mod:`inference.escapes`)."""
+        exception escaping any route is answered with the 500 envelope (:mod:`inference.escapes`).
+        ``timed_paths``: the data plane's fixed paths (default: inference's)."""
 
         # Data-plane requests are counted and timed here by their route (their patterns are fixed
         # paths); Django's routes are covered by django-prometheus, unmatched paths are not recorded.
-        timed = data_plane_paths()
+        timed = data_plane_paths() if timed_paths is None else timed_paths
 
         async def gated(scope: Scope, receive: Receive, send: Send) -> None:
             if not self.started:

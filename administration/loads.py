@@ -2,7 +2,10 @@
 
 Every --load-monitor-interval seconds it asks each ready self-hosted HTTP worker for its engine load:
 SGLang's ``GET /get_load`` (one JSON object per data-parallel rank), or, where that route is missing
-or fails, the engine's Prometheus ``GET /metrics`` gauges (vLLM's or SGLang's names). Each answer
+or fails, the engine's Prometheus ``GET /metrics`` gauges (vLLM's or SGLang's names). A ready gRPC
+worker is asked by GetLoads through the process's shared engine client (``data_plane().engines``);
+a runtime without GetLoads (TensorRT-LLM, MLX) has no report, said once in the log and asked again
+only every :data:`NO_LOAD_ROUTE_RETRY_SECS`. Each answer
 becomes the spec's load report entries, kept on the worker's live state in the registry
 (``WorkerLoad.engine_load``) so /loads and the worker objects read a cached snapshot without calling
 a worker. A worker whose report crosses its overload thresholds (waiting requests summed across dp
@@ -24,13 +27,17 @@ from typing import Any, Awaitable, Callable, Sequence
 from administration.worker_clients import WorkerClients, WorkerRequestFailed
 from common.telemetry import record_engine_load
 from common.ticks import sleep_to_mark
-from inference.routing.load_report import LoadEntry
+from inference.dataplane import data_plane
+from inference.routing.load_report import EngineLoad, LoadEntry
 from inference.routing.registry import REGISTRY, WorkerRegistry
+from inference.routing.workers import WorkerRecord
+from inference.upstreams.failures import FailureKind, UpstreamFailure
 
 __all__ = [
     "LoadTarget",
     "LoadEntry",
     "LoadMonitor",
+    "entries_from_engine_loads",
     "entries_from_get_load",
     "entries_from_metrics",
     "is_overloaded",
@@ -39,12 +46,13 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _MAX_POLL_TIMEOUT_SECS = 5.0
-NO_LOAD_ROUTE_RETRY_SECS = 60.0  # a worker without /get_load and /metrics is asked again after this
+NO_LOAD_ROUTE_RETRY_SECS = 60.0  # a worker without /get_load and /metrics (or GetLoads) is asked again after this
 
 
 @dataclass(frozen=True, slots=True)
 class LoadTarget:
-    """One worker to poll, with its overload thresholds (None: that threshold is off)."""
+    """One worker to poll, with its overload thresholds (None: that threshold is off). ``engine`` is
+    the record of a gRPC worker, polled by GetLoads through its engine client (None: HTTP)."""
 
     worker_id: str
     url: str
@@ -53,6 +61,7 @@ class LoadTarget:
     runtime_type: str
     waiting_requests: int | None = None
     token_usage: float | None = None
+    engine: WorkerRecord | None = None
 
     @property
     def protected(self) -> bool:
@@ -154,6 +163,30 @@ def entries_from_get_load(target: LoadTarget, payload: Any) -> list[LoadEntry]:
     return entries
 
 
+def entries_from_engine_loads(target: LoadTarget, loads: Sequence[EngineLoad]) -> list[LoadEntry]:
+    """Entries from a gRPC engine's GetLoads (one SchedulerLoad per data-parallel rank). proto3
+    cannot tell an unreported token usage or utilization from 0.0: a zero is derived (from the used
+    and total tokens, from the running requests), as for an HTTP report without it."""
+    entries = []
+    for load in loads:
+        raw: dict[str, Any] = dict(load)
+        if not raw.get("utilization"):
+            raw["utilization"] = None
+        entries.append(
+            _entry(
+                target,
+                load["dp_rank"],
+                load["num_running_reqs"],
+                load["num_waiting_reqs"],
+                load["num_used_tokens"],
+                load["max_total_num_tokens"],
+                load["token_usage"] or None,
+                raw,
+            )
+        )
+    return entries
+
+
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -226,6 +259,7 @@ class LoadMonitor:
         self._clients = WorkerClients()
         self._route: dict[str, str] = {}  # worker id -> the load route that answered last
         self._quiet_until: dict[str, float] = {}  # worker id -> monotonic time to ask again
+        self._unreported: set[str] = set()  # gRPC workers whose runtime has no GetLoads (logged once)
         # Called after each poll round (the leader of a supervised gateway shares its reports).
         self.after_poll: Callable[[], Awaitable[None]] | None = None
 
@@ -249,6 +283,7 @@ class LoadMonitor:
                 return
             self._route.pop(worker_id, None)
             self._quiet_until.pop(worker_id, None)
+            self._unreported.discard(worker_id)
             record_engine_load(gone.url, None, None)
             load = self.registry.load_of(worker_id)
             if load is not None:
@@ -314,6 +349,8 @@ class LoadMonitor:
         worker_id = target.worker_id
         if self._quiet_until.get(worker_id, 0.0) > time.monotonic():
             return None
+        if target.engine is not None:
+            return await self._afetch_engine(target, target.engine)
         routes: tuple[str, ...] = ("/metrics",) if target.runtime_type == "vllm" else ("/get_load", "/metrics")
         known = self._route.get(worker_id)
         if known is not None:
@@ -338,3 +375,29 @@ class LoadMonitor:
         if missing == len(routes):
             self._quiet_until[worker_id] = time.monotonic() + NO_LOAD_ROUTE_RETRY_SECS
         return None
+
+    async def _afetch_engine(self, target: LoadTarget, record: WorkerRecord) -> list[LoadEntry] | None:
+        """A gRPC worker's GetLoads through its shared engine client, in turn with the HTTP polls. An
+        engine that answers without loads (no GetLoads in its runtime, or the RPC failing inside it)
+        is logged once and left alone for :data:`NO_LOAD_ROUTE_RETRY_SECS`; one that cannot be
+        reached is asked again next round."""
+        worker_id = target.worker_id
+        try:
+            async with self._clients.turn():
+                async with asyncio.timeout(min(self.interval, _MAX_POLL_TIMEOUT_SECS)):
+                    loads = await data_plane().engines.client(record).loads()
+        except TimeoutError:
+            log.debug("GetLoads of %s timed out", target.url)
+            return None
+        except UpstreamFailure as exc:
+            if exc.kind is not FailureKind.BROKEN:
+                log.debug("GetLoads of %s failed: %s", target.url, exc)
+                return None
+            if worker_id not in self._unreported:
+                self._unreported.add(worker_id)
+                log.info("worker %s reports no load (asked again every %g s): %s", target.url,
+                         NO_LOAD_ROUTE_RETRY_SECS, exc)
+            self._quiet_until[worker_id] = time.monotonic() + NO_LOAD_ROUTE_RETRY_SECS
+            return None
+        self._unreported.discard(worker_id)
+        return entries_from_engine_loads(target, loads)

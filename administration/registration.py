@@ -1,5 +1,12 @@
 """Worker jobs (spec 3, Worker status): register, update, remove. Sync; run by Celery or on a job thread.
 
+Registration probes the worker until it answers (every --worker-startup-check-interval seconds,
+until --worker-startup-timeout-secs): an HTTP worker over HTTP (administration/discovery.py); a gRPC
+worker by its engine's HealthCheck (the runtime detected in the order sglang, vllm, trtllm,
+tokenspeed, mlx unless given), then GetModelInfo once, whose answer becomes labels under the
+operator's own (administration/engine_facts.py). The gRPC calls run on a short-lived client of
+their own (``asyncio.run`` in the job's thread), closed before the job goes on.
+
 Every job carries the worker's ``job_generation`` from when it was queued. Each write is a
 conditional UPDATE on that generation, so a job for a worker deleted or replaced since it was queued
 fails instead of overwriting newer state.
@@ -7,6 +14,7 @@ fails instead of overwriting newer state.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -18,13 +26,18 @@ from django.utils import timezone
 
 from administration.db import STORE_ERRORS
 from administration.discovery import Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker
+from administration.engine_facts import labels_from_model_info, parser_choice
 from administration.models import JobState, JobType, Worker, WorkerStatus
 from administration.notices import publish_registry_changed
 from administration.tokenizer_jobs import run_tokenizer_load
 from common.config import current_config
 from common.http_clients import tls_context
 from common.outages import STORE
+from inference.pipeline.parsers import UnknownParser
 from inference.routing.workers import RuntimeType, Transport, transport_of
+from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.upstreams.grpc import connect
+from inference.upstreams.registry import UnknownUpstream
 
 __all__ = [
     "run_registration", "run_update", "run_removal", "RegistrationFailed", "JOB_FUNCTIONS", "run_job",
@@ -35,6 +48,7 @@ log = logging.getLogger(__name__)
 
 JOB_STORE_PATIENCE_SECS = 600.0  # how long a job waits out an outage of the store before it is given up
 _PROBE_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
+_GRPC_PROBE_TIMEOUT_SECS = 10.0  # one gRPC probe: runtime detection and GetModelInfo together
 _FIRST_RETRY_SECS = 0.5
 
 
@@ -67,36 +81,87 @@ def _check_spec(worker: Worker) -> None:
     usage = overload.get("token_usage")
     if usage is not None and not 0.0 < usage <= 1.0:
         raise RegistrationFailed("overload.token_usage must be in (0.0, 1.0]")
-    transport = transport_of(worker.url)
-    if transport == "grpc":
-        raise RegistrationFailed("gRPC workers are not supported by this gateway yet")
-    if transport is Transport.ZMQ:
+    if transport_of(worker.url) is Transport.ZMQ:
         raise RegistrationFailed("ZMQ (ipc://) workers are not supported by this gateway yet")
     if worker.setting("http_pool", {}).get("http2") is True:
         raise RegistrationFailed("http_pool.http2 true: this gateway speaks HTTP/1.1 to workers")
+    _check_parsers(worker)
+
+
+def _check_parsers(worker: Worker) -> None:
+    """An unknown tool_parser or reasoning_parser (first model card, labels, flags) fails the job.
+    The operator's names are all there is to check: an engine's report names no parser."""
+    card = worker.model_cards[0] if worker.model_cards else {}
+    try:
+        parser_choice(_model_id(worker, None), card, worker.labels, current_config())
+    except UnknownParser as exc:
+        raise RegistrationFailed(str(exc)) from None
 
 
 def _discover(worker: Worker, generation: int) -> Discovery:
     """Probe until the worker answers, every startup check interval, until the startup timeout."""
+    api_key = worker.api_key or _cli_key(worker)
+    if transport_of(worker.url) is Transport.GRPC:
+        return _probe_until_up(
+            worker, generation, lambda: _discover_grpc_worker(worker.url, api_key, worker.runtime_type)
+        )
+    with httpx.Client(timeout=_PROBE_TIMEOUT, verify=tls_context(), trust_env=False) as client:
+        return _probe_until_up(
+            worker, generation, lambda: discover_http_worker(client, worker.url, api_key, worker.runtime_type)
+        )
+
+
+def _probe_until_up(worker: Worker, generation: int, probe: Callable[[], Discovery]) -> Discovery:
+    """Run ``probe`` until it answers: again while it raises WorkerUnreachable (each pause doubling up
+    to the startup check interval) until the startup timeout, or until the worker is removed or
+    replaced; WorkerRefused fails at once."""
     config = current_config()
     deadline = time.monotonic() + config.worker_startup_timeout_secs
     pause = _FIRST_RETRY_SECS
-    with httpx.Client(timeout=_PROBE_TIMEOUT, verify=tls_context(), trust_env=False) as client:
-        while True:
-            try:
-                return discover_http_worker(client, worker.url, worker.api_key or _cli_key(worker), worker.runtime_type)
-            except WorkerRefused as exc:
-                raise RegistrationFailed(str(exc)) from None
-            except WorkerUnreachable as exc:
-                if time.monotonic() + pause > deadline:
-                    raise RegistrationFailed(
-                        f"worker did not answer within {config.worker_startup_timeout_secs:g} s ({exc})"
-                    ) from None
-                if _current(worker.pk, generation) is None:
-                    raise RegistrationFailed("worker was removed or replaced during registration") from None
-                close_old_connections()  # hold no pooled connection while waiting for the worker
-                time.sleep(pause)
-                pause = min(pause * 2, config.worker_startup_check_interval)
+    while True:
+        try:
+            return probe()
+        except WorkerRefused as exc:
+            raise RegistrationFailed(str(exc)) from None
+        except WorkerUnreachable as exc:
+            if time.monotonic() + pause > deadline:
+                raise RegistrationFailed(
+                    f"worker did not answer within {config.worker_startup_timeout_secs:g} s ({exc})"
+                ) from None
+            if _current(worker.pk, generation) is None:
+                raise RegistrationFailed("worker was removed or replaced during registration") from None
+            close_old_connections()  # hold no pooled connection while waiting for the worker
+            time.sleep(pause)
+            pause = min(pause * 2, config.worker_startup_check_interval)
+
+
+def _discover_grpc_worker(url: str, api_key: str | None, runtime_type: str) -> Discovery:
+    """One gRPC probe, in this (sync) thread: the runtime (given, or detected by HealthCheck) and
+    GetModelInfo's answer as labels. Raises WorkerUnreachable while the worker cannot be reached,
+    WorkerRefused when it answers but cannot be registered (no engine service, a refused key, a
+    runtime without a gRPC client, a failed GetModelInfo)."""
+    given = None if runtime_type == RuntimeType.UNSPECIFIED else runtime_type
+    try:
+        runtime, labels = asyncio.run(_agrpc_facts(url, api_key, given))
+    except UnknownUpstream as exc:
+        raise WorkerRefused(f"runtime {given!r} has no gRPC engine client ({exc})") from None
+    except TimeoutError:
+        raise WorkerUnreachable(f"no answer from {url} within {_GRPC_PROBE_TIMEOUT_SECS:g} s") from None
+    except UpstreamFailure as exc:
+        if exc.kind is FailureKind.BROKEN:
+            raise WorkerRefused(str(exc)) from None
+        raise WorkerUnreachable(str(exc)) from None
+    return Discovery(runtime_type=runtime, model_ids=(), labels=labels)
+
+
+async def _agrpc_facts(url: str, api_key: str | None, runtime: str | None) -> tuple[str, dict[str, str]]:
+    """The worker's runtime and GetModelInfo labels, on a client of its own, closed before returning."""
+    async with asyncio.timeout(_GRPC_PROBE_TIMEOUT_SECS):
+        client = await connect(url, runtime, api_key=api_key, detect_timeout=_GRPC_PROBE_TIMEOUT_SECS)
+        try:
+            return client.runtime, labels_from_model_info(await client.model_info())
+        finally:
+            await client.close()
 
 
 def _cli_key(worker: Worker) -> str | None:

@@ -46,7 +46,10 @@ from inference.pipeline.tokenizer_registry import TOKENIZERS, TokenizerEntry
 from inference.routing.registry import REGISTRY, RegistrySnapshot
 from inference.routing.workers import RuntimeType, Transport, WorkerRecord, transport_of
 
-__all__ = ["RegistrySync", "FleetState", "WorkerState", "load_fleet_state", "load_worker_states", "fleet_aliases"]
+__all__ = [
+    "RegistrySync", "FleetState", "WorkerState", "load_fleet_state", "load_worker_states", "fleet_aliases",
+    "on_serving_loop",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,21 @@ CHANGE_BATCH = 500  # more changes than this at once: one full reload is cheaper
 # those applied), so such a change is still seen; the safety net covers any later than that.
 CHANGE_OVERLAP = 32
 BEHIND_SECS = CHANGE_RETENTION.total_seconds() / 2  # no read of the log for this long: reload instead
+
+# The event loop this process's registry sync runs on: the serving loop, where the data plane, the
+# health checks and the load monitor use the process's engine clients (their gRPC channels belong
+# to it). None before the sync starts and after it stops.
+_serving_loop: asyncio.AbstractEventLoop | None = None
+
+
+def on_serving_loop() -> bool:
+    """Whether the running event loop is this process's serving loop, so the data plane's shared
+    engine clients may be used here (a view run on a loop of its own makes short-lived ones)."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return running is _serving_loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +120,9 @@ class FleetState:
         return [state.load for state in self.workers.values() if state.load is not None]
 
 
-def _health_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> HealthTarget | None:
+def _health_target(worker: Worker, config: GatewayConfig, record: WorkerRecord) -> HealthTarget | None:
+    """HTTP workers are probed at --health-check-endpoint, gRPC workers by HealthCheck through their
+    engine client (the target carries their record); ZMQ and external workers are not checked."""
     block: dict[str, Any] = worker.setting("health", {})
     disabled = block.get("disable_health_check", config.disable_health_check)
     if disabled or worker.runtime_type == RuntimeType.EXTERNAL or transport_of(worker.url) is Transport.ZMQ:
@@ -112,7 +132,7 @@ def _health_target(worker: Worker, config: GatewayConfig, api_key: str | None) -
     return HealthTarget(
         worker_id=str(worker.pk),
         url=worker.url,
-        api_key=api_key,
+        api_key=record.api_key,
         status=worker.status,
         endpoint=config.health_check_endpoint,
         timeout_secs=float(block.get("timeout_secs", config.health_check_timeout_secs)),
@@ -120,15 +140,17 @@ def _health_target(worker: Worker, config: GatewayConfig, api_key: str | None) -
         success_threshold=max(1, int(block.get("success_threshold", config.health_success_threshold))),
         failure_threshold=max(1, int(block.get("failure_threshold", config.health_failure_threshold))),
         worker_type=worker.worker_type,
+        engine=record if record.transport is Transport.GRPC else None,
     )
 
 
-def _load_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> LoadTarget | None:
-    """Ready self-hosted HTTP workers are polled for load; the overload block (either field turns
+def _load_target(worker: Worker, config: GatewayConfig, record: WorkerRecord) -> LoadTarget | None:
+    """Ready self-hosted HTTP and gRPC workers are polled for load (gRPC by GetLoads through their
+    engine client: the target carries their record); the overload block (either field turns
     protection on) falls back to the --worker-overload-* flags."""
     if worker.status != WorkerStatus.READY or worker.runtime_type == RuntimeType.EXTERNAL:
         return None
-    if transport_of(worker.url) is not Transport.HTTP:
+    if record.transport is Transport.ZMQ:
         return None
     block: dict[str, Any] = worker.setting("overload", {}) or {}
     waiting: int | None = None
@@ -139,11 +161,12 @@ def _load_target(worker: Worker, config: GatewayConfig, api_key: str | None) -> 
     return LoadTarget(
         worker_id=str(worker.pk),
         url=worker.url,
-        api_key=api_key,
+        api_key=record.api_key,
         worker_type=worker.worker_type,
         runtime_type=worker.runtime_type,
         waiting_requests=None if waiting is None else int(waiting),
         token_usage=None if usage is None else float(usage),
+        engine=record if record.transport is Transport.GRPC else None,
     )
 
 
@@ -153,7 +176,7 @@ def _worker_states(config: GatewayConfig, workers: list[Worker]) -> dict[str, Wo
         aliases = tuple((alias, card["id"]) for card in worker.model_cards for alias in card.get("aliases", []))
         states[record.id] = WorkerState(
             record, worker_fields(worker, config), job_of(worker), aliases,
-            _health_target(worker, config, record.api_key), _load_target(worker, config, record.api_key),
+            _health_target(worker, config, record), _load_target(worker, config, record),
             tuple(worker.model_ids()),
         )
     return states
@@ -214,7 +237,8 @@ class RegistrySync:
 
     async def astart(self) -> RegistrySnapshot:
         """Lead or follow, publish the first snapshot, start background work."""
-        self._loop = asyncio.get_running_loop()
+        global _serving_loop
+        self._loop = _serving_loop = asyncio.get_running_loop()
         add_local_listener(self.notify)
         if self.leadership is not None and self.leadership.try_acquire():
             self.leading = self.leadership.leader = True
@@ -251,6 +275,9 @@ class RegistrySync:
         self.loads.start()
 
     async def astop(self) -> None:
+        global _serving_loop
+        if _serving_loop is self._loop:
+            _serving_loop = None
         remove_local_listener(self.notify)
         tasks = [*self._tasks, *([self._syncing] if self._syncing else [])]
         for task in tasks:
@@ -274,6 +301,7 @@ class RegistrySync:
         self._seen = {seq for seq in self._seen if seq > self._floor}
         self._read_at = time.monotonic()
         data_plane().install_tenant_limits(state.tenant_limits)
+        data_plane().engines.retain(self._states)
         TOKENIZERS.publish(state.tokenizers)
         if self.leading:
             self.health.reconcile(state.health)
@@ -322,6 +350,7 @@ class RegistrySync:
             {worker_id: state.record if (state := found.get(worker_id)) else None for worker_id in worker_ids},
             fleet_aliases(self.config, self._states.values()),
         )
+        data_plane().engines.retain(self._states)
         if self.leading:
             for worker_id in worker_ids:
                 state = found.get(worker_id)

@@ -17,11 +17,12 @@ from django.utils import timezone
 from administration.jobs import enqueue
 from administration.models import JobState, JobType, Worker, WorkerSource, WorkerStatus, WorkerType
 from administration.notices import publish_registry_changed
+from administration.engine_facts import engine_spec
 from administration.registration import JOB_STORE_PATIENCE_SECS
 from administration.worker_spec import SpecRuleError, WorkerSpec, parse_worker_spec
 from common.config import GatewayConfig, current_config
 from inference.routing.breaker import DEFAULT_CAPACITY, DEFAULT_RETRYABLE, Resilience
-from inference.routing.workers import WorkerRecord
+from inference.routing.workers import Transport, WorkerRecord, transport_of
 
 __all__ = [
     "WorkerError",
@@ -401,6 +402,11 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
                 resilience=resilience_of(worker, config),
                 worker_type=WorkerType(worker.worker_type),
                 order=(worker.created_at.timestamp(), worker.url),
+                engine=(
+                    engine_spec(worker.model_id, worker.model_cards, worker.labels, config)
+                    if transport_of(worker.url) is Transport.GRPC
+                    else None
+                ),
             )
         )
     return records

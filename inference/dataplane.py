@@ -20,6 +20,7 @@ from inference.routing.registry import REGISTRY, WorkerRegistry
 from inference.routing.retry import RetryPolicy
 from inference.routing.workers import Transport
 from inference.upstreams import RELAYS, Relay
+from inference.upstreams.engine_pool import EnginePool
 
 __all__ = ["DataPlane", "data_plane", "reset_data_plane"]
 
@@ -34,6 +35,8 @@ class DataPlane:
     registry: WorkerRegistry
     relays: dict[Transport, Relay]
     retry: RetryPolicy
+    # One engine client (gRPC channel) per engine worker, shared with the health checks and loads.
+    engines: EnginePool = field(default_factory=EnginePool)
     # Traffic control; each is None when its limit is 0 (the default), so the hot path only checks.
     permits: PermitPool | None = None
     media: MediaBudget | None = None
@@ -94,6 +97,7 @@ class DataPlane:
     async def aclose(self) -> None:
         for relay in self.relays.values():
             await relay.close()
+        await self.engines.aclose()
         if self._limiter is not None:
             await self._limiter.aclose()
 

@@ -1,19 +1,27 @@
 """Control-plane fleet routes (spec 3, Cache and load; Other control-plane routes), admin only:
 
-* ``POST /flush_cache``: every registered HTTP worker drops its KV prefix cache, in parallel;
+* ``POST /flush_cache``: every registered HTTP and gRPC worker drops its KV prefix cache, in parallel;
 * ``GET /get_loads``: deprecated alias of the public ``GET /loads``;
 * ``POST /start_profile``, ``POST /stop_profile``: every worker, or the one whose URL the body names.
 
-Native async Django views (the fan-outs await httpx, up to 45 s per worker): each one authenticates
-through :mod:`administration.control_auth`, parses its input, calls one fan-out function and renders
-the result. The fan-out functions take the registry's worker handles and an httpx client.
+Native async Django views (the fan-outs await httpx and gRPC, up to 45 s per worker): each one
+authenticates through :mod:`administration.control_auth`, parses its input, calls one fan-out
+function and renders the result. The fan-out functions take the registry's worker handles and an
+httpx client.
+
+HTTP workers get the POST; gRPC workers the engine's FlushCache, StartProfile or StopProfile RPC,
+single attempt. Under ASGI the views run on the serving loop (the loop of the registry sync,
+:func:`~administration.registry_sync.on_serving_loop`), where the data plane's shared engine client
+of each worker is used; a view run on a loop of its own (a sync caller) opens a short-lived client
+per worker and closes it afterwards, as a channel belongs to the loop that opened it. A runtime
+without the RPC (or without a gRPC client) is reported under ``failed`` with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 import httpx
 import orjson
@@ -24,10 +32,16 @@ from django.views.decorators.http import require_GET, require_POST
 
 from administration.api.errors import ErrorType, error_body
 from administration.control_auth import ControlPlaneDenied, control_plane_auth
+from administration.registry_sync import on_serving_loop
 from common.http_clients import http_client
+from inference.dataplane import data_plane
 from inference.routing.load_report import loads_report
 from inference.routing.registry import REGISTRY
-from inference.routing.workers import Transport, WorkerHandle
+from inference.routing.workers import RuntimeType, Transport, WorkerHandle
+from inference.upstreams.engine import CommandResult, EngineClient, ProfileOptions
+from inference.upstreams.failures import UpstreamFailure
+from inference.upstreams.grpc import connect
+from inference.upstreams.registry import UnknownUpstream
 
 __all__ = [
     "FanOut",
@@ -77,11 +91,42 @@ async def _apost(client: httpx.AsyncClient, handle: WorkerHandle, path: str, bod
     return f"HTTP {response.status_code}: {response.text[:_ERROR_TEXT_LIMIT]}"
 
 
-async def _afan_out(
-    client: httpx.AsyncClient, handles: Sequence[WorkerHandle], path: str, body: Any, timeout: float
-) -> FanOut:
+_Command = Callable[[EngineClient], Awaitable[CommandResult]]
+
+
+async def _acommand(handle: WorkerHandle, rpc: str, command: _Command, timeout: float) -> str | None:
+    """Run one control RPC on a gRPC worker (single attempt): through the data plane's shared engine
+    client on the serving loop, else on a short-lived client closed afterwards. None when the engine
+    reports success, else the reason."""
+    record = handle.record
+    runtime = None if record.runtime_type == RuntimeType.UNSPECIFIED else record.runtime_type
+    try:
+        async with asyncio.timeout(timeout):
+            if on_serving_loop():
+                result = await command(data_plane().engines.client(record))
+            else:
+                client = await connect(record.url, runtime, api_key=record.api_key)
+                try:
+                    result = await command(client)
+                finally:
+                    await client.close()
+    except TimeoutError:
+        return f"timed out after {timeout:g} seconds"
+    except UnknownUpstream:
+        return f"{rpc} is not supported: the {record.runtime_type} runtime has no gRPC engine client"
+    except UpstreamFailure as exc:
+        if "UNIMPLEMENTED" in exc.detail:
+            return f"{rpc} is not supported by the {record.runtime_type} runtime ({exc.detail})"
+        return exc.detail
+    if result.success:
+        return None
+    return f"{rpc} failed: {result.message[:_ERROR_TEXT_LIMIT]}" if result.message else f"{rpc} failed"
+
+
+async def _afan_out(handles: Sequence[WorkerHandle], calls: Iterable[Awaitable[str | None]]) -> FanOut:
+    """Await one call per handle, in parallel; each answers None on success, else the reason."""
     outcome = FanOut()
-    reasons = await asyncio.gather(*(_apost(client, handle, path, body, timeout) for handle in handles))
+    reasons = await asyncio.gather(*calls)
     for handle, reason in zip(handles, reasons):
         if reason is None:
             outcome.successful.append(handle.url)
@@ -91,14 +136,19 @@ async def _afan_out(
 
 
 async def aflush_cache(client: httpx.AsyncClient, workers: Sequence[WorkerHandle]) -> tuple[int, dict[str, Any]]:
-    """POST {url}/flush_cache to every HTTP worker in parallel (45 s each); gRPC workers are reported
-    failed (no FlushCache RPC client here), ZMQ workers skipped. 200 when every called worker
-    succeeds (or none was called), 206 otherwise."""
+    """POST {url}/flush_cache to every HTTP worker and FlushCache to every gRPC worker, in parallel
+    (45 s each); ZMQ workers are skipped. 200 when every called worker succeeds (or none was
+    called), 206 otherwise."""
     http = [h for h in workers if h.record.transport is Transport.HTTP]
-    grpc = [h for h in workers if h.record.transport == "grpc"]
+    grpc = [h for h in workers if h.record.transport is Transport.GRPC]
     zmq = [h for h in workers if h.record.transport is Transport.ZMQ]
-    outcome = await _afan_out(client, http, "/flush_cache", None, FLUSH_TIMEOUT_SECS)
-    outcome.failed.extend({"worker": h.url, "error": "cache flush over gRPC is not supported"} for h in grpc)
+    outcome = await _afan_out(
+        [*http, *grpc],
+        [
+            *(_apost(client, h, "/flush_cache", None, FLUSH_TIMEOUT_SECS) for h in http),
+            *(_acommand(h, "FlushCache", lambda engine: engine.flush_cache(), FLUSH_TIMEOUT_SECS) for h in grpc),
+        ],
+    )
     body: dict[str, Any] = {
         "status": "partial_success" if outcome.failed else "success",
         "message": "",
@@ -118,23 +168,70 @@ async def aflush_cache(client: httpx.AsyncClient, workers: Sequence[WorkerHandle
     return 200, body
 
 
+def _profile_options(body: dict[str, Any]) -> ProfileOptions:
+    """/start_profile's options as the engine clients take them; ValueError for a value of the wrong
+    type (an HTTP worker gets the body as it is and judges it itself)."""
+
+    def typed(key: str, kind: type | tuple[type, ...]) -> Any:
+        value = body.get(key)
+        if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+            raise ValueError(f"{key} has the wrong type")
+        return value
+
+    activities = body.get("activities") or []
+    if not isinstance(activities, list) or not all(isinstance(item, str) for item in activities):
+        raise ValueError("activities must be a list of strings")
+    return ProfileOptions(
+        output_dir=typed("output_dir", str),
+        start_step=typed("start_step", int),
+        num_steps=typed("num_steps", int),
+        activities=tuple(activities),
+        with_stack=typed("with_stack", bool),
+        record_shapes=typed("record_shapes", bool),
+        profile_by_stage=bool(typed("profile_by_stage", bool)),
+    )
+
+
+def _profile_command(action: str, body: dict[str, Any]) -> tuple[str, _Command] | str:
+    """The RPC name and call of a profiling action, or why there is none (options of the wrong type)."""
+    if action != "start_profile":
+        return "StopProfile", lambda engine: engine.stop_profile()
+    try:
+        options = _profile_options(body)
+    except ValueError as exc:
+        return f"invalid profiling options: {exc}"
+    return "StartProfile", lambda engine: engine.start_profile(options)
+
+
+async def _afailed(reason: str) -> str:
+    return reason
+
+
 async def aprofile(
     client: httpx.AsyncClient, workers: Sequence[WorkerHandle], action: str, options: dict[str, Any]
 ) -> tuple[int, dict[str, Any]] | None:
-    """POST {url}/start_profile or /stop_profile to the targeted workers in parallel (all, or the one
-    whose URL ``options["url"]`` names). None when no worker matches; else 200 or 206."""
+    """POST {url}/start_profile or /stop_profile to the targeted HTTP workers and StartProfile or
+    StopProfile to the targeted gRPC workers, in parallel (all, or the one whose URL
+    ``options["url"]`` names); ZMQ workers are reported failed. None when no worker matches; else
+    200 or 206."""
     wanted = options.get("url")
     targets = [h for h in workers if wanted is None or h.url == str(wanted).rstrip("/")]
     if not targets:
         return None
-    http = [h for h in targets if h.record.transport is Transport.HTTP]
-    body = {key: options[key] for key in PROFILE_FIELDS if key in options} if action == "start_profile" else None
-    outcome = await _afan_out(client, http, f"/{action}", body or None, PROFILE_TIMEOUT_SECS)
-    outcome.failed.extend(
-        {"worker": h.url, "error": f"profiling is not supported over {h.record.transport}"}
-        for h in targets
-        if h.record.transport is not Transport.HTTP
-    )
+    body = {key: options[key] for key in PROFILE_FIELDS if key in options} if action == "start_profile" else {}
+    engine_command = _profile_command(action, body)
+    calls: list[Awaitable[str | None]] = []
+    for handle in targets:
+        transport = handle.record.transport
+        if transport is Transport.HTTP:
+            calls.append(_apost(client, handle, f"/{action}", body or None, PROFILE_TIMEOUT_SECS))
+        elif transport is not Transport.GRPC:
+            calls.append(_afailed(f"profiling is not supported over {transport}"))
+        elif isinstance(engine_command, str):
+            calls.append(_afailed(engine_command))
+        else:
+            calls.append(_acommand(handle, *engine_command, PROFILE_TIMEOUT_SECS))
+    outcome = await _afan_out(targets, calls)
     verb = "started" if action == "start_profile" else "stopped"
     result: dict[str, Any] = {"successful": outcome.successful}
     if outcome.failed:

@@ -26,6 +26,7 @@ __all__ = [
     "WorkerLoad",
     "WorkerRecord",
     "WorkerHandle",
+    "EngineSpec",
 ]
 
 
@@ -105,6 +106,27 @@ def transport_of(url: str) -> Transport:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """What the gateway needs to be the server in front of an engine worker (gRPC; ZMQ later): where
+    its tokenizer and chat template come from, its parsers and its context window. Built once per
+    registry change from the worker's model card, labels and the engine's own report (registration
+    stores GetModelInfo's answer in the labels), with the flags applied; never read per request
+    from the store.
+
+    ``tokenizer`` is the location the operator gave (card tokenizer_path, labels tokenizer_path or
+    model_path, or the path the engine reported when it exists on this host); None leaves the
+    choice to the tokenizer registry, the flags and the worker's own GetTokenizer."""
+
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
+    context_length: int | None = None
+    architectures: tuple[str, ...] = ()
+    model_type: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerRecord:
     """What the control plane knows about one worker (built from a Worker row)."""
 
@@ -119,6 +141,7 @@ class WorkerRecord:
     # Its place in registration order (when it was created, then its URL): the order a full read of
     # the store lists workers in, kept by the registry's deltas too.
     order: tuple[float, str] = (0.0, "")
+    engine: EngineSpec | None = None  # set for workers the gateway serves as the full server (gRPC)
 
     @property
     def transport(self) -> Transport:

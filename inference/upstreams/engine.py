@@ -27,13 +27,14 @@ from enum import StrEnum
 from typing import Any, AsyncIterator, ClassVar
 
 from inference.routing.load_report import EngineLoad
+from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.registry import NamedRegistry
 
 __all__ = [
     "DETECTION_ORDER", "ENGINE_CLIENTS", "CommandResult", "Constraint", "ConstraintKind",
-    "DisaggregationParams", "EngineClient", "EngineHealth", "EngineOutput",
-    "EngineRequest", "Finish", "FinishReason", "ModelInfo", "ProfileOptions", "SamplingParams",
-    "TokenLogprobs", "TokenizerBundle",
+    "DisaggregationParams", "EmbedRequest", "EmbedResult", "EngineClient", "EngineHealth",
+    "EngineOutput", "EngineRequest", "Finish", "FinishReason", "ModelInfo", "ProfileOptions",
+    "SamplingParams", "TokenLogprobs", "TokenizerBundle",
 ]  # fmt: skip
 
 DETECTION_ORDER: tuple[str, ...] = ("sglang", "vllm", "trtllm", "tokenspeed", "mlx")
@@ -130,6 +131,28 @@ class EngineRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class EmbedRequest:
+    """One embedding of a prompt given as token ids (an embedding model's worker).
+
+    ``original_text`` is the prompt as text, for engines that log or need it;
+    ``data_parallel_rank`` pins the request to one dp rank of the worker (SGLang).
+    """
+
+    request_id: str
+    input_ids: tuple[int, ...]
+    original_text: str | None = None
+    data_parallel_rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedResult:
+    """The prompt's embedding vector and how many prompt tokens the engine read."""
+
+    embedding: tuple[float, ...]
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class TokenLogprobs:
     """The logprob of one token, with the most likely alternatives at its position."""
 
@@ -178,6 +201,8 @@ class EngineOutput:
     logprobs: tuple[TokenLogprobs, ...] | None = None
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
     finish: Finish | None = None
+    spec_accepted_tokens: int = 0  # speculative decoding (the last output only): drafts accepted
+    spec_draft_tokens: int = 0  # and drafts proposed; 0 when the engine does not speculate
 
     @property
     def finished(self) -> bool:
@@ -248,7 +273,8 @@ class EngineClient(ABC):
 
     Every method may raise ``UpstreamFailure`` (``inference.upstreams.failures``) when the worker
     cannot be reached or answers with an error. A runtime without an operation (TensorRT-LLM has no
-    cache flush, MLX no load report) raises it too, rather than pretending to succeed.
+    cache flush, MLX no load report, TokenSpeed no embeddings) raises it too (BROKEN, see
+    :meth:`unsupported`), rather than pretending to succeed.
     """
 
     runtime: ClassVar[str]
@@ -304,6 +330,20 @@ class EngineClient(ABC):
     @abstractmethod
     async def tokenizer(self) -> TokenizerBundle:
         """Fetch the worker's tokenizer (when no local tokenizer path is configured)."""
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        """Embed ``request``'s prompt. Only runtimes whose service has an Embed RPC implement it."""
+        raise self.unsupported("Embed")
+
+    @classmethod
+    def offers(cls, rpc: str) -> bool:
+        """Whether this runtime has ``rpc`` (e.g. "Embed", "FlushCache"); a caller answers 501 for a
+        route a runtime cannot serve instead of counting the refusal as the worker's failure."""
+        return True
+
+    def unsupported(self, operation: str) -> UpstreamFailure:
+        """The failure for an operation (an RPC, or a request feature) this runtime lacks."""
+        return UpstreamFailure(FailureKind.BROKEN, f"{self.runtime} has no {operation}")
 
     async def close(self) -> None:
         """Release the channel when the worker leaves. Nothing to release by default."""

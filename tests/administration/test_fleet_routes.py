@@ -240,7 +240,7 @@ async def test_engine_metrics_without_workers_or_scrapes_is_500(make_gateway: Ga
 
 
 # --- gRPC and ZMQ deployments, HTTP PD mode ------------------------------------------------------------
-# gRPC and ZMQ workers cannot be registered yet, so their records are published directly.
+# Records published directly (registered gRPC workers: tests/administration/test_grpc_workers.py).
 
 INFO_PATHS = ["/get_model_info", "/get_server_info", "/health_generate"]
 
@@ -367,7 +367,7 @@ async def test_flush_cache_reaches_prefill_and_decode_workers_and_counts_other_t
     prefill, decode = await start_worker(), await start_worker()
     gateway = make_gateway([typed(prefill, "prefill"), typed(decode, "decode"), grpc_record(), zmq_record()])
     response = await gateway.post("/flush_cache")
-    assert response.status_code == 206  # the gRPC worker is reported failed until gRPC lands
+    assert response.status_code == 206  # nothing listens at the gRPC worker's address: reported failed
     body = response.json()
     assert sorted(body["successful"]) == sorted([prefill.url, decode.url])
     assert (body["total_http_workers"], body["total_grpc_workers"], body["total_zmq_workers_skipped"]) == (2, 1, 1)

@@ -115,7 +115,7 @@ async def test_failed_registration_releases_the_id(api, fleet) -> None:
 
 
 @pytest.mark.parametrize("url", ["grpc://127.0.0.1:1", "ipc:///tmp/engine"])
-async def test_transports_not_supported_yet_fail_registration(api, fleet, url: str) -> None:
+async def test_zmq_and_unreachable_grpc_workers_fail_registration(api, fleet, url: str) -> None:
     response = await post(api, {"url": url})
     assert response.status_code == 202
     location = response.json()["location"]

@@ -149,7 +149,7 @@ async def test_only_its_own_runtime_service_answers(sglang: GrpcEngineServer) ->
             await vl_rpc.VllmEngineStub(channel).HealthCheck(vl.HealthCheckRequest())
         assert error.value.code() is grpc.StatusCode.UNIMPLEMENTED
         with pytest.raises(grpc.aio.AioRpcError) as error:
-            await sg_rpc.SglangSchedulerStub(channel).Embed(sg.EmbedRequest())
+            await sg_rpc.SglangSchedulerStub(channel).ListLoadedLoRAAdapters(sg.ListLoadedLoRAAdaptersRequest())
         assert error.value.code() is grpc.StatusCode.UNIMPLEMENTED
 
 
@@ -175,7 +175,7 @@ async def test_abort_of_a_running_request_ends_its_stream_with_abort() -> None:
 
 
 def test_config_is_checked() -> None:
-    for bad in ({"runtime": "trtllm"}, {"reply": "poem"}, {"chunk_tokens": 0}):
+    for bad in ({"runtime": "tgi"}, {"reply": "poem"}, {"chunk_tokens": 0}):
         with pytest.raises(ValueError):
             GrpcEngineConfig(**{"runtime": "sglang", "tokenizer": QWEN, **bad})
 

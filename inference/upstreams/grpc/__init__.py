@@ -1,8 +1,10 @@
 """Engine clients over ``grpc.aio``, one module per runtime behind :class:`EngineClient`.
 
 - :mod:`.channel`: the worker's one channel (keepalive, unbounded message sizes), error mapping;
-- :mod:`.client`: what the runtimes share (stream folding, Abort on early exit, tokenizer stream);
-- :mod:`.sglang`, :mod:`.vllm`: the codecs, registered in ``ENGINE_CLIENTS`` by runtime name;
+- :mod:`.client`: what the runtimes share (stream folding, Abort on early exit, tokenizer stream,
+  the control RPCs, Embed, and ``UpstreamFailure`` for an RPC the runtime's service lacks);
+- :mod:`.sglang`, :mod:`.vllm`, :mod:`.trtllm`, :mod:`.tokenspeed`, :mod:`.mlx`: the codecs,
+  registered in ``ENGINE_CLIENTS`` by runtime name;
 - :mod:`.detect`: runtime detection by each engine's HealthCheck, and :func:`connect`.
 
 Importing this package registers the clients.
@@ -10,11 +12,17 @@ Importing this package registers the clients.
 
 from __future__ import annotations
 
-from inference.upstreams.grpc import sglang, vllm  # noqa: F401  (register the clients)
+from inference.upstreams.grpc import mlx, sglang, tokenspeed, trtllm, vllm  # noqa: F401  (register the clients)
 from inference.upstreams.grpc.channel import WorkerChannel
 from inference.upstreams.grpc.client import GrpcEngineClient
 from inference.upstreams.grpc.detect import connect, detect_runtime
+from inference.upstreams.grpc.mlx import MlxClient
 from inference.upstreams.grpc.sglang import SglangClient
+from inference.upstreams.grpc.tokenspeed import TokenSpeedClient
+from inference.upstreams.grpc.trtllm import TrtllmClient
 from inference.upstreams.grpc.vllm import VllmClient
 
-__all__ = ["GrpcEngineClient", "SglangClient", "VllmClient", "WorkerChannel", "connect", "detect_runtime"]
+__all__ = [
+    "GrpcEngineClient", "MlxClient", "SglangClient", "TokenSpeedClient", "TrtllmClient", "VllmClient",
+    "WorkerChannel", "connect", "detect_runtime",
+]  # fmt: skip

@@ -5,7 +5,7 @@ Sent: token ids only (``tokenized.input_ids``, with the rendered prompt as ``ori
 sampling value explicitly (proto3's 0 would mean greedy or "no top-p"), stop token ids (stop strings
 are the gateway's), ``stream``, logprobs (``logprob_start_len`` -1 unless prompt logprobs are
 asked for: SGLang reads 0 as "from the first prompt token"). Received: chunks with the new tokens
-and cumulative counts, then one ``complete`` per choice.
+and cumulative counts, then one ``complete`` per choice. Embed takes the same tokenized input.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from inference.upstreams.engine import (
     ENGINE_CLIENTS,
     Constraint,
     ConstraintKind,
+    EmbedRequest,
+    EmbedResult,
     EngineRequest,
 )
 from inference.upstreams.grpc.client import (
@@ -29,6 +31,7 @@ from inference.upstreams.grpc.client import (
     WireComplete,
     input_logprobs,
     output_logprobs,
+    tokenized,
 )
 from protos import sglang_scheduler_pb2 as pb
 from protos import sglang_scheduler_pb2_grpc as pb_grpc
@@ -98,13 +101,13 @@ class SglangClient(GrpcEngineClient[pb.GenerateResponse]):
             params.max_new_tokens = s.max_new_tokens
         message = pb.GenerateRequest(
             request_id=request.request_id,
-            tokenized=pb.TokenizedInput(original_text=request.original_text or "", input_ids=list(request.input_ids)),
             sampling_params=params,
             return_logprob=s.logprobs or request.return_prompt_logprobs,
             logprob_start_len=0 if request.return_prompt_logprobs else -1,
             top_logprobs_num=s.top_logprobs,
             stream=request.stream,
         )
+        tokenized(message, request.input_ids, request.original_text)
         if request.data_parallel_rank is not None:
             message.data_parallel_rank = request.data_parallel_rank
         if request.disaggregation is not None:
@@ -146,6 +149,8 @@ class SglangClient(GrpcEngineClient[pb.GenerateResponse]):
                 reasoning_tokens=d.reasoning_tokens,
                 matched_token_id=d.matched_token_id if matched == "matched_token_id" else None,
                 matched_stop_str=d.matched_stop_str if matched == "matched_stop_str" else None,
+                spec_accepted_tokens=d.spec_accepted_tokens,
+                spec_draft_tokens=d.spec_draft_tokens,
                 logprobs=output_logprobs(d.output_logprobs) if d.HasField("output_logprobs") else None,
                 prompt_logprobs=input_logprobs(d.input_logprobs) if d.HasField("input_logprobs") else None,
             )
@@ -155,3 +160,9 @@ class SglangClient(GrpcEngineClient[pb.GenerateResponse]):
         await self.stub.Abort(
             pb.AbortRequest(request_id=request_id, reason=reason), metadata=self.metadata, timeout=self.control_timeout
         )
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        message = tokenized(pb.EmbedRequest(request_id=request.request_id), request.input_ids, request.original_text)
+        if request.data_parallel_rank is not None:
+            message.data_parallel_rank = request.data_parallel_rank
+        return await self._embed(message)

@@ -6,7 +6,7 @@ Differences from SGLang that matter here: ``temperature`` and ``max_tokens`` are
 0), logprobs are ``sampling_params.logprobs`` (the number of alternatives; 0 = only the sampled
 token's) and prompt logprobs ``prompt_logprobs``, a ``choice`` constraint and ``json_object`` exist
 natively, Abort takes a list of ids, and chunks report each chunk's own completion count (the
-client accumulates). The responses carry no request id.
+client accumulates). The responses carry no request id. Embed takes the same tokenized input.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import grpc
 from inference.upstreams.engine import (
     ENGINE_CLIENTS,
     ConstraintKind,
+    EmbedRequest,
+    EmbedResult,
     EngineRequest,
 )
 from inference.upstreams.grpc.client import (
@@ -27,6 +29,7 @@ from inference.upstreams.grpc.client import (
     WireComplete,
     input_logprobs,
     output_logprobs,
+    tokenized,
 )
 from protos import vllm_engine_pb2 as pb
 from protos import vllm_engine_pb2_grpc as pb_grpc
@@ -89,11 +92,10 @@ class VllmClient(GrpcEngineClient[pb.GenerateResponse]):
                     ConstraintKind.STRUCTURAL_TAG: "structural_tag",
                 }[constraint.kind]
                 setattr(params, field, constraint.value)
-        message = pb.GenerateRequest(
-            request_id=request.request_id,
-            tokenized=pb.TokenizedInput(original_text=request.original_text or "", input_ids=list(request.input_ids)),
-            sampling_params=params,
-            stream=request.stream,
+        message = tokenized(
+            pb.GenerateRequest(request_id=request.request_id, sampling_params=params, stream=request.stream),
+            request.input_ids,
+            request.original_text,
         )
         if request.data_parallel_rank is not None:
             message.data_parallel_rank = request.data_parallel_rank
@@ -127,6 +129,8 @@ class VllmClient(GrpcEngineClient[pb.GenerateResponse]):
                 cached_tokens=d.cached_tokens,
                 matched_token_id=d.matched_token_id if matched == "matched_token_id" else None,
                 matched_stop_str=d.matched_stop_str if matched == "matched_stop_str" else None,
+                spec_accepted_tokens=d.spec_accepted_tokens,
+                spec_draft_tokens=d.spec_draft_tokens,
                 logprobs=output_logprobs(d.output_logprobs) if d.HasField("output_logprobs") else None,
                 prompt_logprobs=input_logprobs(d.input_logprobs) if d.HasField("input_logprobs") else None,
             )
@@ -135,4 +139,9 @@ class VllmClient(GrpcEngineClient[pb.GenerateResponse]):
     async def _send_abort(self, request_id: str, reason: str) -> None:
         await self.stub.Abort(
             pb.AbortRequest(request_ids=[request_id]), metadata=self.metadata, timeout=self.control_timeout
+        )
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        return await self._embed(
+            tokenized(pb.EmbedRequest(request_id=request.request_id), request.input_ids, request.original_text)
         )

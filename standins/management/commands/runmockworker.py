@@ -2,9 +2,9 @@
 
 Prints ``mock worker serving MODEL on http://HOST:PORT`` once listening; stop it with Ctrl+C/SIGTERM.
 
-With ``--grpc``: serve the gRPC engine stand-in instead (``--runtime sglang|vllm``, ``--tokenizer``
-a fixture tokenizer folder or tokenizer.json; :mod:`standins.grpc_engine`), which prints
-``mock grpc engine (RUNTIME) serving MODEL on grpc://HOST:PORT``.
+With ``--grpc``: serve the gRPC engine stand-in instead (``--runtime sglang|vllm|trtllm|tokenspeed|mlx``,
+``--tokenizer`` a fixture tokenizer folder or tokenizer.json; :mod:`standins.grpc_engine`), which
+prints ``mock grpc engine (RUNTIME) serving MODEL on grpc://HOST:PORT``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ class Command(BaseCommand):
         )
         grpc_options = parser.add_argument_group("gRPC engine stand-in (--grpc)")
         grpc_options.add_argument("--grpc", action="store_true", help="serve an engine's gRPC service instead of HTTP")
-        grpc_options.add_argument("--runtime", choices=RUNTIMES, default="sglang", help="the engine's service (default sglang)")
+        grpc_options.add_argument(
+            "--runtime", choices=RUNTIMES, default="sglang",
+            help=f"the engine's gRPC service: {', '.join(RUNTIMES)} (default sglang)",
+        )
         grpc_options.add_argument("--tokenizer", default=None, help="tokenizer.json or its folder (required with --grpc)")
         grpc_options.add_argument(
             "--reply", choices=REPLIES, default="text",
