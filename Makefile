@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run gateway test typecheck contracts protos bench install clean
+.PHONY: run run-grpc gateway test typecheck contracts protos bench install clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,15 @@ run: $(STAMP)
 	@$(BIN)/python manage.py runmockworker --port 30001 --model mock-model & \
 	MOCK=$$!; trap 'kill $$MOCK 2>/dev/null' EXIT INT TERM; \
 	$(BIN)/python manage.py rungateway --worker-urls http://127.0.0.1:30001 $(ARGS)
+
+# The gRPC path: the gateway as the full server in front of the gRPC engine stand-in (SGLang's
+# service, driven by the Qwen3 fixture tokenizer) on :30002, serving "Qwen/Qwen3-8B".
+FIXTURE_MODELS ?= ../shared/fixtures/models
+run-grpc: $(STAMP)
+	@$(BIN)/python manage.py runmockworker --grpc --runtime sglang --port 30002 --model Qwen/Qwen3-8B \
+	  --tokenizer $(FIXTURE_MODELS)/qwen3 & \
+	ENGINE=$$!; trap 'kill $$ENGINE 2>/dev/null' EXIT INT TERM; \
+	$(BIN)/python manage.py rungateway --worker-urls grpc://127.0.0.1:30002 $(ARGS)
 
 # The gateway alone (pass flags with ARGS="--worker-urls http://host:port ...").
 gateway: $(STAMP)

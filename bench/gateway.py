@@ -10,7 +10,10 @@ from typing import Sequence
 from bench.nginx import MODEL
 from bench.procs import LOOPBACK, ManagedProcess, ProcessGroup, child_env, http_get, pinned
 
-__all__ = ["REPO", "PYTHON", "gateway_argv", "mock_worker_argv", "start_gateway", "start_mock_worker"]
+__all__ = [
+    "REPO", "PYTHON", "gateway_argv", "grpc_engine_argv", "mock_worker_argv", "start_gateway", "start_grpc_engine",
+    "start_mock_worker",
+]  # fmt: skip
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
@@ -18,7 +21,9 @@ MANAGE = str(REPO / "manage.py")
 START_TIMEOUT_S = 60.0
 
 
-def gateway_argv(port: int, worker_url: str, server: str, api_key: str | None = None, workers: int = 1) -> list[str]:
+def gateway_argv(
+    port: int, worker_url: str, server: str, api_key: str | None = None, workers: int = 1, extra: Sequence[str] = ()
+) -> list[str]:
     argv = [
         PYTHON,
         MANAGE,
@@ -40,7 +45,7 @@ def gateway_argv(port: int, worker_url: str, server: str, api_key: str | None = 
         argv += ["--api-key", api_key]
     if workers > 1:
         argv += ["--workers", str(workers)]
-    return argv
+    return argv + list(extra)
 
 
 def start_gateway(
@@ -54,14 +59,16 @@ def start_gateway(
     data_dir: Path,
     wrap: Sequence[str] = (),
     workers: int = 1,
+    extra: Sequence[str] = (),
 ) -> ManagedProcess:
     """The gateway pinned to ``core`` (a core or a taskset list, e.g. ``0-7``), with its SQLite file
     in ``data_dir`` and ``workers`` serving processes; waits for /readiness 200.
 
-    ``wrap`` goes between taskset and the interpreter's arguments (e.g. ``-m cProfile -o FILE``).
+    ``wrap`` goes between taskset and the interpreter's arguments (e.g. ``-m cProfile -o FILE``);
+    ``extra`` is appended to ``rungateway``'s arguments.
     """
     data_dir.mkdir(parents=True, exist_ok=True)
-    argv = gateway_argv(port, worker_url, server, workers=workers)
+    argv = gateway_argv(port, worker_url, server, workers=workers, extra=extra)
     if wrap:
         argv = [argv[0], *wrap, *argv[1:]]
     env = child_env({"GW_DATA_DIR": str(data_dir), "DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
@@ -120,4 +127,35 @@ def start_mock_worker(
     proc = group.start("mockworker", pinned(core, mock_worker_argv(port, tokens, delay_ms)), env=env, cwd=REPO)
     url = f"http://{LOOPBACK}:{port}/v1/models"
     proc.wait_ready(lambda: http_get(url)[0] == 200, timeout=START_TIMEOUT_S)
+    return proc
+
+
+def grpc_engine_argv(
+    port: int, tokenizer: Path, runtime: str = "sglang", chunk_tokens: int = 1, lean: bool = False
+) -> list[str]:
+    """``manage.py runmockworker --grpc``: the gRPC engine stand-in serving ``MODEL`` with ``tokenizer``;
+    ``lean``: bench/lean_engine.py, the same service without its prompt-length bookkeeping."""
+    common = ["--tokenizer", str(tokenizer), "--host", LOOPBACK, "--port", str(port), "--model", MODEL,
+              "--runtime", runtime, "--chunk-tokens", str(chunk_tokens)]  # fmt: skip
+    if lean:
+        return [PYTHON, str(REPO / "bench" / "lean_engine.py"), *common]
+    return [PYTHON, MANAGE, "runmockworker", "--grpc", *common]
+
+
+def start_grpc_engine(
+    group: ProcessGroup,
+    *,
+    port: int,
+    tokenizer: Path,
+    core: int | str,
+    runtime: str = "sglang",
+    chunk_tokens: int = 1,
+    lean: bool = False,
+) -> ManagedProcess:
+    """The gRPC engine stand-in pinned to ``core``; waits for its "serving ... on grpc://" line."""
+    env = child_env({"DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
+    argv = grpc_engine_argv(port, tokenizer, runtime, chunk_tokens, lean)
+    proc = group.start(f"grpc-engine-{port}", pinned(core, argv), env=env, cwd=REPO)
+    needle = f"on grpc://{LOOPBACK}:{port}"
+    proc.wait_ready(lambda: needle in proc.log_path.read_text(errors="replace"), timeout=START_TIMEOUT_S)
     return proc

@@ -66,11 +66,33 @@ def _lua_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def write_script(path: Path, body: dict[str, Any] | None = None, api_key: str | None = None) -> Path:
+_UNIQUE = """\
+local unique_head, unique_tail, unique_n = {head}, {tail}, {base}
+function request()
+  unique_n = unique_n + 1
+  return wrk.format(nil, nil, nil, unique_head .. unique_n .. unique_tail)
+end
+"""
+
+
+def write_script(
+    path: Path,
+    body: dict[str, Any] | None = None,
+    api_key: str | None = None,
+    unique_marker: str | None = None,
+    unique_base: int = 0,
+) -> Path:
+    """The wrk script POSTing ``body``; with ``unique_marker`` (a string inside the body), every
+    request replaces it with the next number after ``unique_base`` (use one thread: the counter is
+    per wrk thread), so no two requests carry the same body."""
     auth = f'wrk.headers["Authorization"] = {_lua_string("Bearer " + api_key)}' if api_key else ""
-    text = _SCRIPT.format(
-        body=_lua_string(json.dumps(body or CHAT_REQUEST, separators=(",", ":"))), auth=auth, marker=_MARKER
-    )
+    encoded = json.dumps(body or CHAT_REQUEST, separators=(",", ":"))
+    text = _SCRIPT.format(body=_lua_string(encoded), auth=auth, marker=_MARKER)
+    if unique_marker:
+        head, found, tail = encoded.partition(unique_marker)
+        if not found:
+            raise ValueError(f"{unique_marker!r} is not in the body")
+        text += _UNIQUE.format(head=_lua_string(head), tail=_lua_string(tail), base=int(unique_base))
     path.write_text(text)
     return path
 

@@ -11,12 +11,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from bench.nginx import MODEL
 from bench.procs import LOOPBACK, ManagedProcess, ProcessGroup, child_env, free_port, http_get, pinned
 
-__all__ = ["PEERS", "VENVS", "Peer", "find_peers", "install_peers", "peer_version"]
+__all__ = ["PEERS", "VENVS", "Peer", "find_peers", "install_peers", "peer_version", "start_smg"]
 
 VENVS = Path(__file__).resolve().parent / ".venvs"
 START_TIMEOUT_S = 90.0
@@ -55,6 +55,14 @@ class Peer:
 
 
 def _start_smg(group: ProcessGroup, work: Path, port: int, worker_url: str, core: int | str) -> ManagedProcess:
+    return start_smg(group, work, port, worker_url, core)
+
+
+def start_smg(
+    group: ProcessGroup, work: Path, port: int, worker_url: str, core: int | str, extra: Sequence[str] = ()
+) -> ManagedProcess:
+    """smg pinned to ``core`` relaying to ``worker_url``, ``extra`` appended to ``smg launch``'s
+    arguments (e.g. ``--model-path`` for a gRPC worker); waits for /readiness 200."""
     argv = [
         str(PEERS["smg"].binary),
         "launch",
@@ -72,6 +80,7 @@ def _start_smg(group: ProcessGroup, work: Path, port: int, worker_url: str, core
         str(free_port()),
         "--log-level",
         "warn",
+        *extra,
     ]
     proc = group.start("smg", pinned(core, argv), env=child_env(_NO_EGRESS), cwd=work)
     url = f"http://{LOOPBACK}:{port}/readiness"

@@ -40,6 +40,7 @@ class StreamResult:
     headers_p50_ms: float
     total_p50_ms: float
     error_samples: tuple[str, ...] = ()
+    elapsed_s: float = 0.0  # wall time of the measured rounds
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -61,6 +62,7 @@ def _summarize(raw: dict[str, Any], streams: int, rounds: int) -> StreamResult:
         headers_p50_ms=round(percentile(raw["headers_ms"], 50), 3),
         total_p50_ms=round(percentile(raw["total_ms"], 50), 3),
         error_samples=tuple(raw["error_samples"]),
+        elapsed_s=round(float(raw.get("elapsed_s", 0.0)), 4),
     )
 
 
@@ -72,8 +74,13 @@ def run_streams_multi(
     warmup_rounds: int,
     core: int | str,
     timeout_s: float = 30.0,
+    body: Path | None = None,
+    unique_marker: str | None = None,
+    unique_base: int = 0,
 ) -> list[StreamResult]:
-    """``streams`` concurrent streaming chat requests per round, rounds alternating over ``urls``."""
+    """``streams`` concurrent streaming chat requests per round, rounds alternating over ``urls``;
+    ``body`` a JSON file sent instead of the client's default, ``unique_marker`` a string in it that
+    every request replaces with a new number (after ``unique_base``)."""
     for url in urls:
         if not url.startswith(f"http://{LOOPBACK}:"):
             raise ValueError(f"refusing non-loopback URL {url!r}")
@@ -81,6 +88,10 @@ def run_streams_multi(
     argv += ["--warmup-rounds", str(warmup_rounds), "--timeout", f"{timeout_s:g}"]
     for url in urls:
         argv += ["--url", url]
+    if body is not None:
+        argv += ["--body", str(body)]
+    if unique_marker:
+        argv += ["--unique-marker", unique_marker, "--unique-base", str(unique_base)]
     budget = (rounds + warmup_rounds) * len(urls) * (timeout_s + 1) + 30
     done = subprocess.run(
         pinned(core, argv), capture_output=True, text=True, timeout=budget, env=child_env(), check=False
@@ -99,8 +110,12 @@ def run_streams(
     warmup_rounds: int,
     core: int | str,
     timeout_s: float = 30.0,
+    body: Path | None = None,
+    unique_marker: str | None = None,
+    unique_base: int = 0,
 ) -> StreamResult:
     """``streams`` concurrent streaming chat requests per round against one URL."""
     return run_streams_multi(
-        [url], streams=streams, rounds=rounds, warmup_rounds=warmup_rounds, core=core, timeout_s=timeout_s
-    )[0]
+        [url], streams=streams, rounds=rounds, warmup_rounds=warmup_rounds, core=core, timeout_s=timeout_s,
+        body=body, unique_marker=unique_marker, unique_base=unique_base,
+    )[0]  # fmt: skip

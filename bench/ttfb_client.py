@@ -4,7 +4,7 @@ Run as its own process (the benchmark pins it with taskset) and prints one JSON 
 with one entry per ``--url``:
 ``[{"url": ..., "ttfb_ms": [...], "headers_ms": [...], "total_ms": [...], "errors": n, "error_samples": [...]}]``.
 TTFB is the time from sending the request to the first body bytes (the first SSE event);
-``headers_ms`` is the time to the response headers. With several ``--url`` the rounds alternate
+``headers_ms`` is the time to the response headers; ``elapsed_s`` the wall time of the measured rounds. With several ``--url`` the rounds alternate
 between them (A, B, A, B, ...), so a baseline and a target see the same machine noise.
 """
 
@@ -15,6 +15,7 @@ import asyncio
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -58,18 +59,43 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, headers: d
     }
 
 
+class _Bodies:
+    """The request body, or with a marker, the body with the marker replaced by the next number."""
+
+    def __init__(self, body: bytes, marker: str | None, base: int) -> None:
+        self.head, found, self.tail = body.partition(marker.encode()) if marker else (body, b"", b"")
+        if marker and not found:
+            raise SystemExit(f"{marker!r} is not in the body")
+        self.unique, self.n = bool(marker), base
+
+    def next(self) -> bytes:
+        if not self.unique:
+            return self.head
+        self.n += 1
+        return b"%s%d%s" % (self.head, self.n, self.tail)
+
+
 async def run(
-    urls: list[str], model: str, streams: int, rounds: int, warmup: int, timeout: float, key: str | None
+    urls: list[str],
+    model: str,
+    streams: int,
+    rounds: int,
+    warmup: int,
+    timeout: float,
+    key: str | None,
+    body: bytes | None = None,
+    unique_marker: str | None = None,
+    unique_base: int = 0,
 ) -> list[dict[str, Any]]:
     for url in urls:
         if not url.startswith(LOOPBACK_PREFIX):
             raise SystemExit(f"refusing non-loopback URL {url!r}")
-    body = _body(model)
+    bodies = _Bodies(body or _body(model), unique_marker, unique_base)
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    outs = [
-        {"url": url, "ttfb_ms": [], "headers_ms": [], "total_ms": [], "errors": 0, "error_samples": []}
+    outs: list[dict[str, Any]] = [
+        {"url": url, "ttfb_ms": [], "headers_ms": [], "total_ms": [], "errors": 0, "error_samples": [], "elapsed_s": 0.0}
         for url in urls
     ]
     client_timeout = aiohttp.ClientTimeout(total=timeout)
@@ -84,10 +110,12 @@ async def run(
     try:
         for index in range(warmup + rounds):
             for url, session, out in zip(urls, sessions, outs):
+                started = time.perf_counter()
                 results = await asyncio.gather(
-                    *(_one(session, url, body, headers) for _ in range(streams)), return_exceptions=True
+                    *(_one(session, url, bodies.next(), headers) for _ in range(streams)), return_exceptions=True
                 )
                 if index >= warmup:
+                    out["elapsed_s"] += time.perf_counter() - started
                     _collect(out, results)
     finally:
         for session in sessions:
@@ -117,8 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-rounds", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=30.0, help="per-request timeout, seconds")
     parser.add_argument("--api-key", default=None)
+    parser.add_argument("--body", default=None, help="a file with the JSON request body to send instead of the default")
+    parser.add_argument("--unique-marker", default=None, help="a string in the body replaced by a new number per request")
+    parser.add_argument("--unique-base", type=int, default=0, help="the numbers start after this one")
     args = parser.parse_args(argv)
-    coro = run(args.url, args.model, args.streams, args.rounds, args.warmup_rounds, args.timeout, args.api_key)
+    body = Path(args.body).read_bytes() if args.body else None
+    coro = run(
+        args.url, args.model, args.streams, args.rounds, args.warmup_rounds, args.timeout, args.api_key,
+        body, args.unique_marker, args.unique_base,
+    )  # fmt: skip
     try:
         import uvloop  # noqa: PLC0415 - optional, lowers the client's own overhead
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, NoReturn, Sequence
 
 import orjson
 
+from common.ssrf import parse_allowed_host
 from common.urls import url_has_credentials
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "FLAGS",
     "POLICIES",
     "SERVERS",
+    "HISTORY_BACKENDS",
     "add_gateway_arguments",
     "config_from_namespace",
     "parse_gateway_args",
@@ -39,6 +41,7 @@ POLICIES = ("round_robin", "random", "power_of_two", "least_load", "cache_aware"
 SERVERS = ("uvicorn", "daphne")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 CONTROL_PLANE_ROLES = ("admin", "user")
+HISTORY_BACKENDS = ("db", "memory", "none")
 DEFAULT_MAX_PAYLOAD = 512 * 1024 * 1024
 
 
@@ -71,6 +74,10 @@ class GatewayConfig:
     tokenizer_path: str | None = None  # hub id, local directory or tokenizer.json, or grpc://worker
     chat_template: str | None = None  # a template file or the template text, over the model's own
     disable_tokenizer_autoload: bool = False  # only registered or configured tokenizers are used
+    tokenizer_cache_l0_max_bytes: int = 64 * 1024 * 1024  # whole prompts encoded before (0: off)
+    tokenizer_cache_l1_max_bytes: int = 64 * 1024 * 1024  # prompt prefixes up to a special token (0: off)
+    tool_call_parser: str | None = None  # gRPC workers' tool-call parser when card and labels name none
+    reasoning_parser: str | None = None  # gRPC workers' reasoning parser when card and labels name none
     # Client authentication
     api_key: str | None = field(default=None, repr=False)
     tenant_api_keys: tuple[tuple[str, str], ...] = field(default=(), repr=False)
@@ -132,6 +139,23 @@ class GatewayConfig:
     prometheus_port: int = 29000
     prometheus_duration_buckets: tuple[float, ...] = ()
     health_check_port: int = 0  # 0: probes only on the main listener
+    # Outbound URLs a caller can influence (common/ssrf.py): MCP servers now, external providers later
+    ssrf_allow_loopback: bool = False  # let them reach 127.0.0.0/8 and ::1
+    ssrf_allow_private: bool = False  # let them reach RFC 1918, fc00::/7 and CGNAT 100.64/10
+    ssrf_allowed_hosts: tuple[str, ...] = ()  # names, *.suffix patterns, addresses, CIDR networks
+    # MCP client (inference/mcp/): servers for built-in tools, and what one server may make us hold
+    mcp_config_path: str | None = None  # JSON file naming the MCP servers behind built-in tools
+    mcp_connect_timeout_secs: float = 10.0  # connect, handshake and tool listing of one server
+    mcp_tool_timeout_secs: float = 60.0  # one tool call
+    mcp_max_response_bytes: int = 8 * 1024 * 1024  # one HTTP answer (or SSE event) of an MCP server
+    mcp_max_tool_output_bytes: int = 1024 * 1024  # a tool result's text kept (longer: truncated)
+    mcp_max_tools: int = 256  # tools one server may list (more: the listing fails)
+    mcp_max_open_sessions: int = 512  # MCP sessions open at once in this process
+    # Responses and conversations storage (responses_api/storage)
+    history_backend: str = "db"  # db (the Django store), memory (this process, bounded) or none
+    history_memory_max_entries: int = 10000  # memory backend: responses + conversations + items kept
+    history_retention_days: int = 30  # manage.py purge_history deletes records idle longer (0: keep)
+    max_background_responses: int = 1024  # background Responses runs at once per process (0: none)
     # Not flags: set by share() in each serving process of a supervised gateway
     media_request_limit: int = 0  # the whole gateway's media budget: the most one request may hold (0: the budget)
     rate_limit_share: int = 1  # tenant limits (flags and console rows) are divided by it, rounded up
@@ -267,9 +291,9 @@ def _worker_url(text: str) -> str:
             "a worker URL must not carry credentials (user:password@host); give the key with --api-key"
         )
     scheme = text.split("://", 1)[0] if "://" in text else ""
-    if scheme not in ("http", "https"):
+    if scheme not in ("http", "https", "grpc", "grpcs"):
         raise argparse.ArgumentTypeError(
-            f"worker URL must start with http:// or https:// (gRPC and ZMQ workers come later), got {text!r}"
+            f"worker URL must start with http://, https://, grpc:// or grpcs:// (ZMQ workers come later), got {text!r}"
         )
     if len(text) <= len(scheme) + 3:
         raise argparse.ArgumentTypeError(f"worker URL has no host: {text!r}")
@@ -280,6 +304,13 @@ def _issuer_url(text: str) -> str:
     if not text.startswith(("http://", "https://")):
         raise argparse.ArgumentTypeError(f"must be an http(s) URL, got {text!r}")
     return text.rstrip("/")
+
+
+def _allowed_host(text: str) -> str:
+    try:
+        return parse_allowed_host(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _pair(separator: str, what: str, right: Callable[[str], str] = _text) -> Callable[[str], tuple[str, str]]:
@@ -345,7 +376,8 @@ FLAGS: tuple[Flag, ...] = (
          "longest pause inside a request body, and the grace before --min-request-body-rate applies"),
     Flag("min_request_body_rate", _count,
          "bytes per second a request body must average after its grace (0: no rate rule)"),
-    Flag("worker_urls", _worker_url, "HTTP worker base URLs", kind="list", metavar="URL"),
+    Flag("worker_urls", _worker_url, "worker URLs: HTTP (http://, https://) or gRPC engines (grpc://, grpcs://)",
+         kind="list", metavar="URL"),
     Flag("model_aliases", _pair("=", "alias=model"), "model alias, repeatable", kind="append",
          option="--model-alias", metavar="ALIAS=MODEL"),
     Flag("worker_startup_check_interval", _positive_float,
@@ -358,6 +390,14 @@ FLAGS: tuple[Flag, ...] = (
     Flag("chat_template", _text, "chat template file (or template text) used over the model's own"),
     Flag("disable_tokenizer_autoload", _bool, "never load a tokenizer that is not registered or configured: "
          "a model without one answers 500 tokenizer_not_found", kind="switch"),
+    Flag("tokenizer_cache_l0_max_bytes", _count,
+         "bytes of whole prompts' token ids kept for prompts seen again (0: no L0 cache)"),
+    Flag("tokenizer_cache_l1_max_bytes", _count,
+         "bytes of prompt prefixes' token ids kept, cut after a special token (0: no L1 cache)"),
+    Flag("tool_call_parser", _text, "tool-call parser of gRPC workers whose model card and labels name none "
+         "(qwen, llama, mistral, deepseek_r1, kimik2, glm45, pythonic, ...; unknown: the gateway does not start)"),
+    Flag("reasoning_parser", _text, "reasoning parser of gRPC workers whose model card and labels name none "
+         "(qwen3, deepseek_r1, ...; unknown: the gateway does not start)"),
     Flag("api_key", _text, "shared client API key (Bearer)"),
     Flag("tenant_api_keys", _pair(":", "tenant_id:key"), "per-tenant API key, repeatable", kind="append",
          option="--tenant-api-key", metavar="TENANT:KEY"),
@@ -418,6 +458,37 @@ FLAGS: tuple[Flag, ...] = (
     Flag("prometheus_duration_buckets", _positive_float, "histogram buckets for durations (seconds)", kind="list",
          metavar="SECONDS"),
     Flag("health_check_port", _count, "a separate listener for the probes (0: none)"),
+    Flag("ssrf_allow_loopback", _bool, "let URLs callers give (MCP servers) reach loopback addresses",
+         kind="switch"),
+    Flag("ssrf_allow_private", _bool, "let URLs callers give (MCP servers) reach private networks (RFC 1918, "
+         "fc00::/7, CGNAT 100.64/10)", kind="switch"),
+    Flag("ssrf_allowed_hosts", _allowed_host, "hosts URLs callers give may reach whatever their addresses: names, "
+         "*.suffix patterns, addresses, CIDR networks (the only way to link-local or metadata addresses)",
+         kind="list", metavar="HOST|CIDR"),
+    Flag("mcp_config_path", _text, "JSON file naming the MCP servers behind the built-in tools (web_search_preview, "
+         "code_interpreter, file_search, image_generation); a bad file stops start-up"),
+    Flag("mcp_connect_timeout_secs", _positive_float, "connecting to an MCP server, its handshake and tool listing"),
+    Flag("mcp_tool_timeout_secs", _positive_float, "one MCP tool call (longer: the call fails)"),
+    Flag("mcp_max_response_bytes", _positive_int,
+         "largest HTTP answer or SSE event read from an MCP server (bytes; larger: that call fails)"),
+    Flag("mcp_max_tool_output_bytes", _positive_int,
+         "largest tool result text kept (bytes of UTF-8; longer: truncated with a note)"),
+    Flag("mcp_max_tools", _positive_int, "most tools one MCP server may list (more: the listing fails)"),
+    Flag("mcp_max_open_sessions", _positive_int,
+         "MCP server sessions open at once in a serving process (more wait, up to the connect timeout)"),
+    Flag("history_backend", _choice(HISTORY_BACKENDS),
+         "where responses and conversations are stored: db (the gateway's database, shared by every process), "
+         "memory (this process only, bounded by --history-memory-max-entries, lost on restart) or none "
+         "(nothing stored: reads answer 404)"),
+    Flag("history_memory_max_entries", _positive_int,
+         "memory history backend: most responses, conversations and items kept together; the oldest "
+         "responses and conversations are evicted first"),
+    Flag("max_background_responses", _count,
+         "background Responses runs at once in a serving process (more: 429 background_responses_limit_reached; "
+         "0 turns background mode off: requests run in the foreground)"),
+    Flag("history_retention_days", _count,
+         "manage.py purge_history deletes stored responses and conversations with no activity for this many "
+         "days (0: keep forever)"),
 )
 
 

@@ -229,6 +229,16 @@ CB_SUCCESSES = Gauge(
 )
 
 # --- retries -------------------------------------------------------------------------------------
+TOKENIZER_CACHE_LOOKUPS = Counter(
+    "gw_tokenizer_cache_lookups_total", "Tokenizer cache lookups", ("layer", "result"), registry=REGISTRY
+)
+TOKENIZER_CACHE_EVICTIONS = Counter(
+    "gw_tokenizer_cache_evictions_total", "Tokenizer cache entries dropped for room", ("layer",), registry=REGISTRY
+)
+TOKENIZER_CACHE_REUSED = Counter(
+    "gw_tokenizer_cache_reused_bytes_total", "Prompt bytes whose tokens came from the cache", ("layer",),
+    registry=REGISTRY,
+)
 RETRIES = Counter("gw_worker_retries_total", "Retries on another worker", ("worker_type", "endpoint"), registry=REGISTRY)
 RETRIES_EXHAUSTED = Counter(
     "gw_worker_retries_exhausted_total", "Retryable outcomes with no retry left",
@@ -447,6 +457,16 @@ def record_retry(worker_type: str, endpoint: str, attempt: int, backoff_secs: fl
 
 def record_retries_exhausted(worker_type: str, endpoint: str) -> None:
     _child(RETRIES_EXHAUSTED, worker_type, endpoint).inc()
+
+
+def record_tokenizer_cache_lookup(layer: str, hit: bool, reused_bytes: int) -> None:
+    _child(TOKENIZER_CACHE_LOOKUPS, layer, "hit" if hit else "miss").inc()
+    if reused_bytes:
+        _child(TOKENIZER_CACHE_REUSED, layer).inc(reused_bytes)
+
+
+def record_tokenizer_cache_eviction(layer: str) -> None:
+    _child(TOKENIZER_CACHE_EVICTIONS, layer).inc()
 
 
 # --- breakers ------------------------------------------------------------------------------------

@@ -44,6 +44,8 @@ __all__ = [
     "request_timeout",
     "tokenizer_not_ready",
     "tokenizer_not_found",
+    "context_length_exceeded",
+    "tokenization_failed",
 ]
 
 # Error type per status where the spec names one; other statuses use the snake-cased status text.
@@ -88,6 +90,8 @@ class ErrorCode(str, Enum):
     REQUEST_TIMEOUT = "request_timeout"
     TOKENIZER_NOT_READY = "tokenizer_not_ready"
     TOKENIZER_NOT_FOUND = "tokenizer_not_found"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    TOKENIZATION_FAILED = "tokenization_failed"
 
 
 class GatewayError(Exception):
@@ -256,12 +260,12 @@ def worker_overload_shed(retry_after_secs: float) -> GatewayError:
 
 
 def endpoint_not_supported(path: str, transports: str) -> GatewayError:
-    """501 when only workers of other transports (gRPC, ZMQ) could answer ``path``: the spec's
-    "backend does not serve the endpoint"."""
+    """501 when the chosen kind of worker (``transports``: "grpc", "tokenspeed gRPC", ...) cannot
+    serve ``path``: the spec's "backend does not serve the endpoint"."""
     return GatewayError(
         501,
         ErrorCode.ENDPOINT_NOT_SUPPORTED,
-        f"{path} is served by HTTP workers only; this deployment has {transports} workers",
+        f"{path} is not served by {transports} workers",
     )
 
 
@@ -294,3 +298,18 @@ def tokenizer_not_found(model: str, detail: str | None = None) -> GatewayError:
     --disable-tokenizer-autoload, or its load failed (``detail``)."""
     message = f"No tokenizer is available for model '{model}'"
     return GatewayError(500, ErrorCode.TOKENIZER_NOT_FOUND, f"{message}: {detail}" if detail else message)
+
+
+def context_length_exceeded(prompt_tokens: int, context_length: int) -> GatewayError:
+    """400 when the prompt does not fit the model's context window (spec 1: param null)."""
+    return GatewayError(
+        400,
+        ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+        f"This model's maximum context length is {context_length} tokens; the prompt has {prompt_tokens} tokens",
+        param=None,
+    )
+
+
+def tokenization_failed(detail: str) -> GatewayError:
+    """500 when the model's tokenizer fails on a prompt."""
+    return GatewayError(500, ErrorCode.TOKENIZATION_FAILED, f"Tokenization failed: {detail}")

@@ -35,10 +35,13 @@ from administration.api.fanout import (
     start_profile_view,
     stop_profile_view,
 )
+from administration.api.parse import FunctionCallView, ParsedFunctionCalls, ReasoningView, SeparatedReasoning
 from administration.api.tokenizers import TokenizersView, TokenizerStatusView, TokenizerView
 from administration.api.workers import WorkersView, WorkerView
 from administration.models import JobState, JobType, TokenizerStatus, WorkerStatus
 from administration.worker_spec import PATCH_FIELDS, spec_schema
+from inference.pipeline.reasoning import REASONING_PARSERS
+from inference.pipeline.tools import TOOL_PARSERS
 from inference.routing.load_report import GATEWAY_VERSION, LoadsReport
 
 __all__ = ["SCHEMA_PATH", "ASYNC_VIEW_DECLARATIONS", "openapi_document", "openapi_view", "add_async_views"]
@@ -343,6 +346,79 @@ extend_schema_view(
         responses={200: TOKENIZER_STATUS, **_AUTH, 404: OpenApiResponse(ADMIN_ERROR, "not_found"), **_STORE_DOWN},
     ),
 )(TokenizerStatusView)
+
+
+# --- /parse/* -------------------------------------------------------------------------------------------
+
+# An OpenAI function tool as the reference gateway reads it: the type is read but not checked, and only
+# the function's parameters are used (they type the values of the XML-style formats).
+PARSE_TOOL = {
+    "type": "object",
+    "required": ["type", "function"],
+    "properties": {
+        "type": {"type": "string", "description": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": _STRING,
+                "description": {"type": "string", "nullable": True},
+                "parameters": {"type": "object", "nullable": True, "description": "The arguments' JSON Schema"},
+                "strict": {"type": "boolean", "nullable": True},
+            },
+        },
+    },
+}
+
+
+def _parser_names(kind: str, names: tuple[str, ...]) -> dict[str, str]:
+    known = ", ".join(names)
+    return {"type": "string", "description": f"A {kind} name, ignoring case and - / _ (unknown: 400): {known}"}
+
+
+PARSE_FUNCTION_CALL = {
+    "type": "object",
+    "required": ["text", "tool_call_parser"],
+    "properties": {
+        "text": {"type": "string", "description": "A model's output, special tokens kept"},
+        "tool_call_parser": _parser_names("--tool-call-parser", TOOL_PARSERS.names()),
+        "tools": {"type": "array", "items": PARSE_TOOL, "description": "The tools offered (absent: none)"},
+    },
+}
+PARSE_REASONING = {
+    "type": "object",
+    "required": ["text", "reasoning_parser"],
+    "properties": {
+        "text": {"type": "string", "description": "A model's output"},
+        "reasoning_parser": _parser_names("--reasoning-parser", REASONING_PARSERS.names()),
+    },
+}
+_PARSE_REFUSED = {
+    400: OpenApiResponse(
+        ADMIN_ERROR,
+        "bad_request: not a JSON object, a missing or wrongly typed field, an unknown parser, a text the parser "
+        "cannot read",
+    ),
+    413: OpenApiResponse(GATEWAY_ERROR, "payload_too_large: the body is over DATA_UPLOAD_MAX_MEMORY_SIZE"),
+}
+
+extend_schema_view(
+    post=extend_schema(
+        operation_id="parse_function_call",
+        summary="Tool calls in a text, by a tool-call parser (arguments as JSON text)",
+        request={"application/json": PARSE_FUNCTION_CALL},
+        responses={200: _typed_dict_schema(ParsedFunctionCalls), **_PARSE_REFUSED, **_AUTH},
+    ),
+)(FunctionCallView)
+
+extend_schema_view(
+    post=extend_schema(
+        operation_id="parse_reasoning",
+        summary="Reasoning and normal text of a text, by a reasoning parser",
+        request={"application/json": PARSE_REASONING},
+        responses={200: _typed_dict_schema(SeparatedReasoning), **_PARSE_REFUSED, **_AUTH},
+    ),
+)(ReasoningView)
 
 
 # --- the async views' declarations ---------------------------------------------------------------------

@@ -24,6 +24,7 @@ from inference.kit import Passed, RoutePlan, Validator, pass_gate, run_attempts
 from inference.routing.selection import select_worker
 from inference.routing.workers import WorkerHandle
 from inference.schemas.base import ValidatedRequest
+from inference.served import ServedAnswer, ServedRequest, ServedSurface
 from inference.upstreams import RelayAnswer, RelayRequest
 from inference.writers import OPENAI_SSE, Framing, ResponseClock, ResponseWriter
 
@@ -57,12 +58,21 @@ def _model_and_stream(body: dict[str, Any]) -> ValidatedRequest:
 
 
 class RelayRoute:
-    """A POST route relayed to the same path on the chosen worker."""
+    """A POST route relayed to the same path on the chosen worker, or served by the gateway itself
+    (``served``) when the chosen worker is an engine (gRPC); without ``served``, an engine worker
+    answers 501."""
 
-    def __init__(self, upstream_path: str, validate: Validator | None = None, framing: Framing = OPENAI_SSE) -> None:
+    def __init__(
+        self,
+        upstream_path: str,
+        validate: Validator | None = None,
+        framing: Framing = OPENAI_SSE,
+        served: type[ServedSurface] | None = None,
+    ) -> None:
         self.upstream_path = upstream_path
         self.validate: Validator = validate or _model_and_stream
         self.framing = framing
+        self.served = served
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         writer = ResponseWriter(send, request_id_for(scope), ResponseClock(perf_counter()), self.framing)
@@ -124,13 +134,26 @@ class RelayRoute:
         stream = checked.stream
         headers = forwarded_headers(scope)
         identity = passed.identity
+        served = self.served
+        surface: ServedSurface | None = None  # made at the first engine worker tried
+
+        async def open_served(target: WorkerHandle) -> ServedAnswer:
+            nonlocal surface
+            if served is None:
+                raise errors.endpoint_not_supported(path, str(target.record.transport))
+            if surface is None:
+                request = ServedRequest(dp, body, decision.model or checked.model, checked.model, stream, writer, identity)
+                surface = served(request)
+            return await surface.open(target)
 
         # Plain functions returning the upstream's own coroutines: no extra frame per attempt.
-        def open_on(target: WorkerHandle) -> Awaitable[RelayAnswer]:
+        def open_on(target: WorkerHandle) -> Awaitable[RelayAnswer | ServedAnswer]:
+            if target.record.engine is not None:
+                return open_served(target)
             relay = dp.relay_for(target.record.transport, path)
             return relay.open(RelayRequest(target, path, payload, stream, writer.request_id, headers, identity))
 
-        def deliver(answer: RelayAnswer) -> Awaitable[bool]:
+        def deliver(answer: RelayAnswer | ServedAnswer) -> Awaitable[bool]:
             return answer.forward(writer)
 
         return run_attempts(dp, plan, route, writer.clock, worker, open_on, deliver)

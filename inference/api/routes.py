@@ -13,6 +13,12 @@ from inference.api.probes import liveness, readiness
 from inference.api.relay import RelayRoute
 from inference.schemas.chat import validate_chat_completion
 from inference.schemas.completions import validate_completion
+from inference.served import ServedSurface
+from inference.served.chat import ServedChat
+from inference.served.completions import ServedCompletion
+from inference.served.embeddings import ServedEmbeddings
+from inference.served.generate import ServedGenerate
+from inference.served.tokenize import ServedDetokenize, ServedTokenize
 
 __all__ = ["data_plane_routes", "data_plane_paths", "RELAYED_PATHS"]
 
@@ -28,6 +34,16 @@ RELAYED_PATHS = (
 )
 
 
+# What the gateway serves itself on engine (gRPC) workers, per relayed route; the others answer 501
+# there.
+SERVED_PATHS: dict[str, type[ServedSurface]] = {
+    "/v1/embeddings": ServedEmbeddings,
+    "/generate": ServedGenerate,
+    "/v1/tokenize": ServedTokenize,
+    "/v1/detokenize": ServedDetokenize,
+}
+
+
 def asgi_route(pattern: str, app: ASGIApp) -> URLPattern:
     """A URL pattern for a raw ASGI app (Channels' URLRouter takes Django patterns)."""
     return path(pattern, cast(Any, app))
@@ -35,8 +51,10 @@ def asgi_route(pattern: str, app: ASGIApp) -> URLPattern:
 
 def data_plane_routes() -> list[URLPattern]:
     routes = [
-        asgi_route("v1/chat/completions", RelayRoute("/v1/chat/completions", validate_chat_completion)),
-        asgi_route("v1/completions", RelayRoute("/v1/completions", validate_completion)),
+        asgi_route(
+            "v1/chat/completions", RelayRoute("/v1/chat/completions", validate_chat_completion, served=ServedChat)
+        ),
+        asgi_route("v1/completions", RelayRoute("/v1/completions", validate_completion, served=ServedCompletion)),
         asgi_route("v1/models", list_models),
         asgi_route("health", liveness),
         asgi_route("liveness", liveness),
@@ -47,7 +65,9 @@ def data_plane_routes() -> list[URLPattern]:
         asgi_route("get_model_info", get_model_info),
         asgi_route("get_server_info", get_server_info),
     ]
-    routes.extend(asgi_route(route.lstrip("/"), RelayRoute(route)) for route in RELAYED_PATHS)
+    routes.extend(
+        asgi_route(route.lstrip("/"), RelayRoute(route, served=SERVED_PATHS.get(route))) for route in RELAYED_PATHS
+    )
     return routes
 
 

@@ -59,6 +59,8 @@ class Usage:
     completion_tokens: int
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    draft_tokens: int = 0  # speculative decoding: proposed (0: the engine reported none)
+    accepted_tokens: int = 0  # and accepted
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,9 +24,9 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from tokenizers import Tokenizer
 
@@ -35,8 +35,10 @@ from inference.pipeline.templates import ChatTemplate, TemplateCompileError
 
 __all__ = [
     "OFFLOAD_ENCODE_CHARS", "ModelTokenizer", "TokenizerCache", "TokenizerLoadError", "load_tokenizer",
-    "read_chat_template",
+    "read_chat_template", "off_loop",
 ]  # fmt: skip
+
+T = TypeVar("T")
 
 OFFLOAD_ENCODE_CHARS = 4096
 """Texts at least this long are encoded on a worker thread (about 1 ms of encoding and up)."""
@@ -100,6 +102,11 @@ def _encode_executor() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="encode")
 
 
+async def off_loop(work: Callable[[], T]) -> T:
+    """Run ``work`` (a long encode) on the encode threads, not the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(_encode_executor(), work)
+
+
 @dataclass(frozen=True, slots=True)
 class ModelTokenizer:
     """One model's tokenizer, special tokens and chat template. Immutable; shared by requests."""
@@ -120,7 +127,8 @@ class ModelTokenizer:
         """Token ids of ``text``. A rendered chat prompt: leave ``add_special_tokens`` False."""
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def _encode_released(self, text: str, add_special_tokens: bool) -> list[int]:
+    def encode_released(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """:meth:`encode` releasing the GIL while it works (for worker threads)."""
         (encoding,) = self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
         return list(encoding.ids)
 
@@ -129,11 +137,14 @@ class ModelTokenizer:
         :data:`OFFLOAD_ENCODE_CHARS` characters and more run on a worker thread."""
         if len(text) < OFFLOAD_ENCODE_CHARS:
             return self.encode(text, add_special_tokens=add_special_tokens)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(_encode_executor(), self._encode_released, text, add_special_tokens)
+        return await off_loop(partial(self.encode_released, text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def token_text(self, token_id: int) -> str:
+        """One token as text, special tokens included (logprobs name tokens this way)."""
+        return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
 
     def detokenizer(
         self, *, skip_special_tokens: bool = True, prompt_ids: Sequence[int] = ()

@@ -4,8 +4,8 @@ the response started is reported in-band. The writer applies it; transports neve
 - OpenAI chat and completions (spec 1, Streaming): ``data: <json>`` events closed by
   ``data: [DONE]``; an in-band error is ``data: {"error": {"message", "type": "internal_error"}}``
   followed by ``[DONE]``.
-- Anthropic messages and Responses events close themselves (no sentinel); their framings arrive with
-  their surfaces.
+- Responses events close themselves (no sentinel): an in-band error is an ``error`` event.
+- Anthropic messages close themselves too; their framing arrives with its surface.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import orjson
 
 from inference.errors import GatewayError
 
-__all__ = ["Framing", "OPENAI_SSE", "openai_error_event"]
+__all__ = ["Framing", "OPENAI_SSE", "RESPONSES_SSE", "openai_error_event", "responses_error_event"]
 
 
 class Framing:
@@ -45,3 +45,13 @@ def openai_error_event(error: GatewayError) -> bytes:
 
 
 OPENAI_SSE = Framing("openai", b"data: [DONE]\n\n", b"[DONE]", openai_error_event)
+
+
+def responses_error_event(error: GatewayError) -> bytes:
+    """The Responses API's in-band error: an ``error`` event (the stream has no closing sentinel)."""
+    payload = {"type": "error", "code": str(error.code), "message": error.message, "param": error.param}
+    return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+RESPONSES_SSE = Framing("responses", b"", b"", responses_error_event)
+"""Responses API events (spec 2): ``event:`` and ``data:`` lines, closed by the terminal event itself."""

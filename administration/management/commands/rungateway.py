@@ -14,6 +14,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from administration.lifecycle import apply_log_level
 from administration.servers import run_daphne, run_uvicorn
 from administration.supervisor import Supervisor, inherited_socket
+from inference.mcp import McpConfigError, mcp_config_of
+from inference.pipeline.parsers import UnknownParser, check_parser_names
 from common.config import ConfigError, GatewayConfig, add_gateway_arguments, config_from_namespace, current_config, install_config
 
 _DJANGO_OPTIONS = {"verbosity", "settings", "pythonpath", "traceback", "no_color", "force_color", "skip_checks"}
@@ -36,7 +38,9 @@ class Command(BaseCommand):
         ns = argparse.Namespace(**{k: v for k, v in options.items() if k not in _DJANGO_OPTIONS})
         try:
             config = config_from_namespace(ns)
-        except ConfigError as exc:
+            check_parser_names(tool_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser)
+            mcp_config_of(config)  # a bad --mcp-config-path file stops start-up
+        except (ConfigError, UnknownParser, McpConfigError) as exc:
             raise CommandError(str(exc)) from None
         install_config(config)
         apply_log_level(config.log_level)

@@ -97,7 +97,7 @@ def arguments_json(arguments: Any) -> str | None:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
             return None
     if not isinstance(arguments, dict):
         return None
@@ -128,7 +128,7 @@ def typed_value(raw: str, schema: Mapping[str, Any] | None) -> Any:
         return raw
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
         return raw
 
 

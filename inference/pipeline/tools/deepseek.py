@@ -70,7 +70,7 @@ class DeepSeekV3ToolParser(_DeepSeekToolParser):
             return None
         try:
             arguments = arguments_json(json.loads(raw))
-        except ValueError:
+        except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
             return None
         return ParsedCall(name.strip(), arguments) if arguments is not None else None
 
@@ -83,6 +83,6 @@ class DeepSeekV31ToolParser(_DeepSeekToolParser):
             return None
         try:
             arguments = arguments_json(json.loads(raw))
-        except ValueError:
+        except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
             return None
         return ParsedCall(name.strip(), arguments) if arguments is not None else None

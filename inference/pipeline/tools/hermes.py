@@ -28,6 +28,6 @@ class HermesToolParser(TaggedToolParser):
     def _calls_in(self, body: str) -> tuple[ParsedCall, ...] | None:
         try:
             call = call_from_object(json.loads(body))
-        except ValueError:
+        except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
             return None
         return (call,) if call else None

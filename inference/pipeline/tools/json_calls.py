@@ -27,7 +27,7 @@ class JsonToolParser(ToolParser):
             return None
         try:
             value = json.loads(region)
-        except ValueError:
+        except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
             return RegionResult(len(region), None)
         items = value if isinstance(value, list) else [value]
         calls = tuple(call_from_object(item) for item in items)

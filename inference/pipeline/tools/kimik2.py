@@ -47,6 +47,6 @@ class KimiK2ToolParser(TaggedToolParser):
             return None
         try:
             arguments = arguments_json(json.loads(raw))
-        except ValueError:
+        except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
             return None
         return ParsedCall(name, arguments, call_id) if arguments is not None else None

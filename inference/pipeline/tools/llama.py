@@ -49,7 +49,7 @@ class LlamaToolParser(ToolParser):
                 break
             try:
                 value, end = _DECODER.raw_decode(region, at)
-            except ValueError:
+            except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
                 break
             call = call_from_object(value, keys=_KEYS)
             if call is None:

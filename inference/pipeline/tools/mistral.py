@@ -51,7 +51,7 @@ class MistralToolParser(ToolParser):
     def _json_form(text: str) -> tuple[int, tuple[ParsedCall, ...]] | None:
         try:
             value, end = _DECODER.raw_decode(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
             return None
         items = value if isinstance(value, list) else [value]
         calls = tuple(call_from_object(item) for item in items)
@@ -69,7 +69,7 @@ class MistralToolParser(ToolParser):
         raw = after.lstrip()
         try:
             value, end = _DECODER.raw_decode(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
             return None
         arguments = arguments_json(value)
         if arguments is None:

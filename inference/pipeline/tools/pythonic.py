@@ -34,7 +34,7 @@ def _function_name(node: ast.expr) -> str | None:
 def _calls_in(source: str) -> tuple[ParsedCall, ...] | None:
     try:
         tree = ast.parse(source.strip(), mode="eval")
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
     if not isinstance(tree.body, ast.List) or not tree.body.elts:
         return None
@@ -55,7 +55,7 @@ def _calls_in(source: str) -> tuple[ParsedCall, ...] | None:
                 return None
         try:
             calls.append(ParsedCall(name, json.dumps(arguments, ensure_ascii=False)))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             return None
     return tuple(calls)
 

@@ -153,13 +153,13 @@ async def test_long_encodes_run_off_the_event_loop(monkeypatch: pytest.MonkeyPat
     assert len(long) >= module.OFFLOAD_ENCODE_CHARS > len(short)
     loop_thread = threading.get_ident()
     threads: list[int] = []
-    real = module.ModelTokenizer._encode_released
+    real = module.ModelTokenizer.encode_released
 
-    def recording(self: module.ModelTokenizer, text: str, add: bool) -> list[int]:
+    def recording(self: module.ModelTokenizer, text: str, *, add_special_tokens: bool = False) -> list[int]:
         threads.append(threading.get_ident())
-        return real(self, text, add)
+        return real(self, text, add_special_tokens=add_special_tokens)
 
-    monkeypatch.setattr(module.ModelTokenizer, "_encode_released", recording)
+    monkeypatch.setattr(module.ModelTokenizer, "encode_released", recording)
     assert await qwen.aencode(short) == qwen.encode(short)
     assert threads == []
     ids = await qwen.aencode(long)

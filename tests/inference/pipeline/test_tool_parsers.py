@@ -164,3 +164,19 @@ def test_registry_names() -> None:
         "pythonic", "llama4_pythonic", "json", "passthrough",
     }  # fmt: skip
     assert expected <= set(TOOL_PARSERS.names())
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("qwen", "<tool_call>" + "[" * 100_000 + "</tool_call>"),
+        ("llama", "[" * 100_000),
+        ("mistral", "[TOOL_CALLS]" + "[" * 100_000),
+        ("json", "[" * 100_000),
+        ("pythonic", "[f()," * 20_000),
+    ],
+)
+def test_output_nested_past_the_parsers_depth_is_text(name: str, text: str) -> None:
+    parsed = TOOL_PARSERS.get(name).parse(text)
+    assert parsed.tool_calls == ()
+    assert parsed.content.strip()

@@ -1,0 +1,535 @@
+"""The gRPC pipeline beside smg, one core each: ``.venv/bin/python bench/grpc_pipeline.py [--duration S]``.
+
+The gateway (uvicorn) and smg each front the project's gRPC engine stand-in (``manage.py
+runmockworker --grpc --runtime sglang``), so both render the chat template, tokenize, drive the
+engine with token ids, detokenize and parse. The target runs alone on core 0; the engine, wrk and
+the stream client share core 1 (bench/run.py's pinning). For each fixture tokenizer (Qwen3, Llama 3
+with its 3.2 template) x prompt size (~1k, ~8k tokens) x prompt variant (``cached``: the same prompt
+every time; ``unique``: a new number at the start of the user message per request, so no whole-prompt
+or prefix cache holds the long part) and each target:
+
+1. non-streaming chat, ``max_tokens`` 16: p50 at c=1 and requests/s at c=64 (wrk), and the target's
+   CPU per request over the c=64 run (every thread's CPU time from /proc, as bench/cpu_cost.py);
+2. streaming chat, 256 tokens (``ignore_eos``): rounds of 32 concurrent streams, streamed tokens/s
+   and the target's CPU per output token (its CPU over the rounds / tokens streamed; it includes
+   each stream's prompt handling).
+
+``--profile`` then runs the gateway under cProfile for the short chat at c=64 and for the streams
+(``--profile-case``) and prints the top functions by own and by cumulative time (bench/hotspots.py's
+summary).
+Results: a table on stdout and ``bench/results/grpc-pipeline.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import itertools
+import json
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tokenizers import Tokenizer  # noqa: E402
+
+from bench.cpu_cost import cpu_seconds  # noqa: E402
+from bench.gateway import PYTHON, REPO, start_gateway, start_grpc_engine  # noqa: E402
+from bench.hotspots import _summary as profile_summary  # noqa: E402
+from bench.loadgen import WRK, run_wrk, write_script  # noqa: E402
+from bench.machine import describe, loadavg  # noqa: E402
+from bench.nginx import MODEL, NGINX  # noqa: E402
+from bench.peers import PEERS, peer_version, start_smg  # noqa: E402
+from bench.procs import LOOPBACK, ManagedProcess, ProcessGroup, StartError, free_port, http_post_json  # noqa: E402
+from bench.run import _raise_on_sigterm  # noqa: E402
+from bench.streaming import run_streams  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+FIXTURES = Path("/work/shared/fixtures/models")
+MARKER = "@@REQ@@"
+SHORT_TOKENS, STREAM_TOKENS, STREAMS = 16, 256, 32
+TARGETS = ("gateway", "smg")
+
+
+@dataclass(frozen=True)
+class Model:
+    folder: Path
+    chat_template: Path | None
+    reasoning_parser: str | None
+    tool_parser: str
+
+    def flags(self) -> list[str]:
+        """Template and parser flags, spelled the same for both targets."""
+        out = ["--tool-call-parser", self.tool_parser]
+        if self.reasoning_parser:
+            out += ["--reasoning-parser", self.reasoning_parser]
+        if self.chat_template:
+            out += ["--chat-template", str(self.chat_template)]
+        return out
+
+
+MODELS = {
+    "qwen3": Model(FIXTURES / "qwen3", None, "qwen3", "qwen"),
+    "llama3": Model(FIXTURES / "llama3", FIXTURES / "llama3" / "chat_template.llama-3.2.jinja", None, "llama"),
+}
+SIZES = {"1k": 1024, "8k": 8192}
+VARIANTS = ("cached", "unique")
+_TEMPLATE_TOKENS = 50  # what the template and the system message add, about
+_bases = itertools.count(1)
+
+
+def prompt_text(tokenizer_file: Path, tokens: int, seed: int = 9) -> str:
+    """Deterministic prose-like text of pseudo-words that encodes to ``tokens`` tokens."""
+    rng = random.Random(seed)
+    syllables = ["ka", "lo", "mi", "ren", "to", "sa", "vel", "dor", "an", "is", "qu", "est", "ber", "ni", "ox", "ul"]
+    words = ["".join(rng.choices(syllables, k=rng.randint(1, 4))) for _ in range(tokens)]
+    text = " ".join(w.capitalize() + "." if i % 13 == 12 else w for i, w in enumerate(words))
+    encoding = Tokenizer.from_file(str(tokenizer_file)).encode(text, add_special_tokens=False)
+    return text[: encoding.offsets[min(tokens, len(encoding.ids)) - 1][1]]
+
+
+def chat_body(prompt: str, unique: bool, max_tokens: int, stream: bool) -> dict[str, Any]:
+    number = MARKER if unique else "0"
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": f"[request {number}] {prompt}"},
+        ],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    if stream:
+        body.update(stream=True, ignore_eos=True, stream_options={"include_usage": True})
+    return body
+
+
+def _concrete(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).replace(MARKER, str(next(_bases) * 10**8)).encode()
+
+
+def _smoke(url: str, body: dict[str, Any], stream: bool, timeout: float = 90.0) -> dict[str, Any]:
+    """POST until 200 (the gateway answers 503 while it loads the tokenizer); the answer's usage."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, answer = http_post_json(url, _concrete(body), timeout=60)
+        if status == 200 or time.monotonic() > deadline or status not in (0, 503):
+            break
+        time.sleep(0.5)
+    if status != 200:
+        raise StartError(f"smoke request answered {status}: {answer[:300]!r}")
+    if stream:
+        events = [line[5:].strip() for line in answer.decode().splitlines() if line.startswith("data:")]
+        usage = next((json.loads(e)["usage"] for e in reversed(events) if '"usage"' in e and e != "[DONE]"), None)
+        if events[-1:] != ["[DONE]"] or not usage:
+            raise StartError(f"stream without usage or [DONE]: {answer[-300:]!r}")
+        return dict(usage)
+    parsed = json.loads(answer)
+    if not parsed.get("choices"):
+        raise StartError(f"no choices: {answer[:300]!r}")
+    return dict(parsed["usage"])
+
+
+def _tests_running() -> bool:
+    return subprocess.run(["pgrep", "-f", "pytest"], capture_output=True, check=False).returncode == 0
+
+
+def _no_heavy_load(wait_s: float = 1800.0) -> None:
+    """Wait while a test suite runs on the machine (it would share the cores)."""
+    if wait_s <= 0:
+        return
+    deadline = time.monotonic() + wait_s
+    while _tests_running():
+        if time.monotonic() > deadline:
+            print("  note: pytest still running; measuring anyway", flush=True)
+            return
+        print("  waiting for a running pytest to finish ...", flush=True)
+        time.sleep(20)
+
+
+class TestWatch:
+    """Notes whether a pytest ran at any time while the ``with`` block ran (polled every 0.5 s)."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.5):
+            self.seen = self.seen or _tests_running()
+
+    def __enter__(self) -> TestWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def main_thread_cpu(pid: int) -> float:
+    """CPU seconds of ``pid``'s main thread (the event loop; the rest is gRPC's and the pools' threads)."""
+    try:
+        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError):
+        return 0.0
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def measure_case(
+    args: argparse.Namespace, url: str, pid: int, engine_pid: int, model: Model, size: str, variant: str, work: Path
+) -> dict[str, Any]:
+    """One target, one (tokenizer, prompt size, variant): wrk c=1 and c=64, then streams."""
+    prompt = prompt_text(model.folder / "tokenizer.json", SIZES[size] - _TEMPLATE_TOKENS)
+    unique = variant == "unique"
+    short, stream = chat_body(prompt, unique, SHORT_TOKENS, False), chat_body(prompt, unique, STREAM_TOKENS, True)
+    out: dict[str, Any] = {"usage": _smoke(url, short, False), "stream_usage": _smoke(url, stream, True)}
+    if out["stream_usage"].get("completion_tokens") != STREAM_TOKENS:
+        raise StartError(f"a stream gave {out['stream_usage']} instead of {STREAM_TOKENS} tokens")
+    marker = MARKER if unique else None
+
+    def script(name: str) -> Path:
+        return write_script(work / f"{name}.lua", short, unique_marker=marker, unique_base=next(_bases) * 10**8)
+
+    run_wrk(url, script("warm"), connections=64, threads=1, duration=args.warmup, core=args.load_core)
+    c1 = run_wrk(url, script("c1"), connections=1, threads=1, duration=args.duration, core=args.load_core)
+    before, engine_before, started = cpu_seconds(pid), cpu_seconds(engine_pid), time.monotonic()
+    main_before = main_thread_cpu(pid)
+    c64 = run_wrk(url, script("c64"), connections=64, threads=1, duration=args.duration, core=args.load_core)
+    cpu, engine_cpu, wall = cpu_seconds(pid) - before, cpu_seconds(engine_pid) - engine_before, time.monotonic() - started
+    out["main_thread_share"] = round((main_thread_cpu(pid) - main_before) / cpu, 3) if cpu else 0.0
+    out["c1"], out["c64"] = c1.to_dict(), c64.to_dict()
+    out["cpu_us_per_request"] = round(cpu / max(c64.requests, 1) * 1e6, 1)
+    out["engine_cpu_us_per_request"] = round(engine_cpu / max(c64.requests, 1) * 1e6, 1)
+    out["target_core_busy"] = round(cpu / wall, 3)
+
+    body_file = work / "stream.json"
+    body_file.write_text(json.dumps(stream))
+    streams = functools.partial(
+        run_streams, url, streams=STREAMS, warmup_rounds=0, core=args.load_core, timeout_s=120.0, body=body_file,
+        unique_marker=marker,
+    )  # fmt: skip
+    streams(rounds=1, unique_base=next(_bases) * 10**8)  # warm-up
+    before, main_before = cpu_seconds(pid), main_thread_cpu(pid)
+    done = streams(rounds=args.stream_rounds, unique_base=next(_bases) * 10**8)
+    cpu, main_cpu = cpu_seconds(pid) - before, main_thread_cpu(pid) - main_before
+    tokens = done.samples * STREAM_TOKENS
+    out["stream"] = {
+        **done.to_dict(),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / done.elapsed_s, 1) if done.elapsed_s else 0.0,
+        "cpu_us_per_token": round(cpu / max(tokens, 1) * 1e6, 2),
+        "cpu_us_per_stream": round(cpu / max(done.samples, 1) * 1e6, 1),
+        "target_core_busy": round(cpu / done.elapsed_s, 3) if done.elapsed_s else 0.0,
+        "main_thread_share": round(main_cpu / cpu, 3) if cpu else 0.0,
+    }
+    out["rss_mb"] = rss_mb(pid)
+    return out
+
+
+def _start_target(
+    target: str, group: ProcessGroup, work: Path, port: int, engine_url: str, model: Model, args: argparse.Namespace,
+    wrap: tuple[str, ...] = (),
+) -> ManagedProcess:  # fmt: skip
+    if target == "gateway":
+        metrics = ["--prometheus-host", LOOPBACK, "--prometheus-port", str(free_port())]
+        return start_gateway(
+            group, f"gateway-{port}", port=port, worker_url=engine_url, server="uvicorn", core=args.target_core,
+            data_dir=work / f"data-{port}", extra=metrics + model.flags(), wrap=wrap,
+        )  # fmt: skip
+    where = work / f"smg-{port}"
+    where.mkdir(parents=True, exist_ok=True)
+    # Both targets keep whole-prompt and prefix encode caches (the gateway's are on by default).
+    extra = ["--model-path", str(model.folder), "--tokenizer-cache-enable-l0", "--tokenizer-cache-enable-l1"]
+    return start_smg(group, where, port, engine_url, args.target_core, extra=extra + model.flags())
+
+
+def run_all(args: argparse.Namespace, group: ProcessGroup, work: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for name in args.tokenizers:
+        model = MODELS[name]
+        engine_port = free_port()
+        engine = start_grpc_engine(
+            group, port=engine_port, tokenizer=model.folder, core=args.load_core, lean=not args.stock_engine,
+            chunk_tokens=args.chunk_tokens,
+        )  # fmt: skip
+        engine_url = f"grpc://{LOOPBACK}:{engine_port}"
+        try:
+            for target in args.targets:
+                port = free_port()
+                print(f"- {name} / {target}: starting", flush=True)
+                proc: ManagedProcess | None = None
+                try:
+                    proc = _start_target(target, group, work, port, engine_url, model, args)
+                    url = f"http://{LOOPBACK}:{port}/v1/chat/completions"
+                    for size, variant in itertools.product(args.sizes, VARIANTS):
+                        key = f"{name}/{size}/{variant}"
+                        for attempt in range(1, args.attempts + 1):
+                            _no_heavy_load(args.wait_for_tests)
+                            with TestWatch() as watch:
+                                entry = measure_case(
+                                    args, url, proc.popen.pid, engine.popen.pid, model, size, variant, work
+                                )
+                            entry.update(loadavg=loadavg(), disturbed=watch.seen, attempt=attempt)
+                            if not watch.seen or args.wait_for_tests <= 0:
+                                break
+                            print(f"  {key}: a pytest ran meanwhile; measuring again", flush=True)
+                        results.setdefault(key, {})[target] = entry
+                        print(f"  {key}: {_line(entry)}", flush=True)
+                except (StartError, RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+                    print(f"  {target} failed: {exc}", flush=True)
+                    results.setdefault("failures", {})[f"{name}/{target}"] = str(exc)
+                finally:
+                    if proc is not None:
+                        group.stop(proc)
+        finally:
+            group.stop(engine)
+    return results
+
+
+def _line(entry: dict[str, Any]) -> str:
+    c1, c64, st = entry["c1"], entry["c64"], entry["stream"]
+    errors = c64["errors"] + c64["non_2xx"] + c1["errors"] + c1["non_2xx"] + st["errors"]
+    return (
+        f"prompt {entry['usage']['prompt_tokens']} tok; c=64 {c64['rps']:,.0f} req/s, {entry['cpu_us_per_request']:,.0f} "
+        f"us CPU/req (core {entry['target_core_busy']:.0%} busy); c=1 p50 {c1['p50_ms']:.2f} ms; stream "
+        f"{st['tokens_per_s']:,.0f} tok/s, {st['cpu_us_per_token']:.1f} us CPU/token; errors {errors}"
+        + ("; a pytest ran meanwhile" if entry.get("disturbed") else "")
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else ""
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    head = (
+        "| tokenizer | prompt | variant | prompt tok | req/s c=64 gw | req/s c=64 smg | p50 c=1 ms gw | p50 c=1 ms smg "
+        "| CPU us/req gw | CPU us/req smg | ratio | stream tok/s gw | stream tok/s smg | CPU us/tok gw "
+        "| CPU us/tok smg | ratio |\n|---|---|---|" + "---:|" * 13
+    )
+    rows = [head]
+    for key, entry in results.items():
+        if key == "failures":
+            continue
+        gw, smg = entry.get("gateway", {}), entry.get("smg", {})
+
+        def get(e: dict[str, Any], path: str, fmt: str) -> str:
+            value: Any = e
+            for part in path.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            return format(value, fmt) if isinstance(value, (int, float)) else "-"
+
+        def num(e: dict[str, Any], path: str) -> float | None:
+            value: Any = e
+            for part in path.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            return float(value) if isinstance(value, (int, float)) else None
+
+        disturbed = " (pytest ran)" if gw.get("disturbed") or smg.get("disturbed") else ""
+        cells = [
+            *key.split("/")[:2], key.split("/")[2] + disturbed,
+            get(gw or smg, "usage.prompt_tokens", "d"),
+            get(gw, "c64.rps", ",.0f"), get(smg, "c64.rps", ",.0f"),
+            get(gw, "c1.p50_ms", ".3f"), get(smg, "c1.p50_ms", ".3f"),
+            get(gw, "cpu_us_per_request", ",.0f"), get(smg, "cpu_us_per_request", ",.0f"),
+            _ratio(num(gw, "cpu_us_per_request"), num(smg, "cpu_us_per_request")),
+            get(gw, "stream.tokens_per_s", ",.0f"), get(smg, "stream.tokens_per_s", ",.0f"),
+            get(gw, "stream.cpu_us_per_token", ".1f"), get(smg, "stream.cpu_us_per_token", ".1f"),
+            _ratio(num(gw, "stream.cpu_us_per_token"), num(smg, "stream.cpu_us_per_token")),
+        ]  # fmt: skip
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+PY_SPY = Path(PYTHON).parent / "py-spy"  # pip install py-spy into the venv
+
+
+_LINE = re.compile(r":\d+\)$")
+_TRUNK = ("(manage.py", "django/core/management/", "rungateway.py", "(administration/servers.py", "uvicorn/server.py",
+          "uvicorn/_compat.py", "asyncio/runners.py", "(threading.py")  # fmt: skip
+
+
+def pyspy_summary(raw: Path, top: int) -> str:
+    """Top functions of a py-spy ``--format raw`` file (collapsed stacks, lines merged per function):
+    by own samples (on top of the stack) and by inclusive samples (anywhere in the stack)."""
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames, samples = [_LINE.sub(")", frame) for frame in stack.split(";")], int(count)
+        total += samples
+        own[frames[-1]] += samples
+        for frame in set(frames):
+            inclusive[frame] += samples
+    if not total:
+        return "no samples"
+    lines = [f"{total} samples; --- by own samples"]
+    lines += [f"{100 * n / total:5.1f}%  {frame}" for frame, n in own.most_common(top)]
+    lines.append("--- by inclusive samples (without the server's start-up frames that hold every request)")
+    kept = [(frame, n) for frame, n in inclusive.most_common() if not any(part in frame for part in _TRUNK)]
+    lines += [f"{100 * n / total:5.1f}%  {frame}" for frame, n in kept[:top]]
+    return "\n".join(lines)
+
+
+def profile(args: argparse.Namespace, group: ProcessGroup, work: Path, mode: str) -> str:
+    """Where the gateway's time goes for ``--profile-case``: the short chat at c=64 (``mode`` chat)
+    or rounds of 32 streams (``mode`` stream). With py-spy (``.venv/bin/py-spy``): sampled at 250 Hz
+    from outside while loaded, the gateway unchanged; with cProfile: the gateway runs under it and is
+    stopped with SIGINT so the profile is written (bench/hotspots.py's summary)."""
+    name, size, variant = args.profile_case.split(":")
+    model = MODELS[name]
+    spy = args.profiler == "py-spy"
+    out = RESULTS / f"profile-grpc-{mode}-{name}-{size}-{variant}.{'txt' if spy else 'prof'}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    engine_port, port = free_port(), free_port()
+    engine = start_grpc_engine(group, port=engine_port, tokenizer=model.folder, core=args.load_core,
+                               lean=not args.stock_engine, chunk_tokens=args.chunk_tokens)  # fmt: skip
+    wrap = () if spy else ("-m", "cProfile", "-o", str(out))
+    gateway = _start_target("gateway", group, work, port, f"grpc://{LOOPBACK}:{engine_port}", model, args, wrap)
+    url = f"http://{LOOPBACK}:{port}/v1/chat/completions"
+    sampler: subprocess.Popen[bytes] | None = None
+    try:
+        _no_heavy_load(args.wait_for_tests)
+        prompt = prompt_text(model.folder / "tokenizer.json", SIZES[size] - _TEMPLATE_TOKENS)
+        marker = MARKER if variant == "unique" else None
+        body = chat_body(prompt, marker is not None, SHORT_TOKENS if mode == "chat" else STREAM_TOKENS, mode == "stream")
+        _smoke(url, body, mode == "stream")
+        (work / "profile.json").write_text(json.dumps(body))
+        script = write_script(work / "profile.lua", body, unique_marker=marker, unique_base=next(_bases) * 10**8)
+
+        def load(seconds: float) -> str:
+            if mode == "chat":
+                point = run_wrk(url, script, connections=64, threads=1, duration=seconds, core=args.load_core)
+                return f"wrk c=64 {seconds:g} s: {point.rps:,.0f} req/s"
+            rounds = max(2, round(seconds * 1.5))
+            done = run_streams(url, streams=STREAMS, rounds=rounds, warmup_rounds=0, core=args.load_core, timeout_s=120,
+                               body=work / "profile.json", unique_marker=marker, unique_base=next(_bases) * 10**8)  # fmt: skip
+            return f"{rounds} rounds x {STREAMS} streams of {STREAM_TOKENS} tokens in {done.elapsed_s:.1f} s"
+
+        if spy:
+            load(1.0)  # warm
+            argv = [str(PY_SPY), "record", "-p", str(gateway.popen.pid), "-d", f"{args.profile_seconds:g}", "-r", "250",
+                    "-f", "raw", "-o", str(out), "--nonblocking"]  # fmt: skip
+            sampler = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        summary = load(args.profile_seconds + (1 if spy else 0))
+        if sampler is not None:
+            sampler.wait(timeout=60)
+    finally:
+        if sampler is not None and sampler.poll() is None:
+            sampler.kill()
+        if spy:
+            group.stop(gateway)
+        else:
+            gateway.stop(grace=30, sig=signal.SIGINT)
+            group.processes.remove(gateway)
+        group.stop(engine)
+    if not out.exists():
+        return f"no profile written (see {gateway.log_path})"
+    text = pyspy_summary(out, args.top) if spy else profile_summary(out, args.top)
+    return f"== {args.profiler} {mode} {args.profile_case}: {summary} ({out})\n{text}"
+
+
+def split(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--duration", type=float, default=5.0, help="seconds per wrk point (default 5)")
+    add("--warmup", type=float, default=1.0, help="seconds of wrk warm-up per case (default 1)")
+    add("--stream-rounds", type=int, default=6, help=f"measured rounds of {STREAMS} streams (default 6)")
+    add("--tokenizers", default=",".join(MODELS), help="subset of qwen3,llama3")
+    add("--sizes", default=",".join(SIZES), help="subset of 1k,8k")
+    add("--targets", default=",".join(TARGETS), help="subset of gateway,smg")
+    add("--target-core", default="0")
+    add("--load-core", default="1")
+    add("--stock-engine", action="store_true",
+        help="run manage.py runmockworker --grpc as it is (default: bench/lean_engine.py, the same service "
+             "without the stand-in's prompt-length bookkeeping, which makes it the bottleneck for long prompts)")
+    add("--profile", action="store_true", help="also profile the gateway (cProfile): short chat at c=64, then streams")
+    add("--profile-only", action="store_true", help="only the profiles")
+    add("--profile-modes", default="chat,stream", help="which profiles: chat, stream or both (default chat,stream)")
+    add("--profile-case", default="qwen3:1k:cached", help="TOKENIZER:SIZE:VARIANT to profile (default qwen3:1k:cached)")
+    add("--profile-seconds", type=float, default=8.0)
+    add("--profiler", choices=("py-spy", "cprofile"), default="py-spy" if PY_SPY.exists() else "cprofile",
+        help="py-spy (sampling from outside; the default when py-spy is installed beside the venv's python) or cProfile")
+    add("--chunk-tokens", type=int, default=1, help="the engine's tokens per streamed message (default 1)")
+    add("--top", type=int, default=25)
+    add("--wait-for-tests", type=float, default=1800.0,
+        help="before each case, wait up to this many seconds while a pytest runs (0: do not wait)")
+    add("--attempts", type=int, default=3,
+        help="measure a case again (up to this many times in all) when a pytest ran while it was measured")
+    add("--output", type=Path, default=RESULTS / "grpc-pipeline.json")
+    args = parser.parse_args(argv)
+    args.tokenizers, args.sizes, args.targets = split(args.tokenizers), split(args.sizes), split(args.targets)
+    if set(args.tokenizers) - set(MODELS) or set(args.sizes) - set(SIZES) or set(args.targets) - set(TARGETS):
+        parser.error("unknown tokenizer, size or target")
+    if "smg" in args.targets and not PEERS["smg"].installed:
+        print("smg is not installed (bench/run.py --install-peers): measuring the gateway alone", file=sys.stderr)
+        args.targets = [t for t in args.targets if t != "smg"]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    _raise_on_sigterm()
+
+    meta = describe(REPO, NGINX, WRK)
+    meta["smg_version"] = peer_version(PEERS["smg"]) if PEERS["smg"].installed else None
+    work = Path(tempfile.mkdtemp(prefix="gw-grpc-bench-"))
+    results: dict[str, Any] = {}
+    text = ""
+    try:
+        with ProcessGroup(work / "logs") as group:
+            if not args.profile_only:
+                results = run_all(args, group, work)
+            if args.profile or args.profile_only:
+                text = "\n".join(profile(args, group, work, mode) for mode in split(args.profile_modes))
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping everything", file=sys.stderr)
+        return 130
+    finally:
+        logs = RESULTS / "logs-grpc"
+        shutil.rmtree(logs, ignore_errors=True)
+        shutil.copytree(work / "logs", logs, dirs_exist_ok=True) if (work / "logs").is_dir() else None
+        shutil.rmtree(work, ignore_errors=True)
+    meta["loadavg_end"] = loadavg()
+    if results:
+        print()
+        print(render_markdown(results))
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps({"meta": meta, "config": vars(args) | {"output": str(args.output)},
+                                           "results": results}, indent=2, default=str))  # fmt: skip
+        print(f"\nwrote {args.output}")
+    if text:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""The gRPC engine stand-in for load, without its per-request bookkeeping that grows with the prompt.
+
+``.venv/bin/python bench/lean_engine.py --tokenizer FOLDER --port P [--model M] [--chunk-tokens N]``
+
+The same service as ``manage.py runmockworker --grpc`` (:mod:`standins.grpc_engine`, the same wire
+and the same scripted replies), with three test aids turned off because in Python they cost the
+engine milliseconds per long prompt and would make the engine, not the gateway, the bottleneck:
+
+- the simulated prefix cache (a token-by-token compare against 64 earlier prompts; ``cached_tokens``
+  is 0);
+- decoding the prompt ids back to text for the request record (the record keeps an empty text, so
+  the ``[[mock:KIND]]`` markers are not seen: every reply is the default one);
+- the id range check, done with ``max`` instead of a generator over every id;
+- the copy of each request as a dict for the record (``MessageToDict`` over every prompt id).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from standins import grpc_services, scripted_engine  # noqa: E402
+from standins.grpc_engine import GrpcEngineConfig, run_grpc_engine  # noqa: E402
+
+
+def make_lean() -> None:
+    """Patch the stand-in's engine classes in this process (bench/ only; the stand-in is unchanged)."""
+    engine_cls, model_cls = scripted_engine.ScriptedEngine, scripted_engine.ScriptedModel
+    check = engine_cls.check_prompt
+
+    async def check_prompt(self: Any, ids: tuple[int, ...], context: Any) -> None:
+        if not ids or max(ids) >= self.model.vocab_size or len(ids) >= self.config.max_context_length:
+            await check(self, ids, context)  # the stand-in's own error
+
+    def decode(self: Any, ids: list[int] | tuple[int, ...]) -> str:
+        return "" if len(ids) > 64 else str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    grpc_services._seen = lambda message: {}
+    engine_cls.cached_prefix = lambda self, ids: 0  # type: ignore[method-assign]
+    engine_cls.check_prompt = check_prompt  # type: ignore[method-assign]
+    model_cls.decode = decode  # type: ignore[method-assign]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--model", default="mock-model")
+    parser.add_argument("--runtime", default="sglang")
+    parser.add_argument("--chunk-tokens", type=int, default=1)
+    args = parser.parse_args(argv)
+    make_lean()
+    config = GrpcEngineConfig(
+        runtime=args.runtime, tokenizer=args.tokenizer, model=args.model, chunk_tokens=args.chunk_tokens
+    )
+    run_grpc_engine(config, args.host, args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

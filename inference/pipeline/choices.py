@@ -1,0 +1,160 @@
+"""Stages "detokenize → stop matching → parse" for one choice: engine outputs in, API-neutral
+events out (:mod:`inference.pipeline.events`).
+
+Per engine output of the choice:
+
+1. the token ids are cut at the first stop token (the request's stop_token_ids and the model's
+   end-of-sequence ids unless ignore_eos): the stop token is the choice's ``matched_stop`` and is
+   never detokenized;
+2. the ids become text incrementally (never half a UTF-8 character; skip_special_tokens applied);
+3. stop strings are matched over the text (never split across chunks; trimmed unless no_stop_trim);
+4. the reasoning parser splits reasoning from content, and the tool parser finds calls in the
+   content.
+
+The choice ends at the engine's finish, or earlier at a stop token or stop string (the caller then
+stops reading the engine, which aborts it). The last events are the parsers' held text and one
+:class:`Finished` with the finish reason (``tool_calls`` when a call was found and the output
+stopped on its own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from inference.pipeline.events import Event, Finished, ReasoningDelta, TextDelta, ToolCallDelta
+from inference.pipeline.reasoning import ReasoningParser
+from inference.pipeline.stops import StopMatcher, StopTokens
+from inference.pipeline.tokenizers import ModelTokenizer
+from inference.pipeline.tools.base import ToolEvent
+from inference.upstreams.engine import EngineOutput, FinishReason, TokenLogprobs
+
+__all__ = ["ChoiceOptions", "ChoiceOutput", "CallParser", "joined"]
+
+
+class CallParser(Protocol):
+    """A tool parser as the choice uses it (the families' ToolParser, or ConstrainedCalls)."""
+
+    def feed(self, text: str) -> list[ToolEvent]: ...
+
+    def finish(self) -> list[ToolEvent]: ...
+
+    @property
+    def has_tool_calls(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceOptions:
+    """What every choice of one request shares."""
+
+    stop_tokens: StopTokens
+    stops: tuple[str, ...] = ()
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    reasoning: Callable[[], ReasoningParser] | None = None  # a fresh parser per choice, or None
+    tools: Callable[[], CallParser] | None = None
+    prompt_ids: tuple[int, ...] = ()  # the prompt's last ids give the detokenizer its context
+
+
+class ChoiceOutput:
+    """One choice of one request. Not thread-safe."""
+
+    __slots__ = (
+        "index", "_detokenizer", "_stops", "_options", "_reasoning", "_tools", "done", "completion_tokens",
+        "logprobs", "text_length",
+    )  # fmt: skip
+
+    def __init__(self, index: int, tokenizer: ModelTokenizer, options: ChoiceOptions) -> None:
+        self.index = index
+        self._options = options
+        self._detokenizer = tokenizer.detokenizer(
+            skip_special_tokens=options.skip_special_tokens, prompt_ids=options.prompt_ids
+        )
+        self._stops = StopMatcher(options.stops, no_stop_trim=options.no_stop_trim)
+        self._reasoning = options.reasoning() if options.reasoning is not None else None
+        self._tools = options.tools() if options.tools is not None else None
+        self.done = False
+        self.completion_tokens = 0
+        self.logprobs: list[TokenLogprobs] = []
+        self.text_length = 0  # characters of output text (content and reasoning) emitted
+
+    def step(self, output: EngineOutput) -> list[Event]:
+        """The events one engine output of this choice adds (none once the choice is done)."""
+        if self.done:
+            return []
+        self.completion_tokens = max(self.completion_tokens, output.completion_tokens)
+        ids = output.token_ids
+        matched_token: int | None = None
+        at = self._options.stop_tokens.find(ids)
+        if at is not None:
+            matched_token = ids[at]
+            ids = ids[:at]
+        if output.logprobs is not None:
+            self.logprobs.extend(output.logprobs[: len(ids)])
+        ending = at is not None or output.finish is not None
+        text = self._detokenizer.step(ids)
+        if ending:
+            text += self._detokenizer.flush()
+        text = self._stops.feed(text)
+        matched_stop: str | int | None = self._stops.matched
+        if matched_stop is None and ending:
+            text += self._stops.flush()
+        events = self._parse(text)
+        if matched_stop is None and not ending:
+            return events
+        self.done = True
+        events.extend(self._finish_parsers())
+        if matched_stop is not None or matched_token is not None:
+            reason = FinishReason.STOP.value
+            matched_stop = matched_stop if matched_stop is not None else matched_token
+        else:
+            assert output.finish is not None
+            finish = output.finish
+            reason = finish.reason.value
+            matched_stop = finish.matched_stop_str if finish.matched_stop_str is not None else finish.matched_token_id
+        if reason == FinishReason.STOP.value and self._tools is not None and self._tools.has_tool_calls:
+            reason = "tool_calls"
+        events.append(Finished(reason, None, matched_stop))
+        return events
+
+    def _parse(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        self.text_length += len(text)
+        pieces: list[ReasoningDelta | TextDelta] = (
+            list(self._reasoning.feed(text)) if self._reasoning is not None else [TextDelta(text)]
+        )
+        return self._content(pieces)
+
+    def _finish_parsers(self) -> list[Event]:
+        pieces: list[ReasoningDelta | TextDelta] = list(self._reasoning.finish()) if self._reasoning is not None else []
+        events = self._content(pieces)
+        if self._tools is not None:
+            events.extend(self._tools.finish())
+        return events
+
+    def _content(self, pieces: list[ReasoningDelta | TextDelta]) -> list[Event]:
+        if self._tools is None:
+            return list(pieces)
+        events: list[Event] = []
+        for piece in pieces:
+            if isinstance(piece, TextDelta):
+                events.extend(self._tools.feed(piece.text))
+            else:
+                events.append(piece)
+        return events
+
+
+def joined(events: list[Event]) -> tuple[str, str, list[ToolCallDelta]]:
+    """Content, reasoning and tool-call deltas of a list of events (non-streamed answers)."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCallDelta] = []
+    for event in events:
+        if isinstance(event, TextDelta):
+            content.append(event.text)
+        elif isinstance(event, ReasoningDelta):
+            reasoning.append(event.text)
+        elif isinstance(event, ToolCallDelta):
+            calls.append(event)
+    return "".join(content), "".join(reasoning), calls

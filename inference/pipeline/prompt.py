@@ -1,0 +1,73 @@
+"""Stages "render → tokenize → context check": a request's prompt as token ids for the engine.
+
+- :func:`render_chat` renders a validated chat body with the model's chat template (sandboxed,
+  compiled once per model; the thinking-control and chat_template_kwargs rules of
+  :mod:`inference.pipeline.templates`), the tools as :mod:`inference.pipeline.tool_choice`
+  resolved them;
+- :func:`tokenize` encodes it without adding special tokens the template already wrote (long
+  prompts off the event loop);
+- :func:`check_context` refuses a prompt that leaves no room in the model's window (400
+  context_length_exceeded, param null).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Mapping
+
+from inference import errors
+from inference.pipeline.templates import ChatTemplateError, RenderedPrompt, TemplateCompileError, ThinkingControl, render
+from inference.pipeline.encode_cache import encode_cache
+from inference.pipeline.tokenizers import OFFLOAD_ENCODE_CHARS, ModelTokenizer, off_loop
+from inference.pipeline.tool_choice import ToolChoice
+from inference.schemas.families import ModelFamily
+
+__all__ = ["render_chat", "tokenize", "check_context"]
+
+
+def render_chat(
+    body: Mapping[str, Any], tokenizer: ModelTokenizer, tool_choice: ToolChoice, family: ModelFamily | None
+) -> RenderedPrompt:
+    """The prompt text of a chat request. Raises GatewayError (400 process_messages_failed or
+    unsupported_content_part; 500 for a model without a usable template)."""
+    template = tokenizer.chat_template
+    try:
+        if template is None:
+            raise TemplateCompileError(f"the tokenizer at {tokenizer.path} has no chat template")
+        continue_final = body.get("continue_final_message") is True
+        return render(
+            template,
+            body["messages"],
+            tools=tool_choice.tools if tool_choice.parses_calls else None,
+            add_generation_prompt=not continue_final,
+            continue_final_message=continue_final,
+            chat_template_kwargs=body.get("chat_template_kwargs"),
+            thinking=ThinkingControl.from_request(body.get("thinking"), body.get("reasoning_effort")),
+            tool_choice=tool_choice.template_value() if tool_choice.parses_calls else None,
+            response_format=body.get("response_format"),
+            family=family,
+        )
+    except ChatTemplateError as error:
+        raise error.as_gateway_error() from None
+
+
+async def tokenize(tokenizer: ModelTokenizer, text: str, *, add_special_tokens: bool = False) -> tuple[int, ...]:
+    """Token ids of ``text``, from the encode cache when it has them (long texts encoded off the
+    event loop); raises GatewayError 500 tokenization_failed."""
+    cache = encode_cache()
+    found = cache.lookup(tokenizer, text, add_special_tokens)
+    if found is not None:
+        return found
+    try:
+        if len(text) < OFFLOAD_ENCODE_CHARS:
+            return cache.encode(tokenizer, text, add_special_tokens, partial(tokenizer.encode, add_special_tokens=add_special_tokens))
+        released = partial(tokenizer.encode_released, add_special_tokens=add_special_tokens)
+        return await off_loop(partial(cache.encode, tokenizer, text, add_special_tokens, released))
+    except Exception as error:  # the tokenizers library raises plain exceptions
+        raise errors.tokenization_failed(str(error)) from None
+
+
+def check_context(prompt_tokens: int, context_length: int | None) -> None:
+    """400 context_length_exceeded when the prompt fills the window (no token left to generate)."""
+    if context_length is not None and prompt_tokens >= context_length:
+        raise errors.context_length_exceeded(prompt_tokens, context_length)

@@ -1,0 +1,67 @@
+"""Stage "usage": the token counts of one response from the engine's counters (spec 1, usage).
+
+The prompt is counted once however many choices share it (n > 1), completions are summed over the
+choices, cached tokens are the prompt tokens the engine served from its prefix cache, reasoning
+tokens are what the engine reported (part of the completion tokens).
+"""
+
+from __future__ import annotations
+
+from inference.pipeline.events import Usage
+from inference.upstreams.engine import EngineOutput
+
+__all__ = ["UsageTally"]
+
+
+class UsageTally:
+    """Running counts of one engine request; :meth:`usage` at any time is a snapshot."""
+
+    __slots__ = ("prompt_tokens", "cached_tokens", "_completion", "_reasoning", "draft_tokens", "accepted_tokens")
+
+    def __init__(self, prompt_tokens: int = 0) -> None:
+        self.prompt_tokens = prompt_tokens  # the prompt as the gateway sent it, until the engine says
+        self.cached_tokens = 0
+        self._completion: dict[int, int] = {}
+        self._reasoning: dict[int, int] = {}
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+
+    def add(self, output: EngineOutput) -> None:
+        if output.prompt_tokens:
+            self.prompt_tokens = output.prompt_tokens
+        if output.cached_tokens:
+            self.cached_tokens = max(self.cached_tokens, output.cached_tokens)
+        index = output.index
+        self._completion[index] = max(self._completion.get(index, 0), output.completion_tokens)
+        if output.reasoning_tokens:
+            self._reasoning[index] = max(self._reasoning.get(index, 0), output.reasoning_tokens)
+        if output.spec_draft_tokens:
+            self.draft_tokens += output.spec_draft_tokens
+            self.accepted_tokens += output.spec_accepted_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self._completion.values())
+
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            cached_tokens=self.cached_tokens,
+            reasoning_tokens=sum(self._reasoning.values()),
+            draft_tokens=self.draft_tokens,
+            accepted_tokens=self.accepted_tokens,
+        )
+
+    @staticmethod
+    def combined(tallies: list[UsageTally]) -> Usage:
+        """Several engine requests of one response (a completions prompt array): every count summed."""
+        usages = [tally.usage() for tally in tallies]
+        return Usage(
+            prompt_tokens=sum(u.prompt_tokens for u in usages),
+            completion_tokens=sum(u.completion_tokens for u in usages),
+            cached_tokens=sum(u.cached_tokens for u in usages),
+            reasoning_tokens=sum(u.reasoning_tokens for u in usages),
+            draft_tokens=sum(u.draft_tokens for u in usages),
+            accepted_tokens=sum(u.accepted_tokens for u in usages),
+        )

@@ -1,0 +1,96 @@
+"""What every served surface shares: the request it serves, the engine worker it runs on (its
+client, tokenizer and model family), and the interface the route's attempts loop calls."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from inference.auth import Identity
+from inference.dataplane import DataPlane
+from inference.pipeline.tokenizer_registry import tokenizer_for
+from inference.pipeline.tokenizers import ModelTokenizer
+from inference.routing.workers import EngineSpec, WorkerHandle
+from inference.schemas.families import ModelFamily, detect_family
+from inference.upstreams.engine import EngineClient
+from inference.writers import ResponseWriter
+
+__all__ = ["EngineTarget", "LocalAnswer", "ServedAnswer", "ServedRequest", "ServedSurface", "engine_target"]
+
+
+class ServedAnswer(Protocol):
+    """What :meth:`ServedSurface.open` returns: the attempts loop's answer (status known, nothing
+    sent yet), forwarded to the writer or discarded."""
+
+    @property
+    def status(self) -> int: ...
+
+    async def forward(self, writer: ResponseWriter) -> bool: ...
+
+    async def discard(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ServedRequest:
+    """One validated request on its way to an engine worker."""
+
+    dp: DataPlane
+    body: dict[str, Any]
+    model: str  # the canonical model id ("" when the request named none)
+    requested_model: str  # the model as the client sent it (provider profiles match on it)
+    stream: bool
+    writer: ResponseWriter
+    identity: Identity  # who called (surfaces that store per tenant scope their records by it)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTarget:
+    """An engine worker as a served request uses it."""
+
+    worker: WorkerHandle
+    client: EngineClient
+    tokenizer: ModelTokenizer
+    spec: EngineSpec
+    family: ModelFamily | None
+    model: str
+
+
+def engine_target(dp: DataPlane, worker: WorkerHandle, model: str) -> EngineTarget:
+    """The client, tokenizer and family of ``worker`` for ``model``. Raises GatewayError 503
+    tokenizer_not_ready / 500 tokenizer_not_found, or UpstreamFailure for a runtime without a client."""
+    record = worker.record
+    spec = record.engine or EngineSpec()
+    model = model or record.model_id or ""
+    tokenizer = tokenizer_for(model, location=spec.tokenizer, chat_template=spec.chat_template, fallback=record.url)
+    family = detect_family(model, architectures=spec.architectures, model_type=spec.model_type or None)
+    return EngineTarget(worker, dp.engines.client(record), tokenizer, spec, family, model)
+
+
+class ServedSurface(ABC):
+    """One request of one surface served on engine workers; :meth:`open` runs per attempt."""
+
+    def __init__(self, request: ServedRequest) -> None:
+        self.request = request
+
+    @abstractmethod
+    async def open(self, worker: WorkerHandle) -> ServedAnswer:
+        """Start the request on ``worker``; return once the engine's first output arrived.
+        Raises GatewayError (answered as is) or UpstreamFailure (retried elsewhere)."""
+
+
+class LocalAnswer:
+    """An answer the gateway computed itself without the engine (tokenize, detokenize)."""
+
+    __slots__ = ("status", "body")
+
+    def __init__(self, body: bytes, status: int = 200) -> None:
+        self.status = status
+        self.body = body
+
+    async def forward(self, writer: ResponseWriter) -> bool:
+        await writer.whole(self.status, b"application/json", self.body)
+        return True
+
+    async def discard(self) -> None:
+        return None

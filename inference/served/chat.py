@@ -1,0 +1,183 @@
+"""POST /v1/chat/completions on engine workers (spec 1, chat completions on gRPC workers).
+
+Stages: the tool choice and sampling (once per request) → per worker: its tokenizer, the chat
+template rendered and tokenized (once per tokenizer), the context check → the engine request →
+per choice: detokenize, stop strings, reasoning and tool parsers (:mod:`inference.pipeline.choices`)
+→ the events as chat chunks (SSE) or one chat.completion object, with usage from the engine's
+counters.
+
+Streams: a first chunk per choice with the assistant role, one chunk per event, a finish chunk per
+choice; ``include_usage`` adds a last chunk with no choices and the usage, ``continuous_usage_stats``
+a running usage on every chunk. Profile D puts the usage on the last finish chunk instead (and
+``usage: null`` on the earlier chunks when include_usage is on). A failure after the stream started
+is the in-band error frame, then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+import orjson
+
+from inference import errors
+from inference.pipeline.choices import ChoiceOutput, joined
+from inference.pipeline.events import Event, Finished, ReasoningDelta, TextDelta, ToolCallDelta
+from inference.pipeline.usage import UsageTally
+from inference.routing.workers import WorkerHandle
+from inference.schemas.profiles import Profile, detect_profile
+from inference.served.base import EngineTarget, ServedRequest, ServedSurface
+from inference.served.chat_turn import ChatTurn, TurnRun, turn_events
+from inference.served.engine_answer import EngineAnswer
+from inference.served.openai_shapes import chat_logprobs, usage_json
+from inference.upstreams.engine import EngineOutput
+from inference.upstreams.failures import UpstreamFailure
+from inference.writers import ResponseWriter
+
+__all__ = ["ServedChat"]
+
+_OPENAI_FINISH = {"abort": "stop"}  # the engine's own abort is not an OpenAI finish reason
+
+
+class ServedChat(ServedSurface):
+    def __init__(self, request: ServedRequest) -> None:
+        super().__init__(request)
+        body = request.body
+        rid = body.get("rid")
+        self.id = rid if isinstance(rid, str) and rid else f"chatcmpl-{uuid.uuid4().hex}"
+        self.turn = ChatTurn(request.dp, body, request.model, self.id, stream=request.stream)
+        self.sampling = self.turn.sampling
+        self.created = int(time.time())
+        self.model = request.model or request.requested_model
+        options = body.get("stream_options") or {}
+        self.include_usage = options.get("include_usage") is True
+        self.continuous_usage = options.get("continuous_usage_stats") is True
+        self.usage_on_finish = detect_profile(request.requested_model) is Profile.DEEPSEEK_V4
+
+    async def open(self, worker: WorkerHandle) -> EngineAnswer:
+        return await self.turn.open(worker, self._stream if self.request.stream else self._whole)
+
+    # --- one chat.completion object ---------------------------------------------------------------
+
+    async def _whole(self, run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> bool:
+        target = run.target
+        choices = run.choices()
+        events: list[list[Event]] = [[] for _ in choices]
+        tally = UsageTally(run.prompt_tokens)
+        async for choice, added in turn_events(outputs, choices, tally.add):
+            events[choice.index].extend(added)
+        body = {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [self._whole_choice(target, choice, events[choice.index]) for choice in choices],
+            "usage": usage_json(tally.usage()),
+        }
+        await writer.whole(200, b"application/json", orjson.dumps(body))
+        return True
+
+    def _whole_choice(self, target: EngineTarget, choice: ChoiceOutput, events: list[Event]) -> dict[str, Any]:
+        content, reasoning, deltas = joined(events)
+        finished = next((event for event in events if isinstance(event, Finished)), None)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        calls: dict[int, dict[str, Any]] = {}
+        for delta in deltas:
+            if delta.name is not None:
+                calls[delta.index] = {"id": delta.id, "type": "function", "function": {"name": delta.name, "arguments": ""}}
+            elif delta.index in calls:
+                calls[delta.index]["function"]["arguments"] += delta.arguments_delta
+        if calls:
+            message["tool_calls"] = [calls[index] for index in sorted(calls)]
+            if not content:
+                message["content"] = None
+        reason = finished.reason if finished is not None else "stop"
+        return {
+            "index": choice.index,
+            "message": message,
+            "logprobs": chat_logprobs(target.tokenizer, choice.logprobs) if self.sampling.logprobs else None,
+            "finish_reason": _OPENAI_FINISH.get(reason, reason),
+            "matched_stop": finished.matched_stop if finished is not None else None,
+        }
+
+    # --- a stream of chat.completion.chunk ----------------------------------------------------------
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: Any = None, *, with_usage: bool = False) -> bytes:
+        chunk: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if with_usage:
+            chunk["usage"] = usage
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    async def _stream(self, run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> bool:
+        target = run.target
+        choices = run.choices()
+        logprobs_sent = [0] * len(choices)
+        tally = UsageTally(run.prompt_tokens)
+        await writer.open_stream()
+        out = bytearray()
+        running = self.continuous_usage
+        for choice in choices:
+            out += self._event_chunk(choice.index, {"role": "assistant", "content": ""}, tally, running)
+        await writer.chunk(bytes(out))
+        try:
+            async for choice, added in turn_events(outputs, choices, tally.add):
+                out.clear()
+                logprobs = None
+                for event in added:
+                    if self.sampling.logprobs and len(choice.logprobs) > logprobs_sent[choice.index]:
+                        logprobs = chat_logprobs(target.tokenizer, choice.logprobs[logprobs_sent[choice.index] :])
+                        logprobs_sent[choice.index] = len(choice.logprobs)
+                    last = isinstance(event, Finished) and all(other.done for other in choices)
+                    out += self._event_bytes(choice.index, event, tally, logprobs, last)
+                    logprobs = None
+                if out:
+                    await writer.chunk(bytes(out))
+        except UpstreamFailure as failure:
+            await writer.break_stream(errors.stream_failed(failure.detail))
+            return False
+        if self.include_usage and not self.usage_on_finish:
+            await writer.chunk(self._chunk([], usage_json(tally.usage()), with_usage=True))
+        await writer.end_stream()
+        return True
+
+    def _event_chunk(
+        self, index: int, delta: dict[str, Any], tally: UsageTally, running: bool,
+        finish_reason: str | None = None, matched_stop: Any = None, logprobs: Any = None, last: bool = False,
+    ) -> bytes:  # fmt: skip
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        if finish_reason is not None:
+            choice["matched_stop"] = matched_stop
+        if self.usage_on_finish:
+            if last:
+                return self._chunk([choice], usage_json(tally.usage()), with_usage=True)
+            return self._chunk([choice], None, with_usage=self.include_usage or running)
+        if running:
+            return self._chunk([choice], usage_json(tally.usage()), with_usage=True)
+        return self._chunk([choice])
+
+    def _event_bytes(self, index: int, event: Event, tally: UsageTally, logprobs: Any, last: bool) -> bytes:
+        running = self.continuous_usage
+        if isinstance(event, TextDelta):
+            return self._event_chunk(index, {"content": event.text}, tally, running, logprobs=logprobs)
+        if isinstance(event, ReasoningDelta):
+            return self._event_chunk(index, {"reasoning_content": event.text}, tally, running, logprobs=logprobs)
+        if isinstance(event, ToolCallDelta):
+            call: dict[str, Any] = {"index": event.index}
+            if event.name is not None:
+                call.update(id=event.id, type="function", function={"name": event.name, "arguments": event.arguments_delta})
+            else:
+                call["function"] = {"arguments": event.arguments_delta}
+            return self._event_chunk(index, {"tool_calls": [call]}, tally, running, logprobs=logprobs)
+        reason = _OPENAI_FINISH.get(event.reason, event.reason)
+        return self._event_chunk(
+            index, {}, tally, running, finish_reason=reason, matched_stop=event.matched_stop, logprobs=logprobs, last=last
+        )

@@ -1,0 +1,137 @@
+"""One chat turn on an engine worker, up to the pipeline's API-neutral events: what every surface that
+renders messages with the chat template shares (chat completions; Responses and Messages map their
+requests to a chat body and their events from these).
+
+:class:`ChatTurn` is made once per request from a validated chat-shaped body: the tool choice and
+sampling are resolved once, the prompt is rendered and tokenized once per tokenizer. :meth:`open`
+starts the turn on a worker (the attempts loop calls it; a failure before the first output is
+retried elsewhere) and hands a :class:`TurnRun` (the worker's tokenizer, the choices' options and the
+prompt) to the caller's ``deliver``, which reads ``(choice, events)`` pairs from :func:`turn_events`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from inference.pipeline.choices import CallParser, ChoiceOptions, ChoiceOutput
+from inference.pipeline.events import Event
+from inference.pipeline.prompt import check_context, render_chat, tokenize
+from inference.pipeline.reasoning import REASONING_PARSERS, ReasoningParser
+from inference.pipeline.sampling import chat_sampling
+from inference.pipeline.stops import StopTokens
+from inference.pipeline.tool_choice import ConstrainedCalls, ToolChoice, resolve_tool_choice
+from inference.pipeline.tools import TOOL_PARSERS
+from inference.routing.workers import WorkerHandle
+from inference.served.base import EngineTarget, engine_target
+from inference.served.engine_answer import EngineAnswer, open_generation
+from inference.dataplane import DataPlane
+from inference.upstreams.engine import EngineOutput, EngineRequest, SamplingParams
+from inference.writers import ResponseWriter
+
+__all__ = ["ChatTurn", "TurnRun", "TurnDeliver", "turn_events"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Prompt:
+    text: str
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRun:
+    """A turn started on one worker: what reading its outputs needs."""
+
+    target: EngineTarget
+    options: ChoiceOptions
+    prompt_text: str
+    prompt_tokens: int
+    n: int
+
+    def choices(self) -> list[ChoiceOutput]:
+        return [ChoiceOutput(index, self.target.tokenizer, self.options) for index in range(self.n)]
+
+
+TurnDeliver = Callable[[TurnRun, AsyncIterator[EngineOutput], ResponseWriter], Awaitable[bool]]
+"""A surface's reader of a started turn (the writer is the surface's own)."""
+
+
+async def turn_events(
+    outputs: AsyncIterator[EngineOutput], choices: list[ChoiceOutput], count: Callable[[EngineOutput], None]
+) -> AsyncIterator[tuple[ChoiceOutput, list[Event]]]:
+    """Each engine output as the events it adds to its choice (``count`` sees every output: a
+    :meth:`UsageTally.add`); ends when every choice is done (the caller's closing of ``outputs``
+    then aborts the engine if it was not)."""
+    async for output in outputs:
+        count(output)
+        choice = choices[output.index]
+        yield choice, choice.step(output)
+        if all(other.done for other in choices):
+            return
+
+
+class ChatTurn:
+    """One chat-shaped request's turn (see the module's docstring)."""
+
+    def __init__(self, dp: DataPlane, body: dict[str, Any], model: str, request_id: str, *, stream: bool) -> None:
+        self.dp = dp
+        self.body = body
+        self.model = model
+        self.request_id = request_id
+        self.stream = stream
+        self.tool_choice: ToolChoice = resolve_tool_choice(body)
+        self.sampling: SamplingParams = chat_sampling(body, self.tool_choice if self.tool_choice.constrained else None)
+        self._prompts: dict[tuple[str, str | None], _Prompt] = {}
+
+    async def _prompt(self, target: EngineTarget) -> _Prompt:
+        """The rendered and tokenized prompt for ``target``'s tokenizer (once per tokenizer)."""
+        key = (target.tokenizer.path, target.spec.chat_template)
+        prompt = self._prompts.get(key)
+        if prompt is None:
+            rendered = render_chat(self.body, target.tokenizer, self.tool_choice, target.family)
+            prompt = _Prompt(rendered.text, await tokenize(target.tokenizer, rendered.text))
+            self._prompts[key] = prompt
+        return prompt
+
+    async def open(self, worker: WorkerHandle, deliver: TurnDeliver) -> EngineAnswer:
+        """Start the turn on ``worker``; return once the engine's first output arrived."""
+        target = engine_target(self.dp, worker, self.model)
+        prompt = await self._prompt(target)
+        check_context(len(prompt.ids), target.spec.context_length)
+        sampling = self.sampling
+        engine_request = EngineRequest(
+            request_id=self.request_id,
+            input_ids=prompt.ids,
+            sampling=sampling,
+            # Stop strings are matched here: stream from the engine so a match stops it early.
+            stream=self.stream or bool(sampling.stop),
+            original_text=prompt.text,
+        )
+        run = TurnRun(target, self._choice_options(target, prompt), prompt.text, len(prompt.ids), sampling.n)
+        return await open_generation(target.client, engine_request, partial(deliver, run))
+
+    def _choice_options(self, target: EngineTarget, prompt: _Prompt) -> ChoiceOptions:
+        body = self.body
+        spec = target.spec
+        reasoning: Callable[[], ReasoningParser] | None = None
+        if spec.reasoning_parser and body.get("separate_reasoning") is not False:
+            parser_class = REASONING_PARSERS.get(spec.reasoning_parser)
+            stream_reasoning = body.get("stream_reasoning") is not False or not self.stream
+            reasoning = partial(parser_class.for_prompt, prompt.text, stream_reasoning=stream_reasoning)
+        tools: Callable[[], CallParser] | None = None
+        if self.tool_choice.constrained:
+            tools = partial(ConstrainedCalls, self.tool_choice)
+        elif self.tool_choice.parses_calls and spec.tool_parser:
+            tools = partial(TOOL_PARSERS.get(spec.tool_parser), tools=self.tool_choice.schemas())
+        return ChoiceOptions(
+            stop_tokens=StopTokens.build(
+                self.sampling.stop_token_ids, target.tokenizer.eos_token_ids, ignore_eos=self.sampling.ignore_eos
+            ),
+            stops=self.sampling.stop,
+            no_stop_trim=body.get("no_stop_trim") is True,
+            skip_special_tokens=self.sampling.skip_special_tokens,
+            reasoning=reasoning,
+            tools=tools,
+            prompt_ids=prompt.ids,
+        )

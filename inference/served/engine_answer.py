@@ -1,0 +1,136 @@
+"""Engine generations as an attempt's answer: every generation's first output arrived (so the worker
+took the requests), nothing reached the client yet, and :meth:`EngineAnswer.forward` hands the
+outputs to the surface's writer.
+
+One answer usually holds one generation. A completions prompt array holds one per prompt, run at
+once; their outputs are merged as they come, each choice renumbered ``prompt * n + choice``.
+
+However the answer ends (the last output, a failure, the client leaving and the task being
+cancelled, or a discard before forwarding), every engine stream is closed, which cancels its RPC and
+sends Abort when the engine had not finished (:meth:`EngineClient.generate`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from contextlib import aclosing
+from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence, cast
+
+from inference.upstreams.engine import EngineClient, EngineOutput, EngineRequest
+from inference.writers import ResponseWriter
+
+__all__ = ["EngineAnswer", "Deliver", "open_generation", "open_generations"]
+
+Deliver = Callable[[AsyncIterator[EngineOutput], ResponseWriter], Awaitable[bool]]
+"""Writes the response from the outputs; False when the engine broke off after it started."""
+
+Outputs = AsyncGenerator[EngineOutput, None]
+
+
+class _Generation:
+    __slots__ = ("outputs", "first", "offset")
+
+    def __init__(self, outputs: Outputs, first: EngineOutput | None, offset: int) -> None:
+        self.outputs = outputs
+        self.first = first
+        self.offset = offset  # added to the choice index of every output
+
+    async def all(self) -> Outputs:
+        offset = self.offset
+        if self.first is not None:
+            yield self.first if not offset else dataclasses.replace(self.first, index=self.first.index + offset)
+        async for output in self.outputs:
+            yield output if not offset else dataclasses.replace(output, index=output.index + offset)
+
+
+async def _merged(generations: Sequence[_Generation]) -> Outputs:
+    """Every generation's outputs, as they arrive."""
+    queue: asyncio.Queue[EngineOutput | BaseException | None] = asyncio.Queue()
+
+    async def pump(generation: _Generation) -> None:
+        try:
+            async with aclosing(generation.all()) as outputs:
+                async for output in outputs:
+                    await queue.put(output)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # handed to the consumer
+            await queue.put(error)
+            return
+        await queue.put(None)
+
+    tasks = [asyncio.ensure_future(pump(generation)) for generation in generations]
+    running = len(tasks)
+    try:
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class EngineAnswer:
+    __slots__ = ("status", "_generations", "_deliver")
+
+    def __init__(self, generations: Sequence[_Generation], deliver: Deliver) -> None:
+        self.status = 200
+        self._generations = generations
+        self._deliver = deliver
+
+    async def forward(self, writer: ResponseWriter) -> bool:
+        generations = self._generations
+        try:
+            source = generations[0].all() if len(generations) == 1 else _merged(generations)
+            async with aclosing(source) as outputs:
+                return await self._deliver(outputs, writer)
+        finally:
+            await self.discard()
+
+    async def discard(self) -> None:
+        for generation in self._generations:
+            await generation.outputs.aclose()
+
+
+async def _first(client: EngineClient, request: EngineRequest, offset: int) -> _Generation:
+    outputs = cast(Outputs, client.generate(request))
+    try:
+        first = await anext(outputs)
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        await outputs.aclose()
+        raise
+    return _Generation(outputs, first, offset)
+
+
+async def open_generations(
+    client: EngineClient, requests: Sequence[EngineRequest], deliver: Deliver, *, choices_per_request: int = 1
+) -> EngineAnswer:
+    """Start ``requests`` at once; return once each one's first output arrived. Raises
+    UpstreamFailure (retryable: nothing was sent to the client) after closing the others."""
+    if len(requests) == 1:
+        return EngineAnswer([await _first(client, requests[0], 0)], deliver)
+    opened = await asyncio.gather(
+        *(_first(client, request, k * choices_per_request) for k, request in enumerate(requests)),
+        return_exceptions=True,
+    )
+    failure = next((item for item in opened if isinstance(item, BaseException)), None)
+    if failure is not None:
+        for item in opened:
+            if isinstance(item, _Generation):
+                await item.outputs.aclose()
+        raise failure
+    return EngineAnswer([item for item in opened if isinstance(item, _Generation)], deliver)
+
+
+async def open_generation(client: EngineClient, request: EngineRequest, deliver: Deliver) -> EngineAnswer:
+    """:func:`open_generations` of one request."""
+    return await open_generations(client, [request], deliver)
