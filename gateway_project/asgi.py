@@ -26,6 +26,10 @@ from django.urls import re_path  # noqa: E402
 from administration.lifecycle import LIFECYCLE  # noqa: E402
 from inference.api.routes import data_plane_routes  # noqa: E402
 from inference.asgi_io import Receive, Scope, Send  # noqa: E402
+from responses_api.routes import responses_routes  # noqa: E402
+
+# The data plane: inference's routes and the Responses API's (fixed paths, timed by the gate).
+DATA_PLANE_ROUTES = [*data_plane_routes(), *responses_routes()]
 
 
 async def refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
@@ -37,7 +41,10 @@ async def refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
 
 application = ProtocolTypeRouter(
     {
-        "http": LIFECYCLE.gate(URLRouter([*data_plane_routes(), re_path(r"", cast(Any, django_app))])),
+        "http": LIFECYCLE.gate(
+            URLRouter([*DATA_PLANE_ROUTES, re_path(r"", cast(Any, django_app))]),
+            frozenset("/" + str(route.pattern) for route in DATA_PLANE_ROUTES),
+        ),
         "websocket": refuse_websocket,
         "lifespan": LIFECYCLE.lifespan,
     }

@@ -6,10 +6,11 @@ from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
-from django.urls import path, register_converter
+from django.urls import include, path, register_converter
 
 from administration.api.fanout import flush_cache_view, get_loads_view, start_profile_view, stop_profile_view
 from administration.api.openapi import SCHEMA_PATH, openapi_view
+from administration.api.parse import FunctionCallView, ReasoningView
 from administration.api.tokenizers import TokenizersView, TokenizerStatusView, TokenizerView
 from administration.api.workers import WorkersView, WorkerView
 from gateway_project.escapes import envelope_response, server_error
@@ -42,12 +43,16 @@ urlpatterns = [
     path("get_loads", get_loads_view),
     path("start_profile", start_profile_view),
     path("stop_profile", stop_profile_view),
+    path("parse/function_call", FunctionCallView.as_view()),
+    path("parse/reasoning", ReasoningView.as_view()),
     # Control-plane routes under /v1 (spec 3): not data-plane paths, so the ASGI router hands them here.
     # A name may hold "/" (a hub id): the status route is matched first.
     path("v1/tokenizers", TokenizersView.as_view()),
     path("v1/tokenizers/<text:tokenizer_id>/status", TokenizerStatusView.as_view()),
     path("v1/tokenizers/<text:tokenizer_id>", TokenizerView.as_view()),
     path(SCHEMA_PATH.lstrip("/"), openapi_view),
+    # The Conversations API (spec 2): client routes, authenticated with the data plane's keys.
+    path("v1/", include("responses_api.urls")),
 ]
 
 

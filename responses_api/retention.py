@@ -1,0 +1,41 @@
+"""Retention of stored responses and conversations (``--history-retention-days``, default 30; 0 keeps
+them forever): ``manage.py purge_history`` deletes the responses not written for that long (with their
+input and output links), the conversations with no activity for that long (metadata changes, items
+added or deleted, responses appended count as activity), and then every item nothing holds any more.
+Only the db backend is purged (the memory backend is bounded by itself)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from responses_api.models import Conversation, StoredResponse
+from responses_api.storage.db import purge_orphan_items
+
+__all__ = ["PurgeCounts", "purge_history", "retention_cutoff"]
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeCounts:
+    responses: int
+    conversations: int
+    items: int
+
+
+def retention_cutoff(days: int, now: datetime | None = None) -> datetime | None:
+    """The moment before which records are purged, or None when they are kept forever (0 days)."""
+    if days <= 0:
+        return None
+    return (now or timezone.now()) - timedelta(days=days)
+
+
+def purge_history(cutoff: datetime) -> PurgeCounts:
+    """Delete responses and conversations idle since before ``cutoff``, then the orphaned items."""
+    with transaction.atomic():
+        responses = StoredResponse.objects.filter(updated_at__lt=cutoff).delete()[1].get(StoredResponse._meta.label, 0)
+        conversations = Conversation.objects.filter(updated_at__lt=cutoff).delete()[1].get(Conversation._meta.label, 0)
+        items = purge_orphan_items()
+    return PurgeCounts(responses, conversations, items)

@@ -1,0 +1,312 @@
+"""POST /v1/responses on gRPC workers: the request as chat turns on the gateway's own pipeline
+(:class:`~inference.served.chat_turn.ChatTurn`), their events as the response's output items and, when
+streaming, as the Responses events (spec 2).
+
+- Function tools (and namespace members, shown to the model as ``ns.name`` and mapped back) return
+  to the client as function_call items.
+- MCP tools (and MCP-backed built-ins) are listed before the first turn (an mcp_list_tools item per
+  server) and run by the gateway: each batch of MCP calls the model makes becomes mcp_call items,
+  their results go back to the model, and another turn runs on the same worker. At most
+  ``max_tool_calls`` calls run (the internal cap is 10: past it the response fails with
+  max_tool_calls_exceeded; past the client's own limit it completes with the calls that ran). A turn
+  that ends at the token limit, or also made function calls, ends the loop.
+- The response completes, is incomplete when max_output_tokens cut it, or fails (``stream_error``
+  when the engine broke off mid-stream; ``server_error`` when a later turn could not run), every
+  open item closed first and partial output kept. Usage sums every turn.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator
+
+import orjson
+
+from inference.errors import GatewayError
+from inference.pipeline.usage import UsageTally
+from inference.routing.workers import WorkerHandle
+from common.config import current_config
+from inference.served import ServedRequest, ServedSurface
+from inference.served.base import LocalAnswer
+from inference.served.chat_turn import ChatTurn, TurnRun, turn_events
+from inference.served.engine_answer import EngineAnswer
+from inference.upstreams.engine import EngineOutput
+from inference.upstreams.failures import UpstreamFailure
+from inference.writers import ResponseWriter
+from responses_api.background import BACKGROUND, detached_writer, limit_reached
+from responses_api.mcp_tools import McpServers
+from responses_api.ids import new_response_id
+from responses_api.items import with_id
+from responses_api.scope import scope_of
+from responses_api.storage import history_store
+from responses_api.storage.base import ConversationNotFound
+from responses_api.output import OutputBuilder, terminal_fields, usage_object
+from responses_api.request import ResponsesRequest, validate_response_request
+from responses_api.to_chat import ToolNames, chat_body, chat_messages, chat_tools
+
+__all__ = ["ServedResponses", "response_shell", "INTERNAL_TOOL_CALL_CAP"]
+
+INTERNAL_TOOL_CALL_CAP = 10
+"""Gateway-executed tool calls per response, whatever max_tool_calls says (spec 2, Limits)."""
+
+
+def response_shell(request: ResponsesRequest, response_id: str, created_at: int, status: str) -> dict[str, Any]:
+    """The response object before any output: the request's settings echoed (spec 2, Response object)."""
+    body = request.body
+    tools = body.get("tools") or []
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "background": request.background,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "max_tool_calls": body.get("max_tool_calls"),
+        "model": request.model,
+        "output": [],
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "previous_response_id": request.previous_response_id,
+        "reasoning": body.get("reasoning"),
+        "store": request.store,
+        "temperature": body.get("temperature", 1.0),
+        "text": body.get("text") or {"format": {"type": "text"}},
+        "tool_choice": body.get("tool_choice", "auto" if tools else "none"),
+        "tools": tools,
+        "top_p": body.get("top_p", 1.0),
+        "truncation": body.get("truncation", "disabled"),
+        "usage": None,
+        "user": body.get("user"),
+        "metadata": body.get("metadata") or {},
+    }
+
+
+def _as_stored(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item as OpenAI lists it back: a message's text content as parts, with a status."""
+    stored = dict(item)
+    if stored.get("type", "message") == "message":
+        stored["type"] = "message"
+        if isinstance(stored.get("content"), str):
+            if stored.get("role") == "assistant":
+                stored["content"] = [{"type": "output_text", "text": stored["content"], "annotations": []}]
+            else:
+                stored["content"] = [{"type": "input_text", "text": stored["content"]}]
+        stored.setdefault("status", "completed")
+    return stored
+
+
+class ServedResponses(ServedSurface):
+    def __init__(self, request: ServedRequest) -> None:
+        super().__init__(request)
+        self.responses = validate_response_request(request.body)
+        body = self.responses.body
+        self.id = new_response_id()
+        self.created_at = int(time.time())
+        self.names = ToolNames()
+        given = body["input"]
+        own = [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else list(given)
+        self.input_items = [with_id(_as_stored(item)) for item in own]  # stored as the response's input
+        self.items: list[dict[str, Any]] = list(self.input_items)  # history first, once resolved
+        self.scope = scope_of(request.identity)
+        self.store = history_store()
+        self.mcp = McpServers.of_request(body.get("tools") or [])
+        self._listed = False
+        self._history_read = False
+        # Background runs return the queued object at once (a streamed background request is served
+        # in the foreground for now); with --max-background-responses 0 every request runs in front.
+        self.background = self.responses.background and not self.responses.stream and BACKGROUND.allowed()
+        self._turn: ChatTurn | None = None
+        self._turns = 0
+
+    def _chat_turn(self, produced: list[dict[str, Any]]) -> ChatTurn:
+        """A model turn over the input and what the response produced so far."""
+        body = self.responses.body
+        tools = chat_tools(body.get("tools") or (), self.names, self.mcp.chat_tools())
+        messages = chat_messages(body.get("instructions"), [*self.items, *produced], self.names)
+        chat = chat_body(body, self.request.model or self.responses.model, messages, tools, self.names)
+        request_id = self.id if not self._turns else f"{self.id}-{self._turns}"
+        self._turns += 1
+        return ChatTurn(self.request.dp, chat, self.request.model, request_id, stream=self.request.stream)
+
+    async def _read_history(self) -> None:
+        """What previous_response_id or conversation continues from, before the request's own input
+        (404 not_found for one this scope does not have)."""
+        request = self.responses
+        history: list[dict[str, Any]] | None = []
+        if request.previous_response_id is not None:
+            history = await self.store.aresponse_history(self.scope, request.previous_response_id)
+            if history is None:
+                raise GatewayError(
+                    404, "not_found", f"Previous response with id '{request.previous_response_id}' not found.",
+                    param="previous_response_id",
+                )  # fmt: skip
+        elif request.conversation is not None:
+            try:
+                history = await self.store.aconversation_history(self.scope, request.conversation)
+            except ConversationNotFound:
+                raise GatewayError(
+                    404, "not_found", f"Conversation with id '{request.conversation}' not found.", param="conversation"
+                ) from None
+        self.items = [*(history or ()), *self.input_items]
+
+    async def _save(self, response: dict[str, Any]) -> None:
+        """Store the finished response (and append its items to its conversation), unless store is
+        false; a background run replaces its queued object, unless it was cancelled meanwhile."""
+        conversation = self.responses.conversation is not None
+        if self.background:
+            await self.store.aupdate_response(
+                self.scope, response, only_from=("queued", "in_progress"), append_to_conversation=conversation
+            )
+        elif self.responses.store:
+            await self.store.asave_response(self.scope, response, self.input_items, append_to_conversation=conversation)
+
+    async def _queue(self, worker: WorkerHandle) -> LocalAnswer:
+        """Store the queued object, start the run behind it, and answer the object at once."""
+        if len(BACKGROUND) >= current_config().max_background_responses:
+            raise limit_reached()
+        queued = response_shell(self.responses, self.id, self.created_at, "queued")
+        if self.responses.conversation is not None:
+            queued["conversation"] = {"id": self.responses.conversation}
+        await self.store.asave_response(self.scope, queued, self.input_items)
+
+        async def run() -> None:
+            await self.store.aset_response_status(self.scope, self.id, "in_progress", only_from=("queued",))
+            try:
+                assert self._turn is not None
+                answer = await self._turn.open(worker, self._deliver)
+                await answer.forward(detached_writer(self.id))
+            except (UpstreamFailure, GatewayError) as failure:
+                message = failure.detail if isinstance(failure, UpstreamFailure) else failure.message
+                failed = {**queued, "status": "failed", "completed_at": int(time.time()),
+                          "error": {"code": "server_error", "message": f"Upstream generation failed: {message}"}}  # fmt: skip
+                await self.store.aupdate_response(self.scope, failed, only_from=("queued", "in_progress"))
+
+        async def cancelled() -> bool:
+            stored = await self.store.aget_response(self.scope, self.id)
+            return stored is None or stored.get("status") == "cancelled"
+
+        BACKGROUND.start(self.id, run, cancelled)
+        return LocalAnswer(orjson.dumps(queued))
+
+    async def open(self, worker: WorkerHandle) -> EngineAnswer | LocalAnswer:
+        if not self._history_read:
+            await self._read_history()
+            self._history_read = True
+        if self.mcp and not self._listed:
+            await self.mcp.list_tools()  # 424 connect_mcp_server_failed when a server is not there
+            self._listed = True
+        if self._turn is None:
+            self._turn = self._chat_turn([])
+        if self.background:
+            return await self._queue(worker)
+        return await self._turn.open(worker, self._deliver)
+
+    async def _deliver(self, run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> bool:
+        stream = self.responses.stream
+        pending = bytearray()
+        sequence = 0
+
+        def emit(kind: str, fields: dict[str, Any]) -> None:
+            nonlocal sequence
+            event = {"type": kind, "sequence_number": sequence, **fields}
+            sequence += 1
+            pending.extend(b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n")
+
+        async def flush() -> None:
+            if pending:
+                await writer.chunk(bytes(pending))
+                pending.clear()
+
+        response = response_shell(self.responses, self.id, self.created_at, "in_progress")
+        if self.responses.conversation is not None:
+            response["conversation"] = {"id": self.responses.conversation}
+        builder = OutputBuilder(self.names, emit if stream else None, self.mcp.tool_labels())
+        tallies: list[UsageTally] = []
+
+        async def consume(turn: TurnRun, turn_outputs: AsyncIterator[EngineOutput], _: ResponseWriter) -> bool:
+            tally = UsageTally(turn.prompt_tokens)
+            tallies.append(tally)
+            async for _choice, events in turn_events(turn_outputs, turn.choices(), tally.add):
+                for event in events:
+                    builder.feed(event)
+                await flush()
+            return True
+
+        if stream:
+            await writer.open_stream()
+            builder.send("response.created", response=dict(response))
+            builder.send("response.in_progress", response=dict(response))
+        for label, tools in self.mcp.listings():
+            builder.mcp_list_tools(label, tools)
+        await flush()
+        error: dict[str, str] | None = None
+        try:
+            await consume(run, outputs, writer)
+            error = await self._tool_loop(builder, run, consume, flush, writer)
+        except UpstreamFailure as failure:
+            if not stream and not builder.output:
+                raise  # nothing produced: the attempts loop may still retry elsewhere
+            error = {"code": "stream_error", "message": failure.detail}
+        cut = builder.finish is not None and builder.finish.reason == "length" and error is None
+        builder.close_items(cut=cut, failed=error is not None)
+        response["output"] = builder.output
+        response["usage"] = usage_object(UsageTally.combined(tallies))
+        if error is not None:
+            terminal_fields(response, "failed")
+            response["error"] = error
+            kind = "response.failed"
+        elif cut:
+            terminal_fields(response, "incomplete")
+            response["incomplete_details"] = {"reason": "max_output_tokens"}
+            kind = "response.incomplete"
+        else:
+            terminal_fields(response, "completed")
+            kind = "response.completed"
+        await self._save(response)  # before the answer: a GET right after it finds the response
+        if not stream:
+            await writer.whole(200, b"application/json", orjson.dumps(response))
+            return True
+        builder.send(kind, response=response)
+        await flush()
+        await writer.end_stream()
+        return error is None
+
+    async def _tool_loop(
+        self, builder: OutputBuilder, run: TurnRun, consume: Any, flush: Any, writer: ResponseWriter
+    ) -> dict[str, str] | None:
+        """Run the model's MCP calls and the turns after them; the response's error, if it fails."""
+        limit = self.responses.body.get("max_tool_calls")
+        allowance_total = min(limit, INTERNAL_TOOL_CALL_CAP) if limit else INTERNAL_TOOL_CALL_CAP
+        executed = 0
+        while True:
+            calls = builder.take_mcp_calls()
+            if not calls or builder.finish is None or builder.finish.reason == "length":
+                return None
+            function_calls = any(
+                item["type"] == "function_call" and item["status"] == "in_progress" for item in builder.output
+            )
+            builder.close_items()
+            allowed = calls[: max(allowance_total - executed, 0)]
+            started = [builder.mcp_call_started(call) for call in allowed]
+            await flush()
+            for item, result in zip(started, await self.mcp.run(allowed)):
+                builder.mcp_call_finished(item, result.output, result.error)
+            executed += len(allowed)
+            await flush()
+            if len(calls) > len(allowed):
+                if limit is not None and limit <= INTERNAL_TOOL_CALL_CAP:
+                    return None  # the client's limit: complete with the calls that ran
+                return {"code": "max_tool_calls_exceeded", "message": f"more than {INTERNAL_TOOL_CALL_CAP} tool calls"}
+            if function_calls:
+                return None  # the function calls go back to the client
+            builder.new_turn()
+            produced = [item for item in builder.output if item["type"] != "mcp_list_tools"]
+            turn = self._chat_turn(produced)
+            try:
+                answer = await turn.open(run.target.worker, consume)
+                await answer.forward(writer)
+            except (UpstreamFailure, GatewayError) as failure:
+                message = failure.detail if isinstance(failure, UpstreamFailure) else failure.message
+                return {"code": "server_error", "message": f"Upstream generation failed: {message}"}

@@ -1,0 +1,117 @@
+"""Stored responses and conversations in the admin console: staff only, read-only, filterable by
+scope, model, status and time, searchable by id, the detail pages with their items; the list's query
+count does not grow with its rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.contrib.admin.utils import quote
+from django.contrib.auth.models import User
+from django.test import Client
+
+from responses_api.models import Conversation, StoredResponse
+from responses_api.storage.db import DatabaseHistoryStore
+from tests.responses_api.test_storage import message, response_object
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RESPONSES = "/admin/responses_api/storedresponse/"
+CONVERSATIONS = "/admin/responses_api/conversation/"
+STORE = DatabaseHistoryStore()
+
+
+def save_response(scope: str = "tenant:acme", **fields: Any) -> dict[str, Any]:
+    response = response_object([message("the answer", "assistant")], **fields)
+    async_to_sync(STORE.asave_response)(scope, response, [message("the question")])
+    return response
+
+
+def save_conversation(scope: str = "tenant:acme", **metadata: str) -> str:
+    record = async_to_sync(STORE.acreate_conversation)(scope, metadata, [message("hello there"), message("again")])
+    return record.id
+
+
+@pytest.mark.parametrize("path", [RESPONSES, CONVERSATIONS])
+def test_the_pages_need_a_staff_login(client: Client, path: str) -> None:
+    assert client.get(path).status_code == 302
+    User.objects.create_user("carol", password="pw-not-staff-123")
+    client.login(username="carol", password="pw-not-staff-123")
+    assert client.get(path).status_code == 302
+
+
+def test_responses_list_filters_and_search(admin_client: Client) -> None:
+    first = save_response(model="llama-3", status="completed")
+    second = save_response("tenant:globex", model="qwen", status="failed")
+    page = admin_client.get(RESPONSES).content.decode()
+    assert first["id"] in page and second["id"] in page
+    assert "tenant:globex" in page and "By scope" in page and "By model" in page and "By status" in page
+
+    for query, shown, hidden in (
+        ("scope=tenant%3Aglobex", second, first),
+        ("model=llama-3", first, second),
+        ("status=failed", second, first),
+        (f"q={first['id']}", first, second),
+        (f"q={second['id']}", second, first),
+    ):
+        page = admin_client.get(f"{RESPONSES}?{query}").content.decode()
+        assert shown["id"] in page and hidden["id"] not in page, query
+    page = admin_client.get(f"{RESPONSES}?created_at__gte=2000-01-01T00:00:00%2B00:00").content.decode()
+    assert first["id"] in page
+
+
+def test_response_detail_shows_the_object_and_items_read_only(admin_client: Client) -> None:
+    response = save_response(metadata={"ticket": "T-1"})
+    answer = admin_client.get(f"{RESPONSES}{quote(response['id'])}/change/")
+    page = answer.content.decode()
+    assert answer.status_code == 200
+    assert "the question" in page and "the answer" in page and "T-1" in page
+    assert 'name="_save"' not in page and "/delete/" not in page
+    assert admin_client.get(f"{RESPONSES}add/").status_code == 403
+    assert admin_client.post(f"{RESPONSES}{quote(response['id'])}/delete/", {"post": "yes"}).status_code == 403
+    assert StoredResponse.objects.filter(pk=response["id"]).exists()
+
+
+def test_ids_are_linked_quoted_as_the_admin_reads_them(admin_client: Client) -> None:
+    """An id like resp_22ab... reads as resp_"ab... to the admin unquoted ("_22" is its escape of '"')."""
+    record = async_to_sync(STORE.acreate_conversation)("tenant:acme", {}, [])
+    Conversation.objects.filter(pk=record.id).update(id="conv_22ab")
+    page = admin_client.get(CONVERSATIONS).content.decode()
+    assert f'href="{CONVERSATIONS}conv_5F22ab/change/' in page
+    assert admin_client.get(f"{CONVERSATIONS}conv_5F22ab/change/").status_code == 200
+
+
+def test_conversations_list_detail_and_search(admin_client: Client) -> None:
+    mine = save_conversation(topic="billing")
+    theirs = save_conversation("tenant:globex")
+    page = admin_client.get(CONVERSATIONS).content.decode()
+    assert mine in page and theirs in page and "By scope" in page
+    page = admin_client.get(f"{CONVERSATIONS}?q={mine}").content.decode()
+    assert mine in page and theirs not in page
+    page = admin_client.get(f"{CONVERSATIONS}?scope=tenant%3Aglobex").content.decode()
+    assert theirs in page and mine not in page
+
+    answer = admin_client.get(f"{CONVERSATIONS}{quote(mine)}/change/")
+    assert answer.status_code == 200, (answer.status_code, answer.get("Location"))
+    detail = answer.content.decode()
+    assert "billing" in detail and "hello there" in detail and 'name="_save"' not in detail
+    assert admin_client.get(f"{CONVERSATIONS}add/").status_code == 403
+    assert Conversation.objects.count() == 2
+
+
+def test_list_query_counts_do_not_grow_with_rows(admin_client: Client, django_assert_max_num_queries: Any) -> None:
+    save_response()
+    save_conversation()
+    for path in (RESPONSES, CONVERSATIONS):
+        admin_client.get(path)  # warm up (content types, session)
+    with django_assert_max_num_queries(20) as few:
+        admin_client.get(RESPONSES)
+        admin_client.get(CONVERSATIONS)
+    for _ in range(5):
+        save_response()
+        save_conversation()
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        assert admin_client.get(RESPONSES).status_code == 200
+        assert admin_client.get(CONVERSATIONS).status_code == 200
