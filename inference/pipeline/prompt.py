@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from inference import errors
 from inference.pipeline.templates import ChatTemplateError, RenderedPrompt, TemplateCompileError, ThinkingControl, render
 from inference.pipeline.encode_cache import encode_cache
-from inference.pipeline.tokenizers import OFFLOAD_ENCODE_CHARS, ModelTokenizer, off_loop
+from inference.pipeline.tokenizers import ModelTokenizer, off_loop
 from inference.pipeline.tool_choice import ToolChoice
 from inference.schemas.families import ModelFamily
 
@@ -59,7 +59,7 @@ async def tokenize(tokenizer: ModelTokenizer, text: str, *, add_special_tokens: 
     if found is not None:
         return found
     try:
-        if len(text) < OFFLOAD_ENCODE_CHARS:
+        if len(text) < tokenizer.offload_chars:
             return cache.encode(tokenizer, text, add_special_tokens, partial(tokenizer.encode, add_special_tokens=add_special_tokens))
         released = partial(tokenizer.encode_released, add_special_tokens=add_special_tokens)
         return await off_loop(partial(cache.encode, tokenizer, text, add_special_tokens, released))

@@ -28,13 +28,15 @@ from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
+import orjson
 from tokenizers import Tokenizer
 
+from inference.pipeline.bpe_encoder import BpeEncoder, bpe_encoder
 from inference.pipeline.detokenize import IncrementalDetokenizer
 from inference.pipeline.templates import ChatTemplate, TemplateCompileError
 
 __all__ = [
-    "OFFLOAD_ENCODE_CHARS", "ModelTokenizer", "TokenizerCache", "TokenizerLoadError", "load_tokenizer",
+    "OFFLOAD_ENCODE_CHARS", "OFFLOAD_FAST_ENCODE_CHARS", "ModelTokenizer", "TokenizerCache", "TokenizerLoadError", "load_tokenizer",
     "read_chat_template", "off_loop",
 ]  # fmt: skip
 
@@ -42,6 +44,9 @@ T = TypeVar("T")
 
 OFFLOAD_ENCODE_CHARS = 4096
 """Texts at least this long are encoded on a worker thread (about 1 ms of encoding and up)."""
+
+OFFLOAD_FAST_ENCODE_CHARS = 32768
+"""The same for a tokenizer with a :class:`BpeEncoder` (about eight times faster)."""
 
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 
@@ -118,24 +123,40 @@ class ModelTokenizer:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     special_token_ids: frozenset[int] = frozenset()
+    fast: BpeEncoder | None = None
+    """tiktoken for texts without added special tokens, when it reproduces this tokenizer."""
 
     @property
     def vocab_size(self) -> int:
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
 
+    @property
+    def offload_chars(self) -> int:
+        """Texts at least this long are encoded on a worker thread, not the event loop."""
+        return OFFLOAD_FAST_ENCODE_CHARS if self.fast is not None else OFFLOAD_ENCODE_CHARS
+
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``. A rendered chat prompt: leave ``add_special_tokens`` False."""
+        if self.fast is not None and not add_special_tokens:
+            ids = self.fast.encode(text)
+            if ids is not None:
+                return ids
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def encode_released(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
-        """:meth:`encode` releasing the GIL while it works (for worker threads)."""
+        """:meth:`encode` releasing the GIL while it works (for worker threads; tiktoken releases
+        it too)."""
+        if self.fast is not None and not add_special_tokens:
+            ids = self.fast.encode(text)
+            if ids is not None:
+                return ids
         (encoding,) = self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
         return list(encoding.ids)
 
     async def aencode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """:meth:`encode` that never holds the event loop for long: texts of
-        :data:`OFFLOAD_ENCODE_CHARS` characters and more run on a worker thread."""
-        if len(text) < OFFLOAD_ENCODE_CHARS:
+        :attr:`offload_chars` characters and more run on a worker thread."""
+        if len(text) < self.offload_chars:
             return self.encode(text, add_special_tokens=add_special_tokens)
         return await off_loop(partial(self.encode_released, text, add_special_tokens=add_special_tokens))
 
@@ -192,7 +213,9 @@ def load_tokenizer(path: str | os.PathLike[str], *, chat_template: str | None = 
     if not tokenizer_file.is_file():
         raise TokenizerLoadError(f"no tokenizer.json at {location}")
     try:
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        raw = tokenizer_file.read_bytes()
+        tokenizer = Tokenizer.from_buffer(raw)
+        tokenizer_json = orjson.loads(raw)
     except Exception as error:  # the library raises its own Exception type for a bad file
         raise TokenizerLoadError(f"cannot load {tokenizer_file}: {error}") from error
     config_file = directory / "tokenizer_config.json"
@@ -224,6 +247,7 @@ def load_tokenizer(path: str | os.PathLike[str], *, chat_template: str | None = 
         bos_token_id=int(bos_id) if bos_id is not None else None,
         eos_token_ids=_eos_ids(tokenizer, config, generation),
         special_token_ids=specials,
+        fast=bpe_encoder(tokenizer_json, tokenizer, name=str(location)) if isinstance(tokenizer_json, dict) else None,
     )
 
 
