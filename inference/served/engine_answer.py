@@ -8,6 +8,12 @@ once; their outputs are merged as they come, each choice renumbered ``prompt * n
 However the answer ends (the last output, a failure, the client leaving and the task being
 cancelled, or a discard before forwarding), every engine stream is closed, which cancels its RPC and
 sends Abort when the engine had not finished (:meth:`EngineClient.generate`).
+
+A response written to its end often ended on a stop token the engine also stops at (the model's
+end-of-sequence, a stop_token_ids entry), one message before the engine's own end of the request:
+the streams are read on for up to :data:`SETTLE_SECS` so the engine ends them itself, instead of an
+Abort for a request that was finishing anyway. A stop string (which only the gateway knows) is
+aborted once that time is up.
 """
 
 from __future__ import annotations
@@ -20,7 +26,10 @@ from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence,
 from inference.upstreams.engine import EngineClient, EngineOutput, EngineRequest
 from inference.writers import ResponseWriter
 
-__all__ = ["EngineAnswer", "Deliver", "open_generation", "open_generations"]
+__all__ = ["EngineAnswer", "Deliver", "SETTLE_SECS", "open_generation", "open_generations"]
+
+SETTLE_SECS = 0.05
+"""After the response was written, how long the engine streams are read on for the engine's own end."""
 
 Deliver = Callable[[AsyncIterator[EngineOutput], ResponseWriter], Awaitable[bool]]
 """Writes the response from the outputs; False when the engine broke off after it started."""
@@ -90,9 +99,25 @@ class EngineAnswer:
         try:
             source = generations[0].all() if len(generations) == 1 else _merged(generations)
             async with aclosing(source) as outputs:
-                return await self._deliver(outputs, writer)
+                delivered = await self._deliver(outputs, writer)
+            await self._settle()
+            return delivered
         finally:
             await self.discard()
+
+    async def _settle(self) -> None:
+        """Read what the engine still sends, up to :data:`SETTLE_SECS` (the response is written)."""
+
+        async def drain(generation: _Generation) -> None:
+            async for _ in generation.outputs:
+                pass
+
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(drain(generation) for generation in self._generations)), SETTLE_SECS
+            )
+        except Exception:  # timed out (closed with an Abort next) or the stream failed: nothing to tell
+            return
 
     async def discard(self) -> None:
         for generation in self._generations:

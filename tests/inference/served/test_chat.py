@@ -199,6 +199,19 @@ async def test_n_choices_count_the_prompt_once(start_engine_gateway: Start) -> N
     assert answer.usage.completion_tokens == sum(len(served.outputs[i]) for i in range(3))
 
 
+async def test_a_stream_ending_at_end_of_sequence_lets_the_engine_end_it(start_engine_gateway: Start) -> None:
+    """The gateway sees the end-of-sequence token one message before the engine's own end: it reads
+    on for that end instead of aborting a request that was finishing anyway (n > 1 too)."""
+    gw = await start_engine_gateway(chunk_tokens=1)
+    for n in (1, 2):
+        body = {"model": QWEN_MODEL, "messages": user("hi"), "stream": True, "n": n}
+        answer = await gw.http.post("/v1/chat/completions", json=body)
+        assert answer.status_code == 200 and answer.text.rstrip().endswith("data: [DONE]")
+        assert '"finish_reason":"stop"' in answer.text
+    await asyncio.sleep(0.2)
+    assert gw.engine.state.aborted_ids() == []
+
+
 async def test_stop_string_trims_and_aborts_the_engine(start_engine_gateway: Start) -> None:
     gw = await start_engine_gateway(chunk_tokens=1, delay_ms=5)
     body = {"model": QWEN_MODEL, "messages": user("hi"), "stop": ["stand-in"]}
