@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from typing import Protocol
 
 from django.conf import settings
 
@@ -25,7 +26,7 @@ from inference.dataplane import data_plane, reset_data_plane
 from inference.escapes import answer_escape, call_guarded
 from inference.gauges import sample_live_gauges
 
-__all__ = ["GatewayLifecycle", "LIFECYCLE", "apply_log_level", "GATEWAY_LOGGERS"]
+__all__ = ["BackgroundWork", "GatewayLifecycle", "LIFECYCLE", "apply_log_level", "GATEWAY_LOGGERS"]
 
 # (young objects before a pass, young passes per middle pass, middle passes per full pass)
 GC_THRESHOLDS: tuple[int, int, int] = (10_000, 10, 10)
@@ -42,10 +43,20 @@ def apply_log_level(level: str) -> None:
         logging.getLogger(name).setLevel(level.upper())
 
 
+class BackgroundWork(Protocol):
+    """Work a process runs outside any request (background responses): drained with the requests on
+    shutdown, then stopped."""
+
+    def __len__(self) -> int: ...
+
+    async def aclose(self) -> None: ...
+
+
 class GatewayLifecycle:
     def __init__(self) -> None:
         self.started = False
         self.in_flight = 0  # HTTP requests being answered by this process (drained on shutdown)
+        self.background: list[BackgroundWork] = []  # composed by the project (gateway_project.asgi)
         self.fleet: RegistrySync | None = None
         self.metrics: MetricsListener | None = None
         self.probes: ProbeListener | None = None
@@ -102,6 +113,8 @@ class GatewayLifecycle:
             await self.probes.astop()
             self.probes = None
         telemetry.mark_process_dead()
+        for work in self.background:  # before the engines' channels close under it
+            await work.aclose()
         if self.fleet is not None:
             await self.fleet.astop()
         await data_plane().aclose()
@@ -132,13 +145,17 @@ class GatewayLifecycle:
         data_plane().draining = True
         log.info("draining: %d request(s) in flight", self.in_flight)
 
+    def _busy(self) -> int:
+        return self.in_flight + sum(len(work) for work in self.background)
+
     async def await_idle(self, timeout_secs: float) -> None:
-        """Until no request is in flight, or ``timeout_secs`` passed (then they are cut off)."""
+        """Until no request is in flight and no background work runs, or ``timeout_secs`` passed
+        (then they are cut off)."""
         deadline = asyncio.get_running_loop().time() + timeout_secs
-        while self.in_flight and asyncio.get_running_loop().time() < deadline:
+        while self._busy() and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
-        if self.in_flight:
-            log.warning("shutdown grace period over: %d request(s) cut off", self.in_flight)
+        if self._busy():
+            log.warning("shutdown grace period over: %d request(s) and background run(s) cut off", self._busy())
 
     def gate(self, app: ASGIApp, timed_paths: frozenset[str] | None = None) -> ASGIApp:
         """Wrap the HTTP app so the first request starts the gateway when no lifespan came, and an

@@ -26,10 +26,15 @@ from django.urls import re_path  # noqa: E402
 from administration.lifecycle import LIFECYCLE  # noqa: E402
 from inference.api.routes import data_plane_routes  # noqa: E402
 from inference.asgi_io import Receive, Scope, Send  # noqa: E402
+from responses_api.background import BACKGROUND  # noqa: E402
 from responses_api.routes import responses_routes  # noqa: E402
 
 # The data plane: inference's routes and the Responses API's (fixed paths, timed by the gate).
 DATA_PLANE_ROUTES = [*data_plane_routes(), *responses_routes()]
+
+# Background responses drain with the requests on shutdown; those still running then stop as failed.
+if BACKGROUND not in LIFECYCLE.background:
+    LIFECYCLE.background.append(BACKGROUND)
 
 
 async def refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:

@@ -2,6 +2,8 @@
 them forever): ``manage.py purge_history`` deletes the responses not written for that long (with their
 input and output links), the conversations with no activity for that long (metadata changes, items
 added or deleted, responses appended count as activity), and then every item nothing holds any more.
+Whatever the retention, it also deletes the results of ``store: false`` background responses ended
+more than about ten minutes ago that a stopped process did not get to delete (spec 2).
 Only the db backend is purged (the memory backend is bounded by itself)."""
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from responses_api.models import Conversation, StoredResponse
+from responses_api.background import UNSTORED_KEEP_SECS
+from responses_api.models import Conversation, ResponseStatus, StoredResponse
 from responses_api.storage.db import purge_orphan_items
 
-__all__ = ["PurgeCounts", "purge_history", "retention_cutoff"]
+__all__ = ["PurgeCounts", "purge_history", "purge_unstored", "retention_cutoff"]
+
+_TERMINAL = (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE, ResponseStatus.FAILED, ResponseStatus.CANCELLED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,3 +44,13 @@ def purge_history(cutoff: datetime) -> PurgeCounts:
         conversations = Conversation.objects.filter(updated_at__lt=cutoff).delete()[1].get(Conversation._meta.label, 0)
         items = purge_orphan_items()
     return PurgeCounts(responses, conversations, items)
+
+
+def purge_unstored(now: datetime | None = None) -> int:
+    """Delete the unstored background results that ended more than :data:`UNSTORED_KEEP_SECS` ago."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=UNSTORED_KEEP_SECS)
+    with transaction.atomic():
+        found = StoredResponse.objects.filter(store=False, status__in=_TERMINAL, updated_at__lt=cutoff)
+        deleted = found.delete()[1].get(StoredResponse._meta.label, 0)
+        purge_orphan_items()
+    return deleted

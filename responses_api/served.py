@@ -17,6 +17,7 @@ streaming, as the Responses events (spec 2).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, AsyncIterator
 
@@ -33,7 +34,7 @@ from inference.served.engine_answer import EngineAnswer
 from inference.upstreams.engine import EngineOutput
 from inference.upstreams.failures import UpstreamFailure
 from inference.writers import ResponseWriter
-from responses_api.background import BACKGROUND, detached_writer, limit_reached
+from responses_api.background import BACKGROUND, FeedAnswer, RunFeed, detached_writer, limit_reached
 from responses_api.mcp_tools import McpServers
 from responses_api.ids import new_response_id
 from responses_api.items import with_id
@@ -83,6 +84,12 @@ def response_shell(request: ResponsesRequest, response_id: str, created_at: int,
     }
 
 
+def event_bytes(kind: str, sequence: int, fields: dict[str, Any]) -> bytes:
+    """One Responses stream event, framed."""
+    event = {"type": kind, "sequence_number": sequence, **fields}
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
 def _as_stored(item: dict[str, Any]) -> dict[str, Any]:
     """An input item as OpenAI lists it back: a message's text content as parts, with a status."""
     stored = dict(item)
@@ -114,9 +121,10 @@ class ServedResponses(ServedSurface):
         self.mcp = McpServers.of_request(body.get("tools") or [])
         self._listed = False
         self._history_read = False
-        # Background runs return the queued object at once (a streamed background request is served
-        # in the foreground for now); with --max-background-responses 0 every request runs in front.
-        self.background = self.responses.background and not self.responses.stream and BACKGROUND.allowed()
+        # Background runs return the queued object at once, or stream the run to the client while it
+        # stays; with --max-background-responses 0 every request runs in front.
+        self.background = self.responses.background and BACKGROUND.allowed()
+        self._first_sequence = 0  # a streamed background run's events follow created and queued
         self._turn: ChatTurn | None = None
         self._turns = 0
 
@@ -162,35 +170,56 @@ class ServedResponses(ServedSurface):
         elif self.responses.store:
             await self.store.asave_response(self.scope, response, self.input_items, append_to_conversation=conversation)
 
-    async def _queue(self, worker: WorkerHandle) -> LocalAnswer:
-        """Store the queued object, start the run behind it, and answer the object at once."""
+    async def _queue(self, worker: WorkerHandle) -> LocalAnswer | FeedAnswer:
+        """Store the queued object and start the run behind it; answer the object at once, or, when
+        streaming, the run's events (response.created and response.queued first) while the client
+        stays."""
         if len(BACKGROUND) >= current_config().max_background_responses:
             raise limit_reached()
         queued = response_shell(self.responses, self.id, self.created_at, "queued")
         if self.responses.conversation is not None:
             queued["conversation"] = {"id": self.responses.conversation}
         await self.store.asave_response(self.scope, queued, self.input_items)
+        feed = RunFeed() if self.responses.stream else None
+        if feed is not None:
+            feed.push(event_bytes("response.created", 0, {"response": queued}))
+            feed.push(event_bytes("response.queued", 1, {"response": queued}))
+            self._first_sequence = 2
+
+        async def fail(message: str) -> None:
+            failed = {**queued, "status": "failed", "completed_at": int(time.time()),
+                      "error": {"code": "server_error", "message": message}}  # fmt: skip
+            if await self.store.aupdate_response(self.scope, failed, only_from=("queued", "in_progress")):
+                if feed is not None:
+                    feed.push(event_bytes("response.failed", self._first_sequence, {"response": failed}))
 
         async def run() -> None:
-            await self.store.aset_response_status(self.scope, self.id, "in_progress", only_from=("queued",))
             try:
+                await self.store.aset_response_status(self.scope, self.id, "in_progress", only_from=("queued",))
                 assert self._turn is not None
                 answer = await self._turn.open(worker, self._deliver)
-                await answer.forward(detached_writer(self.id))
+                await answer.forward(feed.writer(self.id) if feed is not None else detached_writer(self.id))
             except (UpstreamFailure, GatewayError) as failure:
                 message = failure.detail if isinstance(failure, UpstreamFailure) else failure.message
-                failed = {**queued, "status": "failed", "completed_at": int(time.time()),
-                          "error": {"code": "server_error", "message": f"Upstream generation failed: {message}"}}  # fmt: skip
-                await self.store.aupdate_response(self.scope, failed, only_from=("queued", "in_progress"))
+                await fail(f"Upstream generation failed: {message}")
+            except asyncio.CancelledError:
+                if BACKGROUND.stopping:  # the gateway shuts down: the run cannot finish
+                    await fail("The gateway stopped before the response finished")
+                raise
+            finally:
+                if feed is not None:
+                    feed.close()
+                if not self.responses.store and not BACKGROUND.stopping:
+                    BACKGROUND.forget_later(lambda: self.store.adelete_response(self.scope, self.id))
 
         async def cancelled() -> bool:
             stored = await self.store.aget_response(self.scope, self.id)
             return stored is None or stored.get("status") == "cancelled"
 
         BACKGROUND.start(self.id, run, cancelled)
-        return LocalAnswer(orjson.dumps(queued))
+        return FeedAnswer(feed) if feed is not None else LocalAnswer(orjson.dumps(queued))
 
-    async def open(self, worker: WorkerHandle) -> EngineAnswer | LocalAnswer:
+    async def open(self, worker: WorkerHandle) -> EngineAnswer | LocalAnswer | FeedAnswer:
         if not self._history_read:
             await self._read_history()
             self._history_read = True
@@ -206,13 +235,12 @@ class ServedResponses(ServedSurface):
     async def _deliver(self, run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> bool:
         stream = self.responses.stream
         pending = bytearray()
-        sequence = 0
+        sequence = self._first_sequence
 
         def emit(kind: str, fields: dict[str, Any]) -> None:
             nonlocal sequence
-            event = {"type": kind, "sequence_number": sequence, **fields}
+            pending.extend(event_bytes(kind, sequence, fields))
             sequence += 1
-            pending.extend(b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n")
 
         async def flush() -> None:
             if pending:
@@ -236,7 +264,8 @@ class ServedResponses(ServedSurface):
 
         if stream:
             await writer.open_stream()
-            builder.send("response.created", response=dict(response))
+            if not self._first_sequence:  # a streamed background run sent its own (queued) first
+                builder.send("response.created", response=dict(response))
             builder.send("response.in_progress", response=dict(response))
         for label, tools in self.mcp.listings():
             builder.mcp_list_tools(label, tools)

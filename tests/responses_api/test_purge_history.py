@@ -81,3 +81,18 @@ def test_the_retention_flag_and_the_days_option() -> None:
     with pytest.raises(CommandError):
         purge("--days", "-1")
     assert "Purged 0 response(s)" in purge("--days", "1")
+
+
+def test_unstored_background_results_go_ten_minutes_after_they_end_whatever_the_retention() -> None:
+    ended = response_object([message("done", "assistant")], background=True, store=False)
+    running = response_object(background=True, store=False, status="in_progress")
+    fresh = response_object(background=True, store=False)
+    stored = response_object(background=True, store=True)
+    for response in (ended, running, fresh, stored):
+        async_to_sync(STORE.asave_response)(A, response, [message("in")])
+    moment = timezone.now() - timedelta(minutes=11)
+    StoredResponse.objects.exclude(pk=fresh["id"]).update(updated_at=moment)
+
+    output = purge("--days", "0")  # retention off: only the unstored results go
+    assert "Purged 1 unstored background response(s)" in output
+    assert set(StoredResponse.objects.values_list("pk", flat=True)) == {running["id"], fresh["id"], stored["id"]}

@@ -14,7 +14,7 @@ from mcp.server.mcpserver import MCPServer
 from responses_api import background
 from standins.scripted_engine import DEFAULT_TEXT, REASONING, TOOL_CALL
 from tests.inference.mcp.servers import serving
-from tests.inference.served.conftest import QWEN_MODEL, Start, start_engine_gateway  # noqa: F401
+from tests.inference.served.conftest import QWEN_MODEL, Start, asgi_app, start_engine_gateway  # noqa: F401
 
 PARSERS = {"tool_parser": "qwen", "reasoning_parser": "qwen3"}
 WEATHER = {
@@ -337,3 +337,117 @@ async def test_background_limit_and_background_off(start_engine_gateway: Start) 
     off = await start_engine_gateway(gateway={"max_background_responses": 0})
     answer = (await off.http.post("/v1/responses", json={"model": QWEN_MODEL, "input": "hi", "background": True})).json()
     assert answer["status"] == "completed"  # run in the foreground
+
+
+async def test_a_streamed_background_response_reports_queued_then_runs(start_engine_gateway: Start, backend: str) -> None:
+    gw = await start_engine_gateway(chunk_tokens=2, gateway={"history_backend": backend})
+    stream = await gw.sdk().responses.create(model=QWEN_MODEL, input="Hello", background=True, stream=True)
+    events = [event async for event in stream]
+    types = [event.type for event in events]
+    assert types[:3] == ["response.created", "response.queued", "response.in_progress"]
+    assert events[0].response.status == "queued" and events[1].response.status == "queued"
+    assert events[0].response.background is True
+    assert types[-1] == "response.completed" and types.count("response.completed") == 1
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    stored = await _poll(gw, events[0].response.id, "completed")
+    assert stored["output"][-1]["content"][0]["text"] == DEFAULT_TEXT
+
+
+def _responses_scope() -> dict:
+    return {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/v1/responses", "raw_path": b"/v1/responses", "query_string": b"", "root_path": "",
+        "headers": [(b"host", b"gateway"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 5000), "server": ("gateway", 80),
+    }
+
+
+async def test_a_streamed_background_run_outlives_its_client(
+    start_engine_gateway: Start, backend: str, asgi_app: object
+) -> None:
+    """The client leaves after the first events: the run goes on to completed and is stored."""
+    gw = await start_engine_gateway(chunk_tokens=1, delay_ms=20, gateway={"history_backend": backend})
+    body = json.dumps({"model": QWEN_MODEL, "input": "Hello", "background": True, "stream": True}).encode()
+    requests = [{"type": "http.request", "body": body, "more_body": False}]
+    seen = bytearray()
+    delta = asyncio.Event()
+
+    async def receive() -> dict:
+        if requests:
+            return requests.pop()
+        await delta.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body":
+            seen.extend(message.get("body", b""))
+            if b"response.output_text.delta" in seen:
+                delta.set()
+
+    await asyncio.wait_for(asgi_app(_responses_scope(), receive, send), 10)  # type: ignore[operator]
+    events = sse_events(bytes(seen).rsplit(b"\n\n", 1)[0] + b"\n\n")
+    assert events[0]["type"] == "response.created" and "response.completed" not in [e["type"] for e in events]
+    done = await _poll(gw, events[0]["response"]["id"], "completed")
+    assert done["output"][-1]["content"][0]["text"] == DEFAULT_TEXT
+    assert not gw.engine.state.aborted_ids()  # the disconnect did not stop generation
+
+
+async def test_cancelling_a_streamed_background_run_ends_its_stream_without_a_terminal_event(
+    start_engine_gateway: Start, monkeypatch: pytest.MonkeyPatch, asgi_app: object
+) -> None:
+    monkeypatch.setattr(background, "CANCEL_POLL_SECS", 0.05)
+    gw = await start_engine_gateway(chunk_tokens=1, delay_ms=50)
+    body = json.dumps({"model": QWEN_MODEL, "input": "hi", "background": True, "stream": True}).encode()
+    requests = [{"type": "http.request", "body": body, "more_body": False}]
+    seen = bytearray()
+    delta = asyncio.Event()
+    ended = asyncio.Event()
+
+    async def receive() -> dict:
+        if requests:
+            return requests.pop()
+        await ended.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body":
+            seen.extend(message.get("body", b""))
+            if b"response.output_text.delta" in seen:
+                delta.set()
+            if not message.get("more_body", False):
+                ended.set()
+
+    stream = asyncio.ensure_future(asgi_app(_responses_scope(), receive, send))  # type: ignore[operator]
+    await asyncio.wait_for(delta.wait(), 10)
+    response_id = sse_events(bytes(seen).split(b"\n\n", 1)[0] + b"\n\n")[0]["response"]["id"]
+    assert (await gw.http.post(f"/v1/responses/{response_id}/cancel")).json()["status"] == "cancelled"
+    await asyncio.wait_for(stream, 10)  # the stream ends
+    types = [event["type"] for event in sse_events(bytes(seen))]
+    assert types[:3] == ["response.created", "response.queued", "response.in_progress"]
+    assert not {"response.completed", "response.failed", "response.incomplete"} & set(types)
+    assert (await gw.http.get(f"/v1/responses/{response_id}")).json()["status"] == "cancelled"
+
+
+async def test_shutdown_stores_running_background_responses_as_failed(start_engine_gateway: Start, backend: str) -> None:
+    gw = await start_engine_gateway(chunk_tokens=1, delay_ms=100, gateway={"history_backend": backend})
+    queued = (await gw.http.post("/v1/responses", json={"model": QWEN_MODEL, "input": "hi", "background": True})).json()
+    await _poll(gw, queued["id"], "in_progress")
+    await background.BACKGROUND.aclose()
+    stored = (await gw.http.get(f"/v1/responses/{queued['id']}")).json()
+    assert stored["status"] == "failed" and "stopped" in stored["error"]["message"]
+    assert len(background.BACKGROUND) == 0
+
+
+async def test_an_unstored_background_result_is_deleted_after_a_while(
+    start_engine_gateway: Start, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(background, "UNSTORED_KEEP_SECS", 0.2)
+    gw = await start_engine_gateway(gateway={"history_backend": backend})
+    body = {"model": QWEN_MODEL, "input": "hi", "background": True, "store": False}
+    queued = (await gw.http.post("/v1/responses", json=body)).json()
+    assert (await _poll(gw, queued["id"], "completed"))["store"] is False  # readable while it is kept
+    for _ in range(100):
+        if (await gw.http.get(f"/v1/responses/{queued['id']}")).status_code == 404:
+            break
+        await asyncio.sleep(0.05)
+    assert (await gw.http.get(f"/v1/responses/{queued['id']}")).status_code == 404

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from common.config import current_config
-from responses_api.retention import purge_history, retention_cutoff
+from responses_api.retention import purge_history, purge_unstored, retention_cutoff
 
 
 class Command(BaseCommand):
@@ -27,6 +27,8 @@ class Command(BaseCommand):
         days = options["days"] if options["days"] is not None else current_config().history_retention_days
         if days < 0:
             raise CommandError("--days must be 0 or more")
+        unstored = purge_unstored()
+        self.stdout.write(f"Purged {unstored} unstored background response(s) ended over ten minutes ago.")
         cutoff = retention_cutoff(days)
         if cutoff is None:
             self.stdout.write("Retention is 0 days: history is kept forever; nothing purged.")
