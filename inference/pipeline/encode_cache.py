@@ -73,8 +73,24 @@ class _Layer:
         self.bytes = 0
 
 
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
 def _digest(text: str) -> bytes:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    return hashlib.blake2b(_utf8(text), digest_size=16).digest()
+
+
+def _prefix_digests(text: str, ends: Sequence[int]) -> list[bytes]:
+    """``_digest(text[:end])`` for each of the ascending ``ends``, in one pass over the text."""
+    hasher = hashlib.blake2b(digest_size=16)
+    digests: list[bytes] = []
+    position = 0
+    for end in ends:
+        hasher.update(_utf8(text[position:end]))
+        digests.append(hasher.copy().digest())
+        position = end
+    return digests
 
 
 class _Boundaries:
@@ -119,6 +135,7 @@ class EncodeCache:
         self.l1 = _Layer("l1", l1_max_bytes)
         self._boundaries: dict[str, _Boundaries] = {}
         self._lock = threading.Lock()  # encodes of long prompts run on worker threads
+        self._last: tuple[str, bytes] = ("", _digest(""))  # the text looked up last, and its digest
 
     def clear(self) -> None:
         with self._lock:
@@ -135,7 +152,9 @@ class EncodeCache:
         """The ids of a prompt seen before (L0), or None."""
         if not self.l0.max_bytes:
             return None
-        key = (tokenizer.path, add_special_tokens, _digest(text))
+        digest = _digest(text)
+        self._last = (text, digest)  # encode() of the same text, on a miss, needs it again
+        key = (tokenizer.path, add_special_tokens, digest)
         with self._lock:
             found = self.l0.get(key)
         telemetry.record_tokenizer_cache_lookup("l0", found is not None, len(text.encode("utf-8")) if found else 0)
@@ -149,8 +168,10 @@ class EncodeCache:
         using and filling L1, and remember the result in L0. May run on a worker thread."""
         ids = self._encode_with_prefixes(tokenizer, text, add_special_tokens, encode)
         if self.l0.max_bytes:
+            last_text, last_digest = self._last
+            digest = last_digest if last_text is text else _digest(text)
             with self._lock:
-                self.l0.put((tokenizer.path, add_special_tokens, _digest(text)), ids, _ID_BYTES * len(ids) + _ENTRY_BYTES)
+                self.l0.put((tokenizer.path, add_special_tokens, digest), ids, _ID_BYTES * len(ids) + _ENTRY_BYTES)
         return ids
 
     def _encode_with_prefixes(
@@ -166,7 +187,7 @@ class EncodeCache:
         if not ends:
             return tuple(encode(text))
         path = tokenizer.path
-        keys = {end: (path, end, _digest(text[:end])) for end in ends}
+        keys = {end: (path, end, digest) for end, digest in zip(ends, _prefix_digests(text, ends))}
         ids: list[int] = []
         start = 0
         with self._lock:

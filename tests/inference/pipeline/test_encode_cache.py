@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from common import telemetry
+from inference.pipeline import encode_cache as encode_cache_module
 from inference.pipeline.encode_cache import EncodeCache
 from inference.pipeline.templates import render
 from inference.pipeline.tokenizers import ModelTokenizer, load_tokenizer
@@ -126,3 +127,9 @@ def test_a_layer_holds_about_what_it_counts() -> None:
         tracemalloc.stop()
     assert cache.l0.bytes <= 1 << 20 and len(cache.l0) < len(texts)
     assert held < 1.5 * (1 << 20)
+
+
+def test_prefix_digests_in_one_pass_equal_each_prefix_hashed_alone() -> None:
+    text = "<|im_start|>system\nsé 日本 😀<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+    ends = [end for end in range(0, len(text) + 1, 7)]
+    assert encode_cache_module._prefix_digests(text, ends) == [encode_cache_module._digest(text[:end]) for end in ends]
