@@ -8,6 +8,8 @@ and the run continues as a task of this process behind that id.
   store) wins. The task also reads the stored status every :data:`CANCEL_POLL_SECS` and stops the run
   when it was cancelled, which closes the engine stream (Abort).
 - A run that fails before any output is stored as failed with the error.
+- A run marks its stored response every :data:`HEARTBEAT_SECS`; one not marked for
+  :data:`RUN_STALE_SECS` belongs to a process that died, and the db backend's readers store it as failed.
 - With ``stream: true`` the client that started the run reads it through a :class:`RunFeed` while it
   stays: its disconnect detaches the feed and the run goes on to its stored end; a cancel ends the
   stream without a terminal event.
@@ -26,13 +28,20 @@ from inference.asgi_io import Message
 from inference.errors import GatewayError
 from inference.writers import RESPONSES_SSE, ResponseClock, ResponseWriter
 
-__all__ = ["BackgroundRuns", "BACKGROUND", "CANCEL_POLL_SECS", "FEED_PENDING_CHUNKS", "FeedAnswer", "RunFeed",
+__all__ = ["BackgroundRuns", "BACKGROUND", "CANCEL_POLL_SECS", "FEED_PENDING_CHUNKS", "FeedAnswer", "HEARTBEAT_SECS", "RUN_STALE_SECS", "RunFeed",
            "UNSTORED_KEEP_SECS", "limit_reached"]
 
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_SECS = 1.0
 """How often a run looks for a cancel made through another process."""
+
+HEARTBEAT_SECS = 10.0
+"""How often a run marks its stored response as still running (its ``updated_at``)."""
+
+RUN_STALE_SECS = 60.0
+"""A queued or in-progress background response not marked for this long belongs to a process that
+is gone (killed, lost its host): readers of the db backend see it, and store it, as failed."""
 
 UNSTORED_KEEP_SECS = 600.0
 """How long the result of a ``store: false`` background response stays readable after it ends (spec
@@ -162,26 +171,40 @@ class BackgroundRuns:
         return current_config().max_background_responses > 0
 
     def start(
-        self, response_id: str, run: Callable[[], Awaitable[None]], cancelled: Callable[[], Awaitable[bool]]
+        self,
+        response_id: str,
+        run: Callable[[], Awaitable[None]],
+        cancelled: Callable[[], Awaitable[bool]],
+        heartbeat: Callable[[], Awaitable[object]],
     ) -> None:
-        """Start ``run``; stop it when ``cancelled()`` says the stored response was cancelled.
-        Raises the 429 when the limit is reached."""
+        """Start ``run``; stop it when ``cancelled()`` says the stored response was cancelled;
+        ``heartbeat()`` every :data:`HEARTBEAT_SECS` while it runs. Raises the 429 when the limit
+        is reached."""
         if len(self._tasks) >= current_config().max_background_responses:
             raise limit_reached()
-        task = asyncio.get_running_loop().create_task(self._run(response_id, run, cancelled))
+        task = asyncio.get_running_loop().create_task(self._run(response_id, run, cancelled, heartbeat))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _run(
-        self, response_id: str, run: Callable[[], Awaitable[None]], cancelled: Callable[[], Awaitable[bool]]
+        self,
+        response_id: str,
+        run: Callable[[], Awaitable[None]],
+        cancelled: Callable[[], Awaitable[bool]],
+        heartbeat: Callable[[], Awaitable[object]],
     ) -> None:
         work = asyncio.ensure_future(run())
+        loop = asyncio.get_running_loop()
+        beat = loop.time()
         try:
             while not work.done():
                 await asyncio.wait({work}, timeout=CANCEL_POLL_SECS)
                 if not work.done() and await cancelled():
                     log.info("background response %s cancelled; its run stops", response_id)
                     work.cancel()
+                elif not work.done() and loop.time() - beat >= HEARTBEAT_SECS:
+                    beat = loop.time()
+                    await heartbeat()
             await asyncio.gather(work, return_exceptions=True)
         except asyncio.CancelledError:  # shutdown: the run stops too (and stores itself as failed)
             work.cancel()

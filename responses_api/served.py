@@ -216,7 +216,10 @@ class ServedResponses(ServedSurface):
             stored = await self.store.aget_response(self.scope, self.id)
             return stored is None or stored.get("status") == "cancelled"
 
-        BACKGROUND.start(self.id, run, cancelled)
+        async def heartbeat() -> None:  # still running: the stored row's updated_at moves on
+            await self.store.aset_response_status(self.scope, self.id, "in_progress", only_from=("in_progress",))
+
+        BACKGROUND.start(self.id, run, cancelled, heartbeat)
         return FeedAnswer(feed) if feed is not None else LocalAnswer(orjson.dumps(queued))
 
     async def open(self, worker: WorkerHandle) -> EngineAnswer | LocalAnswer | FeedAnswer:

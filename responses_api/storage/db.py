@@ -9,10 +9,11 @@ Postgres they go back to the pool). Failures of the store itself (Postgres down)
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence, TypeVar
-
+import logging
 import re
+import time
+from datetime import datetime, timedelta
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import orjson
 from asgiref.sync import sync_to_async
@@ -20,6 +21,7 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 from django.utils import timezone
 
 from common.outages import STORE
+from responses_api.background import RUN_STALE_SECS
 from responses_api.ids import new_conversation_id
 from responses_api.limits import HISTORY_CHAIN_MAX, LIST_LIMIT_DEFAULT
 from responses_api.models import Conversation, ConversationItem, Item, ItemKind, ResponseItem, StoredResponse
@@ -39,6 +41,8 @@ from responses_api.storage.base import (
     merge_metadata,
     output_items,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DatabaseHistoryStore", "STORE_ERRORS", "purge_orphan_items"]
 
@@ -211,12 +215,36 @@ def _save_response(
             _append(columns.conversation_id, [*inputs, *made], now)
 
 
+_RUNNING = ("queued", "in_progress")
+
+
 def _get_response(scope: str, response_id: str) -> dict[str, Any] | None:
-    row = StoredResponse.objects.filter(pk=response_id, scope=scope).values_list("body", "status").first()
+    rows = StoredResponse.objects.filter(pk=response_id, scope=scope)
+    row = rows.values_list("body", "status", "background", "updated_at").first()
     if row is None:
         return None
-    body, status = row
-    return {**body, "status": status}
+    body, status, background, updated_at = row
+    found = {**body, "status": status}
+    if background and status in _RUNNING:
+        stale = timezone.now() - timedelta(seconds=RUN_STALE_SECS)
+        if updated_at < stale:  # its process stopped marking it: gone
+            return _fail_abandoned(rows.filter(status__in=_RUNNING, updated_at__lt=stale), found) or _get_response(
+                scope, response_id
+            )
+    return found
+
+
+def _fail_abandoned(rows: Any, found: dict[str, Any]) -> dict[str, Any] | None:
+    """Store a background response whose process is gone as failed; None when another writer got
+    there first (a late heartbeat, a cancel)."""
+    failed = {
+        **found, "status": "failed", "completed_at": int(time.time()),
+        "error": {"code": "server_error", "message": "The gateway process running this response stopped"},
+    }  # fmt: skip
+    if rows.update(body=failed, status="failed", updated_at=timezone.now()) != 1:
+        return None
+    log.warning("background response %s: its process stopped; stored as failed", found.get("id"))
+    return failed
 
 
 def _update_response(scope: str, response: Mapping[str, Any], only_from: Collection[str], append: bool) -> bool:

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import timedelta
 from typing import Iterator
 
 import openai
 import pytest
+from asgiref.sync import sync_to_async
+from django.utils import timezone
 from mcp.server.mcpserver import MCPServer
 
 from responses_api import background
+from responses_api.ids import new_response_id
+from responses_api.models import StoredResponse
+from responses_api.storage import db as storage_db
+from responses_api.storage.db import DatabaseHistoryStore
 from standins.scripted_engine import DEFAULT_TEXT, REASONING, TOOL_CALL
 from tests.inference.mcp.servers import serving
 from tests.inference.served.conftest import QWEN_MODEL, Start, asgi_app, start_engine_gateway  # noqa: F401
@@ -451,3 +458,48 @@ async def test_an_unstored_background_result_is_deleted_after_a_while(
             break
         await asyncio.sleep(0.05)
     assert (await gw.http.get(f"/v1/responses/{queued['id']}")).status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_background_response_whose_process_is_gone_reads_as_failed(start_engine_gateway: Start) -> None:
+    """A queued or in-progress row nobody marked for RUN_STALE_SECS (its process was killed) is
+    stored and answered as failed; cancelling it is then 400 response_already_failed."""
+    gw = await start_engine_gateway(gateway={"history_backend": "db"})
+    abandoned = response_shell_for_test(status="in_progress")
+    await DatabaseHistoryStore().asave_response("open", abandoned, [])
+    await sync_to_async(
+        lambda: StoredResponse.objects.filter(pk=abandoned["id"]).update(
+            updated_at=timezone.now() - timedelta(seconds=background.RUN_STALE_SECS + 5)
+        )
+    )()
+    found = (await gw.http.get(f"/v1/responses/{abandoned['id']}")).json()
+    assert found["status"] == "failed" and found["error"]["code"] == "server_error"
+    assert "stopped" in found["error"]["message"]
+    refused = await gw.http.post(f"/v1/responses/{abandoned['id']}/cancel")
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "response_already_failed"
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_long_background_run_keeps_its_response_alive(
+    start_engine_gateway: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run marks its row every HEARTBEAT_SECS, so a run longer than RUN_STALE_SECS is not taken
+    for an abandoned one."""
+    monkeypatch.setattr(background, "CANCEL_POLL_SECS", 0.05)
+    monkeypatch.setattr(background, "HEARTBEAT_SECS", 0.1)
+    monkeypatch.setattr(storage_db, "RUN_STALE_SECS", 0.5)
+    gw = await start_engine_gateway(chunk_tokens=1, delay_ms=60, gateway={"history_backend": "db"})
+    queued = (await gw.http.post("/v1/responses", json={"model": QWEN_MODEL, "input": "hi", "background": True})).json()
+    seen = set()
+    for _ in range(400):
+        status = (await gw.http.get(f"/v1/responses/{queued['id']}")).json()["status"]
+        seen.add(status)
+        if status not in ("queued", "in_progress"):
+            break
+        await asyncio.sleep(0.05)
+    assert status == "completed" and "failed" not in seen and "in_progress" in seen
+
+
+def response_shell_for_test(status: str) -> dict:
+    return {"id": new_response_id(), "object": "response", "created_at": 1, "status": status, "model": QWEN_MODEL,
+            "output": [], "background": True, "store": True}
