@@ -17,6 +17,7 @@ from typing import Any, Callable
 from inference.pipeline.events import Event, Finished, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from inference.pipeline.tools.base import make_call_id
 from responses_api.ids import new_item_id
+from responses_api.reasoning_blob import seal
 from responses_api.to_chat import ToolNames
 
 __all__ = ["OutputBuilder", "Emit", "usage_object", "terminal_fields"]
@@ -38,8 +39,12 @@ def usage_object(usage: Usage) -> dict[str, Any]:
 class OutputBuilder:
     """The output items of a response, as events arrive (see the module's docstring)."""
 
-    def __init__(self, names: ToolNames, emit: Emit | None = None, mcp_tools: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, names: ToolNames, emit: Emit | None = None, mcp_tools: dict[str, str] | None = None,
+        *, seal_reasoning: bool = False,
+    ) -> None:  # fmt: skip
         self.names = names
+        self.seal_reasoning = seal_reasoning  # include reasoning.encrypted_content
         self._emit = emit
         self.mcp_tools = mcp_tools or {}  # tool name → server label: calls the gateway runs itself
         self.mcp_pending: list[dict[str, Any]] = []  # this turn's calls of MCP tools, not yet run
@@ -91,6 +96,8 @@ class OutputBuilder:
             part: dict[str, Any] = {"type": "reasoning_text", "text": text}
             self.send("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0, text=text)
             item["status"] = "completed"  # reasoning items are always completed (spec 2)
+            if self.seal_reasoning:
+                item["encrypted_content"] = seal(text)
         else:
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
             self.send("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text,

@@ -42,6 +42,7 @@ from responses_api.scope import scope_of
 from responses_api.storage import history_store
 from responses_api.storage.base import ConversationNotFound
 from responses_api.output import OutputBuilder, terminal_fields, usage_object
+from responses_api.reasoning_blob import INCLUDE_ENCRYPTED_REASONING
 from responses_api.request import ResponsesRequest, validate_response_request
 from responses_api.to_chat import ToolNames, chat_body, chat_messages, chat_tools
 
@@ -253,7 +254,10 @@ class ServedResponses(ServedSurface):
         response = response_shell(self.responses, self.id, self.created_at, "in_progress")
         if self.responses.conversation is not None:
             response["conversation"] = {"id": self.responses.conversation}
-        builder = OutputBuilder(self.names, emit if stream else None, self.mcp.tool_labels())
+        builder = OutputBuilder(
+            self.names, emit if stream else None, self.mcp.tool_labels(),
+            seal_reasoning=INCLUDE_ENCRYPTED_REASONING in (self.responses.body.get("include") or ()),
+        )  # fmt: skip
         tallies: list[UsageTally] = []
 
         async def consume(turn: TurnRun, turn_outputs: AsyncIterator[EngineOutput], _: ResponseWriter) -> bool:

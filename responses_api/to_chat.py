@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from inference.errors import invalid_request
+from responses_api.reasoning_blob import unseal
 
 __all__ = ["ToolNames", "chat_body", "chat_messages", "chat_tools"]
 
@@ -85,6 +86,13 @@ def chat_messages(instructions: str | None, items: Iterable[Mapping[str, Any]], 
         elif kind == "reasoning":
             parts = [*(item.get("content") or ()), *(item.get("summary") or ())]
             pending_reasoning = "".join(str(part.get("text", "")) for part in parts if isinstance(part, Mapping)) or None
+            blob = item.get("encrypted_content")
+            if pending_reasoning is None and isinstance(blob, str) and blob:
+                pending_reasoning = unseal(blob)
+                if pending_reasoning is None:
+                    raise invalid_request(
+                        f"{param}.encrypted_content could not be decoded", f"{param}.encrypted_content"
+                    )
         elif kind in ("function_call", "mcp_call"):
             name = str(item.get("name", ""))
             visible = names.add(item.get("namespace"), name) if kind == "function_call" else name

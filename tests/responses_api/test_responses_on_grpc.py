@@ -19,6 +19,7 @@ from responses_api.ids import new_response_id
 from responses_api.models import StoredResponse
 from responses_api.storage import db as storage_db
 from responses_api.storage.db import DatabaseHistoryStore
+from responses_api.to_chat import ToolNames, chat_messages
 from standins.scripted_engine import DEFAULT_TEXT, REASONING, TOOL_CALL
 from tests.inference.mcp.servers import serving
 from tests.inference.served.conftest import QWEN_MODEL, Start, asgi_app, start_engine_gateway  # noqa: F401
@@ -360,13 +361,42 @@ async def test_a_streamed_background_response_reports_queued_then_runs(start_eng
     assert stored["output"][-1]["content"][0]["text"] == DEFAULT_TEXT
 
 
-def _responses_scope() -> dict:
-    return {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/v1/responses", "raw_path": b"/v1/responses", "query_string": b"", "root_path": "",
-        "headers": [(b"host", b"gateway"), (b"content-type", b"application/json")],
-        "client": ("127.0.0.1", 5000), "server": ("gateway", 80),
-    }
+class RawStream:
+    """POST /v1/responses straight into the ASGI app (httpx's ASGI transport buffers whole answers):
+    ``delta`` is set at the first output_text delta; the client disconnects once ``leave`` is set
+    (by default: at that first delta)."""
+
+    def __init__(self, asgi_app: object, body: dict, *, leave_at_delta: bool = True) -> None:
+        self.seen = bytearray()
+        self.delta = asyncio.Event()
+        self.ended = asyncio.Event()
+        self.leave = self.delta if leave_at_delta else self.ended
+        self._requests = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/v1/responses", "raw_path": b"/v1/responses", "query_string": b"", "root_path": "",
+            "headers": [(b"host", b"gateway"), (b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 5000), "server": ("gateway", 80),
+        }  # fmt: skip
+        self.task = asyncio.ensure_future(asgi_app(scope, self._receive, self._send))  # type: ignore[operator]
+
+    async def _receive(self) -> dict:
+        if self._requests:
+            return self._requests.pop()
+        await self.leave.wait()
+        return {"type": "http.disconnect"}
+
+    async def _send(self, message: dict) -> None:
+        if message["type"] == "http.response.body":
+            self.seen.extend(message.get("body", b""))
+            if b"response.output_text.delta" in self.seen:
+                self.delta.set()
+            if not message.get("more_body", False):
+                self.ended.set()
+
+    def events(self) -> list[dict]:
+        """The whole events received (a last one cut off by the disconnect left out)."""
+        return sse_events(bytes(self.seen).rsplit(b"\n\n", 1)[0] + b"\n\n")
 
 
 async def test_a_streamed_background_run_outlives_its_client(
@@ -374,25 +404,9 @@ async def test_a_streamed_background_run_outlives_its_client(
 ) -> None:
     """The client leaves after the first events: the run goes on to completed and is stored."""
     gw = await start_engine_gateway(chunk_tokens=1, delay_ms=20, gateway={"history_backend": backend})
-    body = json.dumps({"model": QWEN_MODEL, "input": "Hello", "background": True, "stream": True}).encode()
-    requests = [{"type": "http.request", "body": body, "more_body": False}]
-    seen = bytearray()
-    delta = asyncio.Event()
-
-    async def receive() -> dict:
-        if requests:
-            return requests.pop()
-        await delta.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        if message["type"] == "http.response.body":
-            seen.extend(message.get("body", b""))
-            if b"response.output_text.delta" in seen:
-                delta.set()
-
-    await asyncio.wait_for(asgi_app(_responses_scope(), receive, send), 10)  # type: ignore[operator]
-    events = sse_events(bytes(seen).rsplit(b"\n\n", 1)[0] + b"\n\n")
+    stream = RawStream(asgi_app, {"model": QWEN_MODEL, "input": "Hello", "background": True, "stream": True})
+    await asyncio.wait_for(stream.task, 10)
+    events = stream.events()
     assert events[0]["type"] == "response.created" and "response.completed" not in [e["type"] for e in events]
     done = await _poll(gw, events[0]["response"]["id"], "completed")
     assert done["output"][-1]["content"][0]["text"] == DEFAULT_TEXT
@@ -404,32 +418,13 @@ async def test_cancelling_a_streamed_background_run_ends_its_stream_without_a_te
 ) -> None:
     monkeypatch.setattr(background, "CANCEL_POLL_SECS", 0.05)
     gw = await start_engine_gateway(chunk_tokens=1, delay_ms=50)
-    body = json.dumps({"model": QWEN_MODEL, "input": "hi", "background": True, "stream": True}).encode()
-    requests = [{"type": "http.request", "body": body, "more_body": False}]
-    seen = bytearray()
-    delta = asyncio.Event()
-    ended = asyncio.Event()
-
-    async def receive() -> dict:
-        if requests:
-            return requests.pop()
-        await ended.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        if message["type"] == "http.response.body":
-            seen.extend(message.get("body", b""))
-            if b"response.output_text.delta" in seen:
-                delta.set()
-            if not message.get("more_body", False):
-                ended.set()
-
-    stream = asyncio.ensure_future(asgi_app(_responses_scope(), receive, send))  # type: ignore[operator]
-    await asyncio.wait_for(delta.wait(), 10)
-    response_id = sse_events(bytes(seen).split(b"\n\n", 1)[0] + b"\n\n")[0]["response"]["id"]
+    body = {"model": QWEN_MODEL, "input": "hi", "background": True, "stream": True}
+    stream = RawStream(asgi_app, body, leave_at_delta=False)
+    await asyncio.wait_for(stream.delta.wait(), 10)
+    response_id = stream.events()[0]["response"]["id"]
     assert (await gw.http.post(f"/v1/responses/{response_id}/cancel")).json()["status"] == "cancelled"
-    await asyncio.wait_for(stream, 10)  # the stream ends
-    types = [event["type"] for event in sse_events(bytes(seen))]
+    await asyncio.wait_for(stream.task, 10)  # the stream ends
+    types = [event["type"] for event in sse_events(bytes(stream.seen))]
     assert types[:3] == ["response.created", "response.queued", "response.in_progress"]
     assert not {"response.completed", "response.failed", "response.incomplete"} & set(types)
     assert (await gw.http.get(f"/v1/responses/{response_id}")).json()["status"] == "cancelled"
@@ -503,3 +498,32 @@ async def test_a_long_background_run_keeps_its_response_alive(
 def response_shell_for_test(status: str) -> dict:
     return {"id": new_response_id(), "object": "response", "created_at": 1, "status": status, "model": QWEN_MODEL,
             "output": [], "background": True, "store": True}
+
+
+async def test_encrypted_reasoning_is_included_on_request_and_replayed(start_engine_gateway: Start) -> None:
+    """include reasoning.encrypted_content: reasoning items carry the blob; a store: false client
+    sends the item back with the blob alone and the model sees that reasoning again."""
+    gw = await start_engine_gateway(**PARSERS)
+    first = await gw.sdk().responses.create(
+        model=QWEN_MODEL, input="[[mock:reasoning]] Hello", store=False, include=["reasoning.encrypted_content"]
+    )
+    reasoning = first.output[0]
+    assert reasoning.type == "reasoning" and reasoning.encrypted_content
+    plain = await gw.sdk().responses.create(model=QWEN_MODEL, input="[[mock:reasoning]] Hello", store=False)
+    assert plain.output[0].type == "reasoning" and plain.output[0].encrypted_content is None
+    replay = [
+        {"type": "message", "role": "user", "content": "Hello"},
+        {"type": "reasoning", "id": reasoning.id, "summary": [], "encrypted_content": reasoning.encrypted_content},
+        {"type": "message", "role": "assistant", "content": first.output_text},
+        {"type": "message", "role": "user", "content": "And then?"},
+    ]
+    await gw.sdk().responses.create(model=QWEN_MODEL, input=replay, store=False)
+    prompt = gw.engine.state.requests[-1].prompt_text
+    assert prompt.count("<|im_start|>assistant") == 2 and "And then?" in prompt
+    # (Qwen3's template drops the reasoning of turns before the last user message; the chat messages
+    # built from the replay carry it.)
+    messages = chat_messages(None, replay, ToolNames())
+    assert messages[1] == {"role": "assistant", "content": first.output_text, "reasoning_content": REASONING}
+    bad = {**replay[1], "encrypted_content": "not-a-blob"}
+    refused = await gw.http.post("/v1/responses", json={"model": QWEN_MODEL, "input": [replay[0], bad, *replay[2:]]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "input[1].encrypted_content"
