@@ -53,8 +53,9 @@ class _Generation:
             yield output if not offset else dataclasses.replace(output, index=output.index + offset)
 
 
-async def _merged(generations: Sequence[_Generation]) -> Outputs:
-    """Every generation's outputs, as they arrive."""
+async def _merged(generations: Sequence[_Generation], settling: asyncio.Event) -> Outputs:
+    """Every generation's outputs, as they arrive. Once closed with ``settling`` set (the response
+    was written), the generations are read on for up to :data:`SETTLE_SECS` before they are closed."""
     queue: asyncio.Queue[EngineOutput | BaseException | None] = asyncio.Queue()
 
     async def pump(generation: _Generation) -> None:
@@ -81,6 +82,8 @@ async def _merged(generations: Sequence[_Generation]) -> Outputs:
             else:
                 yield item
     finally:
+        if settling.is_set():
+            await asyncio.wait(tasks, timeout=SETTLE_SECS)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -96,10 +99,12 @@ class EngineAnswer:
 
     async def forward(self, writer: ResponseWriter) -> bool:
         generations = self._generations
+        settling = asyncio.Event()
         try:
-            source = generations[0].all() if len(generations) == 1 else _merged(generations)
+            source = generations[0].all() if len(generations) == 1 else _merged(generations, settling)
             async with aclosing(source) as outputs:
                 delivered = await self._deliver(outputs, writer)
+                settling.set()
             await self._settle()
             return delivered
         finally:

@@ -3,6 +3,7 @@ gateway with the model's own tokenizer."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import struct
@@ -157,3 +158,14 @@ async def test_embeddings_on_a_runtime_without_embed_is_501(start_engine_gateway
     response = await gw.http.post("/v1/embeddings", json={"model": QWEN_MODEL, "input": "hi"})
     assert response.status_code == 501
     assert response.json()["error"]["code"] == "endpoint_not_supported"
+
+
+async def test_a_prompt_array_lets_every_engine_request_end_itself(start_engine_gateway: Start) -> None:
+    """Each prompt's generation ends on end-of-sequence one message before the engine's own end: the
+    merged answer reads them all on to that end rather than aborting them (D42)."""
+    gw = await start_engine_gateway(chunk_tokens=1)
+    for stream in (False, True):
+        body = {"model": QWEN_MODEL, "prompt": ["first", "second prompt"], "max_tokens": 50, "stream": stream}
+        assert (await gw.http.post("/v1/completions", json=body)).status_code == 200
+    await asyncio.sleep(0.2)
+    assert len(gw.engine.state.requests) == 4 and gw.engine.state.aborted_ids() == []
