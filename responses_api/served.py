@@ -158,7 +158,22 @@ class ServedResponses(ServedSurface):
                 raise GatewayError(
                     404, "not_found", f"Conversation with id '{request.conversation}' not found.", param="conversation"
                 ) from None
+        await self._resolve_references()
         self.items = [*(history or ()), *self.input_items]
+
+    async def _resolve_references(self) -> None:
+        """Each item_reference of the input as the stored item it names (404 not_found for one this
+        scope does not have); the response stores and replays the item itself."""
+        wanted = [str(item["id"]) for item in self.input_items if item.get("type") == "item_reference"]
+        if not wanted:
+            return
+        found = await self.store.aget_items(self.scope, wanted)
+        for item_id in wanted:
+            if item_id not in found:
+                raise GatewayError(404, "not_found", f"Item with id '{item_id}' not found.", param="input")
+        self.input_items = [
+            found[str(item["id"])] if item.get("type") == "item_reference" else item for item in self.input_items
+        ]
 
     async def _save(self, response: dict[str, Any]) -> None:
         """Store the finished response (and append its items to its conversation), unless store is

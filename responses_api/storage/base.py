@@ -261,6 +261,10 @@ class HistoryStore(abc.ABC):
         """A response's input items in order, or None for an unknown response."""
 
     @abc.abstractmethod
+    async def aget_items(self, scope: str, item_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The stored items of ``item_ids`` this scope has, by id (an item_reference's target)."""
+
+    @abc.abstractmethod
     async def aresponse_history(self, scope: str, response_id: str) -> list[dict[str, Any]] | None:
         """What ``previous_response_id`` continues from: the input then output items of each response
         of the chain ending at ``response_id``, oldest first. None when ``response_id`` is unknown."""

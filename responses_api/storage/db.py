@@ -135,6 +135,10 @@ def _items_by_id(scope: str, item_ids: Sequence[str]) -> dict[str, Item]:
     return found
 
 
+def _item_bodies(scope: str, item_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    return {item_id: dict(item.body) for item_id, item in _items_by_id(scope, item_ids).items()}
+
+
 def purge_orphan_items(pks: Iterable[int] | None = None) -> int:
     """Delete items that no response and no conversation holds (among ``pks``, or all); their count."""
     candidates = Item.objects.filter(response_links__isnull=True, conversation_links__isnull=True)
@@ -510,6 +514,9 @@ class DatabaseHistoryStore(HistoryStore):
 
     async def alist_input_items(self, scope: str, response_id: str) -> list[dict[str, Any]] | None:
         return await _arun(_list_input_items, scope, response_id)
+
+    async def aget_items(self, scope: str, item_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return await _arun(_item_bodies, scope, item_ids)
 
     async def aresponse_history(self, scope: str, response_id: str) -> list[dict[str, Any]] | None:
         return await _arun(_response_history, scope, response_id)

@@ -272,6 +272,10 @@ class MemoryHistoryStore(HistoryStore):
                 return None
             return [self._body(scope, item_id) for item_id in response.inputs]
 
+    async def aget_items(self, scope: str, item_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return {item_id: self._body(scope, item_id) for item_id in item_ids if (scope, item_id) in self._items}
+
     async def aresponse_history(self, scope: str, response_id: str) -> list[dict[str, Any]] | None:
         with self._lock:
             chain: list[_Response] = []

@@ -57,6 +57,9 @@ class NoHistoryStore(HistoryStore):
     async def alist_input_items(self, scope: str, response_id: str) -> list[dict[str, Any]] | None:
         return None
 
+    async def aget_items(self, scope: str, item_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return {}
+
     async def aresponse_history(self, scope: str, response_id: str) -> list[dict[str, Any]] | None:
         return None
 

@@ -527,3 +527,21 @@ async def test_encrypted_reasoning_is_included_on_request_and_replayed(start_eng
     bad = {**replay[1], "encrypted_content": "not-a-blob"}
     refused = await gw.http.post("/v1/responses", json={"model": QWEN_MODEL, "input": [replay[0], bad, *replay[2:]]})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "input[1].encrypted_content"
+
+
+async def test_item_references_in_the_input_are_the_stored_items(start_engine_gateway: Start, backend: str) -> None:
+    gw = await start_engine_gateway(gateway={"history_backend": backend})
+    first = await gw.sdk().responses.create(model=QWEN_MODEL, input="Remember the word: marmalade")
+    (user_item,) = (await gw.sdk().responses.input_items.list(first.id)).data
+    answer_item = first.output[-1]
+    second = await gw.sdk().responses.create(
+        model=QWEN_MODEL,
+        input=[{"type": "item_reference", "id": user_item.id}, {"type": "item_reference", "id": answer_item.id},
+               {"type": "message", "role": "user", "content": "Which word?"}],
+    )
+    prompt = gw.engine.state.requests[-1].prompt_text
+    assert "marmalade" in prompt and DEFAULT_TEXT in prompt and "Which word?" in prompt
+    listed = (await gw.sdk().responses.input_items.list(second.id, order="asc")).data
+    assert [item.id for item in listed][:2] == [user_item.id, answer_item.id]  # stored as the items themselves
+    missing = await gw.http.post("/v1/responses", json={"model": QWEN_MODEL, "input": [{"type": "item_reference", "id": "msg_nope"}]})
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "input"
