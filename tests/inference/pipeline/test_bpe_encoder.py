@@ -4,7 +4,6 @@ A text that is not NFC, or an encode that adds special tokens, goes to ``tokeniz
 
 from __future__ import annotations
 
-import copy
 import random
 from pathlib import Path
 from typing import Any
@@ -114,10 +113,14 @@ def qwen_json() -> dict[str, Any]:
 
 
 def _edited(data: dict[str, Any], path: list[Any], value: Any) -> dict[str, Any]:
-    edited = copy.deepcopy(data)
-    target = edited
+    """``data`` with the value at ``path`` replaced: the containers on the path copied, the rest
+    shared (a deep copy of the 150k-entry vocabulary takes seconds)."""
+    edited = dict(data)
+    target: Any = edited
     for key in path[:-1]:
-        target = target[key]
+        child = target[key]
+        target[key] = child = list(child) if isinstance(child, list) else dict(child)
+        target = child
     target[path[-1]] = value
     return edited
 
@@ -142,8 +145,8 @@ def test_shapes_tiktoken_does_not_reproduce_are_refused(
 
 
 def test_an_added_token_starting_another_is_refused(qwen_json: dict[str, Any], qwen: ModelTokenizer) -> None:
-    edited = copy.deepcopy(qwen_json)
-    edited["added_tokens"].append({**edited["added_tokens"][0], "id": 999_999, "content": "<|endoftext|>x"})
+    first = qwen_json["added_tokens"][0]
+    edited = _edited(qwen_json, ["added_tokens"], [*qwen_json["added_tokens"], {**first, "id": 999_999, "content": "<|endoftext|>x"}])
     assert bpe_encoder(edited, qwen.tokenizer, name="edited") is None
 
 
