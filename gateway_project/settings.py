@@ -156,6 +156,7 @@ LOGGING = {
     "loggers": {
         "inference": {"level": LOG_LEVEL, "handlers": ["console"], "propagate": False},
         "administration": {"level": LOG_LEVEL, "handlers": ["console"], "propagate": False},
+        "standins": {"level": LOG_LEVEL, "handlers": ["console"], "propagate": False},
         "django": {"level": "WARNING"},
         "django.request": {"filters": ["one_escape_record"]},
         # The pool warns at each reconnection attempt while Postgres is down; the outage is logged

@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import io
 import json
+import logging
 import math
 import time
 import zipfile
@@ -41,6 +42,8 @@ __all__ = [
     "ServedRequest",
     "embedding_for",
 ]
+
+log = logging.getLogger(__name__)
 
 MOCK_ENGINE_VERSION = "0.0.0-mock"
 RUNTIMES = ("sglang", "vllm", "trtllm", "tokenspeed", "mlx")
@@ -425,6 +428,7 @@ class ScriptedEngine:
         signal = self.state.running.get(request_id)
         if signal is not None:
             signal.set()
+        log.info("Abort of %s (%s): %s", request_id, reason, "stopped" if signal is not None else "not running")
         return signal is not None
 
     def tokenizer_zip(self) -> bytes:
