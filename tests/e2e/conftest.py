@@ -39,13 +39,20 @@ class Process:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
+        self.terminate()
+        self.reap()
+
+    def terminate(self) -> None:
         if self.popen.poll() is None:
             self.popen.terminate()
-            try:
-                self.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout=5)
+
+    def reap(self) -> None:
+        """Wait for the exit :meth:`terminate` asked for (killed after 10 s)."""
+        try:
+            self.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout=5)
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str, process: Process | None = None) -> None:
@@ -145,8 +152,10 @@ def spawn(request: pytest.FixtureRequest, tmp_path: Path, e2e_database_url: str)
         return process
 
     yield start
+    for process in reversed(started):  # all asked to stop at once: their drains overlap
+        process.terminate()
     for process in reversed(started):
-        process.stop()
+        process.reap()
     if request.node.get_closest_marker(MARKER) is None:
         escapes = {process.name: lines for process in started if (lines := escape_lines(process.log()))}
         if escapes:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.conftest import free_port, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.embedded]  # also in CI's SQLite pass
 
 REDIS = "redis://127.0.0.1:6379"
 MESSAGES = [{"role": "user", "content": "hello"}]

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.embedded]  # also in CI's SQLite pass
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
 

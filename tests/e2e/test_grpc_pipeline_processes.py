@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import free_port
 from tests.e2e.conftest import wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.embedded]  # also in CI's SQLite pass
 
 QWEN = str(Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "models" / "qwen3")
 MODEL = "Qwen/Qwen3-8B"
