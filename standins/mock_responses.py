@@ -25,6 +25,9 @@ from typing import Any
 import orjson
 
 __all__ = [
+    "response_object",
+    "response_stream",
+    "responses_input_tokens",
     "CLASS_LABELS",
     "DONE",
     "Controls",
@@ -336,6 +339,95 @@ def completion_stream(
         usage["usage"] = _usage(prompt_tokens, tokens * choices)
     finish_part = b',"text":"","logprobs":null,"finish_reason":"%b"}]}\n\n' % finish.encode()
     return steps, _stream_tail(prefix, indexes, finish_part, usage)
+
+
+# --- the Responses API (an HTTP worker answering /v1/responses itself) ---------------------------
+
+
+def responses_input_tokens(value: Any) -> int:
+    """Prompt tokens of a Responses ``input`` (a string or items whose text parts are counted)."""
+    if isinstance(value, str):
+        return count_tokens(value)
+    if not isinstance(value, list) or not value:
+        raise MockError(400, "input must be a string or a non-empty list of items", "input")
+    texts: list[str] = []
+    for item in value:
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.extend(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return count_tokens(" ".join(texts))
+
+
+def response_object(
+    rid: str, created: int, model: str, tokens: int, finish: str, prompt_tokens: int, status: str = "completed"
+) -> dict[str, Any]:
+    """A Responses API response object with one assistant message of ``tokens`` words."""
+    done = status != "in_progress"
+    if done and finish == "length":
+        status = "incomplete"
+    message = {
+        "id": "msg_" + rid.removeprefix("resp_"), "type": "message", "role": "assistant",
+        "status": "completed" if finish == "stop" else "incomplete",
+        "content": [{"type": "output_text", "text": completion_text(tokens), "annotations": []}],
+    }  # fmt: skip
+    return {
+        "id": rid, "object": "response", "created_at": created, "status": status, "model": model,
+        "output": [message] if done else [], "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if done and finish == "length" else None,
+        "instructions": None, "metadata": {}, "parallel_tool_calls": True, "temperature": 1.0, "top_p": 1.0,
+        "tool_choice": "auto", "tools": [],
+        "usage": {
+            "input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt_tokens + tokens,
+        } if done else None,
+    }  # fmt: skip
+
+
+def _event(kind: str, sequence: int, fields: dict[str, Any]) -> bytes:
+    return b"event: %b\ndata: %b\n\n" % (kind.encode(), orjson.dumps({"type": kind, "sequence_number": sequence, **fields}))
+
+
+def response_stream(
+    rid: str, created: int, model: str, tokens: int, finish: str, prompt_tokens: int
+) -> tuple[list[bytes], bytes]:
+    """The Responses events of :func:`response_object`: created and in_progress, the message's item
+    and part opened, one output_text delta per token, then everything closed and the terminal event
+    (no [DONE]). (one SSE block per token with the opening ones in the first; the closing bytes)."""
+    whole = response_object(rid, created, model, tokens, finish, prompt_tokens)
+    opening = response_object(rid, created, model, tokens, finish, prompt_tokens, status="in_progress")
+    message = whole["output"][0]
+    item_id = message["id"]
+    started = {**message, "status": "in_progress", "content": []}
+    empty = {"type": "output_text", "text": "", "annotations": []}
+    head = [
+        _event("response.created", 0, {"response": opening}),
+        _event("response.in_progress", 1, {"response": opening}),
+        _event("response.output_item.added", 2, {"output_index": 0, "item": started}),
+        _event("response.content_part.added", 3, {"item_id": item_id, "output_index": 0, "content_index": 0, "part": empty}),
+    ]  # fmt: skip
+    words = _words(tokens)
+    steps = [
+        _event("response.output_text.delta", 4 + i, {"item_id": item_id, "output_index": 0, "content_index": 0,
+                                                     "delta": word if i == 0 else " " + word, "logprobs": []})
+        for i, word in enumerate(words)
+    ]  # fmt: skip
+    steps = [b"".join(head) + steps[0], *steps[1:]] if steps else [b"".join(head)]
+    sequence = 4 + len(words)
+    text = completion_text(tokens)
+    part = message["content"][0]
+    terminal = "response.completed" if finish == "stop" else "response.incomplete"
+    tail = [
+        _event("response.output_text.done", sequence, {"item_id": item_id, "output_index": 0, "content_index": 0,
+                                                      "text": text, "logprobs": []}),
+        _event("response.content_part.done", sequence + 1, {"item_id": item_id, "output_index": 0, "content_index": 0,
+                                                           "part": part}),
+        _event("response.output_item.done", sequence + 2, {"output_index": 0, "item": message}),
+        _event(terminal, sequence + 3, {"response": whole}),
+    ]  # fmt: skip
+    return steps, b"".join(tail)
 
 
 # --- embeddings, rerank, classify, tokenize -----------------------------------------------------

@@ -413,6 +413,19 @@ def _routes(config: MockWorkerConfig) -> list[web.RouteDef]:
         payload = mr.chat_completion(rid, now, model, n, tokens, finish, prompt_tokens)
         return await _respond(request, ctl, tokens, payload)
 
+    async def responses(request: web.Request) -> web.StreamResponse:
+        """/v1/responses as an engine's own server answers it (the gateway relays it unchanged)."""
+        body = _body(request)
+        ctl = controls(body)
+        prompt_tokens = mr.responses_input_tokens(body.get("input"))
+        tokens, finish = mr.budget(config.max_model_len, ctl.tokens, body.get("max_output_tokens"), "max_output_tokens", prompt_tokens)
+        model = body.get("model") or config.model
+        rid, now = _rid("resp_"), int(time.time())
+        if body.get("stream"):
+            steps, tail = mr.response_stream(rid, now, model, tokens, finish, prompt_tokens)
+            return await _stream(request, steps, tail, ctl)
+        return await _respond(request, ctl, tokens, mr.response_object(rid, now, model, tokens, finish, prompt_tokens))
+
     async def completions(request: web.Request) -> web.StreamResponse:
         body = _body(request)
         ctl = controls(body)
@@ -507,6 +520,7 @@ def _routes(config: MockWorkerConfig) -> list[web.RouteDef]:
         web.post("/stop_profile", profile),
         web.post("/v1/chat/completions", chat),
         web.post("/v1/completions", completions),
+        web.post("/v1/responses", responses),
         web.post("/v1/embeddings", simple(mr.embeddings_payload)),
         web.post("/v1/rerank", rerank),
         web.post("/rerank", rerank),
