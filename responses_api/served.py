@@ -229,6 +229,8 @@ class ServedResponses(ServedSurface):
                     BACKGROUND.forget_later(lambda: self.store.adelete_response(self.scope, self.id))
 
         async def cancelled() -> bool:
+            if not self.store.keeps_records:  # --history-backend none: nothing can be cancelled
+                return False
             stored = await self.store.aget_response(self.scope, self.id)
             return stored is None or stored.get("status") == "cancelled"
 

@@ -211,6 +211,9 @@ class HistoryStore(abc.ABC):
     """Stored responses and conversations of every scope. Items passed in carry ``id`` and ``type``."""
 
     name: str = ""
+    keeps_records: bool = True
+    """False for a store that writes nothing (a response it does not find was never there, not
+    deleted or cancelled)."""
 
     # --- responses ---
 

@@ -22,6 +22,7 @@ __all__ = ["NoHistoryStore"]
 
 class NoHistoryStore(HistoryStore):
     name = "none"
+    keeps_records = False
 
     async def asave_response(
         self,

@@ -545,3 +545,17 @@ async def test_item_references_in_the_input_are_the_stored_items(start_engine_ga
     assert [item.id for item in listed][:2] == [user_item.id, answer_item.id]  # stored as the items themselves
     missing = await gw.http.post("/v1/responses", json={"model": QWEN_MODEL, "input": [{"type": "item_reference", "id": "msg_nope"}]})
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "input"
+
+
+async def test_with_history_backend_none_a_streamed_background_run_is_not_taken_for_cancelled(
+    start_engine_gateway: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing is stored, so the run's cancel watch finds nothing: that is not a cancel (spec 2: the
+    queued object is returned, nothing can be polled or cancelled), and the stream runs to its end."""
+    monkeypatch.setattr(background, "CANCEL_POLL_SECS", 0.05)
+    gw = await start_engine_gateway(chunk_tokens=1, delay_ms=30, gateway={"history_backend": "none"})
+    stream = await gw.sdk().responses.create(model=QWEN_MODEL, input="Hello", background=True, stream=True)
+    events = [event async for event in stream]
+    assert events[1].type == "response.queued" and events[-1].type == "response.completed"
+    assert events[-1].response.output_text == DEFAULT_TEXT
+    assert not gw.engine.state.aborted_ids()
