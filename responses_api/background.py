@@ -24,12 +24,12 @@ from time import perf_counter
 from typing import Awaitable, Callable
 
 from common.config import current_config
-from inference.asgi_io import Message
+from inference.asgi_io import Message, Send
 from inference.errors import GatewayError
 from inference.writers import RESPONSES_SSE, ResponseClock, ResponseWriter
 
 __all__ = ["BackgroundRuns", "BACKGROUND", "CANCEL_POLL_SECS", "FEED_PENDING_CHUNKS", "FeedAnswer", "HEARTBEAT_SECS", "RUN_STALE_SECS", "RunFeed",
-           "UNSTORED_KEEP_SECS", "limit_reached"]
+           "UNSTORED_KEEP_SECS", "limit_reached", "run_writer"]
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +59,10 @@ async def _discard(message: Message) -> None:
     return None
 
 
-def detached_writer(request_id: str) -> ResponseWriter:
-    """A writer for a run no client reads (its result goes to the store)."""
-    return ResponseWriter(_discard, request_id.encode(), ResponseClock(perf_counter()), RESPONSES_SSE)
+def run_writer(request_id: str, send: Send = _discard) -> ResponseWriter:
+    """A background run's writer: into ``send`` (a streaming client's :class:`RunFeed`), or nowhere
+    when no client reads the run (its result goes to the store)."""
+    return ResponseWriter(send, request_id.encode(), ResponseClock(perf_counter()), RESPONSES_SSE)
 
 
 FEED_PENDING_CHUNKS = 64
@@ -88,7 +89,7 @@ class RunFeed:
         self._writable.set()
 
     def writer(self, request_id: str) -> ResponseWriter:
-        return ResponseWriter(self._send, request_id.encode(), ResponseClock(perf_counter()), RESPONSES_SSE)
+        return run_writer(request_id, self._send)
 
     def push(self, data: bytes) -> None:
         """Bytes from outside the run (the events before it starts, a failure after it)."""

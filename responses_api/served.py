@@ -34,7 +34,7 @@ from inference.served.engine_answer import EngineAnswer
 from inference.upstreams.engine import EngineOutput
 from inference.upstreams.failures import UpstreamFailure
 from inference.writers import ResponseWriter
-from responses_api.background import BACKGROUND, FeedAnswer, RunFeed, detached_writer, limit_reached
+from responses_api.background import BACKGROUND, FeedAnswer, RunFeed, limit_reached, run_writer
 from responses_api.mcp_tools import McpServers
 from responses_api.ids import new_response_id
 from responses_api.items import with_id
@@ -214,7 +214,7 @@ class ServedResponses(ServedSurface):
                 await self.store.aset_response_status(self.scope, self.id, "in_progress", only_from=("queued",))
                 assert self._turn is not None
                 answer = await self._turn.open(worker, self._deliver)
-                await answer.forward(feed.writer(self.id) if feed is not None else detached_writer(self.id))
+                await answer.forward(feed.writer(self.id) if feed is not None else run_writer(self.id))
             except (UpstreamFailure, GatewayError) as failure:
                 message = failure.detail if isinstance(failure, UpstreamFailure) else failure.message
                 await fail(f"Upstream generation failed: {message}")
