@@ -141,7 +141,13 @@ async def test_media_budget_that_stays_full_gives_429(make_gateway, worker: Runn
     gateway = make_gateway([record_for(worker)], multimodal_max_inflight_bytes=1000)
     data_plane().media.wait_secs = 0.05  # type: ignore[union-attr]
     slow = asyncio.create_task(gateway.post("/v1/chat/completions", json={**_image_chat(1200), "mock": SLOW["mock"]}))
-    await asyncio.sleep(0.1)
+    media = data_plane().media
+    assert media is not None
+    for _ in range(500):  # until the slow request holds the budget (a fixed sleep raced a loaded machine)
+        if media.in_use:
+            break
+        await asyncio.sleep(0.01)
+    assert media.in_use
     refused = await gateway.post("/v1/chat/completions", json=_image_chat(400))
     assert refused.status_code == 429
     assert refused.headers["x-gw-error-code"] == "multimodal_inflight_budget"
