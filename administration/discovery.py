@@ -1,5 +1,6 @@
 """What an HTTP worker serves and which engine it runs, asked over HTTP (control plane: httpx,
-sync: it runs inside registration jobs, in Celery or on a job thread).
+sync: it runs inside registration jobs, in Celery or on a job thread); and what an external
+provider serves, through the SSRF guard's client.
 
 DataPlane detection (docs ENGINES.md): /v1/models ``owned_by`` sglang or vllm; else /version answering
 means vllm; else /server_info answering means sglang; else generic.
@@ -11,10 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import httpx2
+import orjson
 
+from common.ssrf import SsrfPolicy, SsrfRefused
+from common.ssrf_http import guarded_http_client
 from inference.routing.workers import RuntimeType
 
-__all__ = ["Discovery", "WorkerUnreachable", "WorkerRefused", "discover_http_worker"]
+__all__ = ["Discovery", "WorkerUnreachable", "WorkerRefused", "discover_http_worker", "discover_provider", "provider_headers"]
 
 
 class WorkerUnreachable(Exception):
@@ -87,3 +92,51 @@ def discover_http_worker(
     if model_ids:
         labels.setdefault("served_model_name", model_ids[0])
     return Discovery(runtime_type=str(runtime_type), model_ids=tuple(model_ids), labels=labels)
+
+
+_PROVIDER_TIMEOUT = httpx2.Timeout(10.0, connect=5.0)
+_PROVIDER_LISTING_MAX_BYTES = 8 * 2**20  # a provider's model list (OpenAI's is about 20 kB)
+
+
+def provider_headers(provider: str | None, api_key: str | None) -> dict[str, str]:
+    """How a provider is given its key: Anthropic's x-api-key, everyone else's Bearer token."""
+    if not api_key:
+        return {}
+    if provider == "anthropic":
+        return {"x-api-key": api_key, "anthropic-version": "2023-06-01"}
+    return {"Authorization": f"Bearer {api_key}"}
+
+
+async def discover_provider(url: str, api_key: str | None, provider: str | None, policy: SsrfPolicy) -> Discovery:
+    """An external provider's models, from its /v1/models, over a connection the SSRF guard checked
+    and pinned (a provider URL is a URL a caller gave). Raises WorkerRefused for a refused key or
+    address, WorkerUnreachable while it does not answer; a listing it does not give is no models
+    (the worker then takes any model)."""
+    listing_url = f"{url}/v1/models"
+    try:
+        async with guarded_http_client(
+            policy, timeout=_PROVIDER_TIMEOUT, headers=provider_headers(provider, api_key),
+            max_response_bytes=_PROVIDER_LISTING_MAX_BYTES,
+        ) as client:  # fmt: skip
+            response = await client.get(listing_url)
+            body = response.content
+    except SsrfRefused as exc:
+        raise WorkerRefused(f"provider URL {exc.reason}") from None
+    except httpx2.HTTPError as exc:
+        raise WorkerUnreachable(f"{type(exc).__name__} for {listing_url}") from None
+    if response.status_code in (401, 403) and api_key:
+        raise WorkerRefused(f"provider refused the API key given: HTTP {response.status_code} for {listing_url}")
+    # Without a key of its own the worker relays its callers' keys (open mode), so a listing refused
+    # for want of one says nothing against it: it then takes any model.
+    models: list[str] = []
+    if response.is_success:
+        try:
+            listing = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            listing = None
+        entries = listing.get("data") if isinstance(listing, dict) else None
+        for entry in entries if isinstance(entries, list) else ():
+            if isinstance(entry, dict) and isinstance(entry.get("id"), str) and entry["id"]:
+                models.append(entry["id"])
+    labels = {"provider": provider} if provider else {}
+    return Discovery(runtime_type=RuntimeType.EXTERNAL, model_ids=tuple(dict.fromkeys(models)), labels=labels)

@@ -55,6 +55,9 @@ class Worker(models.Model):
     model_id = models.CharField(max_length=512, blank=True, default="")
     model_cards = models.JSONField(default=list, blank=True)  # the spec's "models" field
     labels = models.JSONField(default=dict, blank=True)  # discovered labels merged under the operator's
+    # An external provider's model ids, from its /v1/models at registration (routed to it; not listed
+    # by GET /v1/models, which lists self-hosted models).
+    provider_models = models.JSONField(default=list, blank=True)
     priority = models.IntegerField(default=50)
     cost = models.FloatField(default=1.0)
     # The rest of the spec as given: dp_size, zmq_handshake_address, bootstrap_port, kv_connector,

@@ -25,7 +25,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from administration.db import STORE_ERRORS
-from administration.discovery import Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker
+from administration.discovery import Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker, discover_provider
 from administration.engine_facts import labels_from_model_info, parser_choice
 from administration.models import JobState, JobType, Worker, WorkerStatus
 from administration.notices import publish_registry_changed
@@ -34,7 +34,8 @@ from common.config import current_config
 from common.http_clients import tls_context
 from common.outages import STORE
 from inference.pipeline.parsers import UnknownParser
-from inference.routing.workers import RuntimeType, Transport, transport_of
+from common.ssrf import SsrfPolicy
+from inference.routing.workers import RuntimeType, Transport, provider_of, transport_of
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.grpc import connect
 from inference.upstreams.registry import UnknownUpstream
@@ -83,6 +84,8 @@ def _check_spec(worker: Worker) -> None:
         raise RegistrationFailed("overload.token_usage must be in (0.0, 1.0]")
     if transport_of(worker.url) is Transport.ZMQ:
         raise RegistrationFailed("ZMQ (ipc://) workers are not supported by this gateway yet")
+    if worker.runtime_type == RuntimeType.EXTERNAL and transport_of(worker.url) is not Transport.HTTP:
+        raise RegistrationFailed("an external provider is reached over http:// or https://")
     if worker.setting("http_pool", {}).get("http2") is True:
         raise RegistrationFailed("http_pool.http2 true: this gateway speaks HTTP/1.1 to workers")
     _check_parsers(worker)
@@ -109,6 +112,22 @@ def _discover(worker: Worker, generation: int) -> Discovery:
         return _probe_until_up(
             worker, generation, lambda: discover_http_worker(client, worker.url, api_key, worker.runtime_type)
         )
+
+
+def _discover_provider(worker: Worker) -> Discovery:
+    """An external provider's models, asked once with the worker's own key only (never the
+    gateway's). A provider is up or not regardless of us, and an external worker is routable at
+    once (spec 3): one that does not answer now is registered without a list (it takes any model)."""
+    provider = provider_of(worker.url)
+    try:
+        return asyncio.run(
+            discover_provider(worker.url, worker.api_key or None, provider, SsrfPolicy.from_config(current_config()))
+        )
+    except WorkerRefused as exc:
+        raise RegistrationFailed(str(exc)) from None
+    except WorkerUnreachable as exc:
+        log.warning("external worker %s did not list its models (%s); it takes any model", worker.url, exc)
+        return Discovery(RuntimeType.EXTERNAL, (), {"provider": provider} if provider else {})
 
 
 def _probe_until_up(worker: Worker, generation: int, probe: Callable[[], Discovery]) -> Discovery:
@@ -190,22 +209,23 @@ def run_registration(worker_id: str, generation: int) -> None:
     first_registration = not worker.registered
     try:
         _check_spec(worker)
-        discovery: Discovery | None = None
-        if worker.runtime_type != RuntimeType.EXTERNAL:
-            discovery = _discover(worker, generation)
+        external = worker.runtime_type == RuntimeType.EXTERNAL
+        discovery = _discover_provider(worker) if external else _discover(worker, generation)
     except RegistrationFailed as exc:
         _fail_registration(worker, generation, str(exc), first_registration)
         return
-    labels = {**(discovery.labels if discovery else {}), **worker.labels}
-    runtime_type = discovery.runtime_type if discovery else worker.runtime_type
+    labels = {**discovery.labels, **worker.labels}
+    runtime_type = discovery.runtime_type
     worker.labels = labels
-    model_id = _model_id(worker, discovery)
-    health_off = worker.runtime_type == RuntimeType.EXTERNAL or _health_disabled(worker)
+    # An external provider serves its whole list (model cards are ignored for it, spec 3).
+    model_id = "" if external else _model_id(worker, discovery)
+    provider_models = list(discovery.model_ids) if external else []
+    health_off = external or _health_disabled(worker)
     status = WorkerStatus.READY if health_off else WorkerStatus.PENDING
     if not _set_job(
-        worker_id, generation, JobState.NONE,
-        runtime_type=runtime_type, model_id=model_id, labels=labels, registered=True, status=status, last_error="",
-    ):
+        worker_id, generation, JobState.NONE, runtime_type=runtime_type, model_id=model_id,
+        provider_models=provider_models, labels=labels, registered=True, status=status, last_error="",
+    ):  # fmt: skip
         log.info("registration of %s finished after the worker changed; result dropped", worker.url)
         return
     log.info("worker %s registered: runtime %s, model %s, status %s", worker.url, runtime_type, model_id or "(any)", status)

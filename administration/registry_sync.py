@@ -244,7 +244,7 @@ class RegistrySync:
             self.leading = self.leadership.leader = True
             log.info("this process leads the host's health checks, registrations and load polls")
         if self.leading:
-            await arun_db(sync_cli_workers, self.config.worker_urls)
+            await arun_db(sync_cli_workers, self.config.worker_urls, self.config.backend)
         snapshot = await self.arefresh()
         if self.leading:
             self.loads.start()
@@ -267,7 +267,7 @@ class RegistrySync:
             self._follower.cancel()
         while True:  # the store may be down as the leader changes: try until it is back
             try:
-                await arun_db(sync_cli_workers, self.config.worker_urls)
+                await arun_db(sync_cli_workers, self.config.worker_urls, self.config.backend)
                 break
             except STORE_ERRORS:  # logged once as an outage
                 await asyncio.sleep(STORE.retry_secs)

@@ -30,6 +30,7 @@ from inference.routing.workers import (
     Transport,
     WorkerType,
     normalize_runtime_type,
+    provider_of,
     transport_of,
 )
 
@@ -41,7 +42,6 @@ __all__ = [
     "parse_worker_patch",
     "transport_of",
     "MODEL_TYPES",
-    "PROVIDER_HOSTS",
     "PATCH_FIELDS",
     "spec_schema",
 ]
@@ -53,12 +53,6 @@ MODEL_TYPES = (
     "reasoning", "image_gen", "audio", "moderation",
 )
 DEFAULT_MODEL_TYPES = ["chat", "completions", "responses", "tools"]
-PROVIDER_HOSTS = {
-    "api.openai.com": "openai",
-    "api.x.ai": "xai",
-    "api.anthropic.com": "anthropic",
-    "generativelanguage.googleapis.com": "gemini",
-}
 _SCHEMES = ("http://", "https://", "grpc://", "grpcs://", "ipc://")
 
 
@@ -317,7 +311,7 @@ class WorkerSpec:
 
     @property
     def provider(self) -> str | None:
-        return PROVIDER_HOSTS.get((urlsplit(self.url).hostname or "").lower())
+        return provider_of(self.url)
 
 
 def _read_fields(body: Any) -> dict[str, Any]:

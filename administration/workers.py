@@ -20,9 +20,9 @@ from administration.notices import publish_registry_changed
 from administration.engine_facts import engine_spec
 from administration.registration import JOB_STORE_PATIENCE_SECS
 from administration.worker_spec import SpecRuleError, WorkerSpec, parse_worker_spec
-from common.config import GatewayConfig, current_config
+from common.config import PROVIDER_BACKENDS, GatewayConfig, current_config
 from inference.routing.breaker import DEFAULT_CAPACITY, DEFAULT_RETRYABLE, Resilience
-from inference.routing.workers import Transport, WorkerRecord, transport_of
+from inference.routing.workers import RuntimeType, Transport, WorkerRecord, transport_of
 
 __all__ = [
     "WorkerError",
@@ -339,7 +339,14 @@ def job_status(worker: Worker) -> dict[str, Any] | None:
     return job.current() if job is not None else None
 
 
-def sync_cli_workers(urls: Sequence[str]) -> list[Worker]:
+def backend_runtime(backend: str) -> str:
+    """The runtime type --backend gives command-line workers (auto: detected at registration)."""
+    if backend in PROVIDER_BACKENDS:
+        return RuntimeType.EXTERNAL
+    return RuntimeType.UNSPECIFIED if backend == "auto" else backend
+
+
+def sync_cli_workers(urls: Sequence[str], backend: str = "auto") -> list[Worker]:
     """Make the stored command-line workers match ``--worker-urls``.
 
     Several gateway processes may share one store: a gateway started without ``--worker-urls`` joins
@@ -357,7 +364,8 @@ def sync_cli_workers(urls: Sequence[str]) -> list[Worker]:
         for url in urls:
             existing = Worker.objects.select_for_update().filter(url=url).first()
             if existing is None:
-                workers.append(create_worker(parse_worker_spec({"url": url}), source=WorkerSource.CLI))
+                spec = parse_worker_spec({"url": url, "runtime_type": backend_runtime(backend)})
+                workers.append(create_worker(spec, source=WorkerSource.CLI))
             elif existing.source == WorkerSource.CLI and existing.status != WorkerStatus.READY:
                 worker = _start_job(existing, JobType.ADD, status=WorkerStatus.PENDING, registered=False)
                 _queue("register", worker, local=True)
@@ -387,10 +395,11 @@ def resilience_of(worker: Worker, config: GatewayConfig) -> Resilience:
 def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = None) -> list[WorkerRecord]:
     """The registry's view of every registered worker (``workers``: rows already read, else one
     read). Command-line workers present the gateway's --api-key to the worker; API-registered
-    workers present only their own key."""
+    workers present only their own key, and external providers only theirs, whatever registered them."""
     records = []
     for worker in Worker.objects.listed() if workers is None else workers:
-        key = worker.api_key or (config.api_key if worker.source == WorkerSource.CLI else None)
+        external = worker.runtime_type == RuntimeType.EXTERNAL
+        key = worker.api_key or (config.api_key if worker.source == WorkerSource.CLI and not external else None)
         records.append(
             WorkerRecord(
                 id=str(worker.pk),
@@ -402,6 +411,7 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
                 resilience=resilience_of(worker, config),
                 worker_type=WorkerType(worker.worker_type),
                 order=(worker.created_at.timestamp(), worker.url),
+                models=tuple(str(model) for model in worker.provider_models) if external else (),
                 engine=(
                     engine_spec(worker.model_id, worker.model_cards, worker.labels, config)
                     if transport_of(worker.url) is Transport.GRPC

@@ -42,6 +42,11 @@ SERVERS = ("uvicorn", "daphne")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 CONTROL_PLANE_ROLES = ("admin", "user")
 HISTORY_BACKENDS = ("db", "memory", "none")
+# --backend: what the --worker-urls are. An engine name skips runtime detection; a provider name
+# makes them external providers (their models read from the provider, only their own keys sent).
+ENGINE_BACKENDS = ("sglang", "vllm", "trtllm", "mlx", "tokenspeed")
+PROVIDER_BACKENDS = ("openai", "anthropic", "gemini", "xai")
+BACKENDS = ("auto", *ENGINE_BACKENDS, *PROVIDER_BACKENDS)
 DEFAULT_MAX_PAYLOAD = 512 * 1024 * 1024
 
 
@@ -66,6 +71,7 @@ class GatewayConfig:
     min_request_body_rate: int = 1024  # bytes/s a body must average after its grace; 0: no rate rule
     # Workers and models
     worker_urls: tuple[str, ...] = ()
+    backend: str = "auto"  # what the --worker-urls are (BACKENDS): auto-detected, an engine, or a provider
     model_aliases: tuple[tuple[str, str], ...] = ()
     worker_startup_check_interval: float = 30.0
     worker_startup_timeout_secs: float = 1800.0
@@ -378,6 +384,9 @@ FLAGS: tuple[Flag, ...] = (
          "bytes per second a request body must average after its grace (0: no rate rule)"),
     Flag("worker_urls", _worker_url, "worker URLs: HTTP (http://, https://) or gRPC engines (grpc://, grpcs://)",
          kind="list", metavar="URL"),
+    Flag("backend", _choice(BACKENDS),
+         "what --worker-urls are: auto (detected), an engine (sglang, vllm, trtllm, mlx, tokenspeed) or an "
+         "external OpenAI-compatible provider (openai, anthropic, gemini, xai: its models read from it)"),
     Flag("model_aliases", _pair("=", "alias=model"), "model alias, repeatable", kind="append",
          option="--model-alias", metavar="ALIAS=MODEL"),
     Flag("worker_startup_check_interval", _positive_float,

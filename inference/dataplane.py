@@ -18,7 +18,6 @@ from inference.auth import KeyRing
 from inference.routing.policies import PolicySet
 from inference.routing.registry import REGISTRY, WorkerRegistry
 from inference.routing.retry import RetryPolicy
-from inference.routing.workers import Transport
 from inference.upstreams import RELAYS, Relay
 from inference.upstreams.engine_pool import EnginePool
 
@@ -33,7 +32,7 @@ class DataPlane:
     keys: KeyRing
     policies: PolicySet
     registry: WorkerRegistry
-    relays: dict[Transport, Relay]
+    relays: dict[str, Relay]  # by name: a transport, or external
     retry: RetryPolicy
     # One engine client (gRPC channel) per engine worker, shared with the health checks and loads.
     engines: EnginePool = field(default_factory=EnginePool)
@@ -56,7 +55,7 @@ class DataPlane:
             keys=KeyRing(config.api_key, config.tenant_api_keys),
             policies=PolicySet.from_config(config),
             registry=REGISTRY,
-            relays={Transport(name): relay.from_config(config) for name, relay in RELAYS.items()},
+            relays={name: relay.from_config(config) for name, relay in RELAYS.items()},
             retry=RetryPolicy.from_config(config),
             permits=(
                 PermitPool(config.max_concurrent_requests, config.queue_size, config.queue_timeout_secs)
@@ -87,11 +86,11 @@ class DataPlane:
             self._limiter = refit_rate_limiter(self._limiter, limits, getattr(settings, "REDIS_URL", None))
         self.rate_limiter = self._limiter if limits.any else None
 
-    def relay_for(self, transport: Transport, path: str) -> Relay:
-        """The relay of ``transport``; 501 for a transport this gateway does not relay."""
-        relay = self.relays.get(transport)
+    def relay_for(self, name: str, path: str) -> Relay:
+        """The relay called ``name`` (a transport, or external); 501 for one this gateway does not have."""
+        relay = self.relays.get(name)
         if relay is None:
-            raise errors.endpoint_not_supported(path, str(transport))
+            raise errors.endpoint_not_supported(path, str(name))
         return relay
 
     async def aclose(self) -> None:

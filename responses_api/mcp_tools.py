@@ -118,15 +118,24 @@ class McpServers:
                 labels.setdefault(tool.name, label)
         return labels
 
-    def chat_tools(self) -> list[dict[str, Any]]:
+    def _functions(self) -> list[dict[str, Any]]:
+        """Each tool the model may call as a function: name, description, parameters."""
         found = []
         for name, label in self.tool_labels().items():
             tool = next(t for t in self.servers[label].tools if t.name == name)
             function: dict[str, Any] = {"name": name, "parameters": tool.input_schema or {"type": "object", "properties": {}}}
             if tool.description:
                 function["description"] = tool.description
-            found.append({"type": "function", "function": function})
+            found.append(function)
         return found
+
+    def chat_tools(self) -> list[dict[str, Any]]:
+        """The tools as chat tools (the gateway's chat pipeline)."""
+        return [{"type": "function", "function": function} for function in self._functions()]
+
+    def function_tools(self) -> list[dict[str, Any]]:
+        """The tools as Responses function tools (an external provider's /v1/responses)."""
+        return [{"type": "function", **function, "strict": False} for function in self._functions()]
 
     async def run(self, calls: list[dict[str, Any]]) -> list[McpCallResult]:
         """Run ``calls`` (``name``, ``arguments`` JSON text, ``server_label``): one session per server,

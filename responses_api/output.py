@@ -14,11 +14,12 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from inference.pipeline.events import Event, Finished, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from inference.pipeline.events import Finished, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from inference.pipeline.tools.base import make_call_id
 from responses_api.ids import new_item_id
 from responses_api.reasoning_blob import seal
 from responses_api.to_chat import ToolNames
+from responses_api.turns import ProviderItem, TurnEvent
 
 __all__ = ["OutputBuilder", "Emit", "usage_object", "terminal_fields"]
 
@@ -107,7 +108,7 @@ class OutputBuilder:
         self.send("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part)
         self.send("response.output_item.done", output_index=index, item=dict(item))
 
-    def feed(self, event: Event) -> None:
+    def feed(self, event: TurnEvent) -> None:
         if isinstance(event, ReasoningDelta):
             item = self._open_text_item("reasoning")
             self._text.append(event.text)
@@ -122,6 +123,10 @@ class OutputBuilder:
                       delta=event.text, logprobs=[])  # fmt: skip
         elif isinstance(event, ToolCallDelta):
             self._call(event)
+        elif isinstance(event, ProviderItem):
+            self._close_open()
+            self._add(event.item)  # whole, as the provider made it
+            self.send("response.output_item.done", output_index=self.index, item=dict(event.item))
         else:
             self.finish = event
 

@@ -1,7 +1,7 @@
 """The Responses API's data-plane routes, composed into the gateway's router by gateway_project:
 POST /v1/responses is one :class:`~inference.api.relay.RelayRoute` (validated here; relayed to an
 HTTP worker's own /v1/responses, served by :class:`~responses_api.served.ServedResponses` on gRPC
-workers), framed as Responses events (no [DONE])."""
+workers and on external providers, whose turns it drives), framed as Responses events (no [DONE])."""
 
 from __future__ import annotations
 
@@ -26,5 +26,7 @@ def validate_responses(body: dict[str, Any]) -> ValidatedRequest:
 
 def responses_routes() -> list[URLPattern]:
     return [
-        asgi_route("v1/responses", RelayRoute("/v1/responses", validate_responses, RESPONSES_SSE, served=ServedResponses)),
+        asgi_route("v1/responses", RelayRoute(
+            "/v1/responses", validate_responses, RESPONSES_SSE, served=ServedResponses, served_external=True
+        )),
     ]

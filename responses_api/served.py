@@ -1,6 +1,7 @@
-"""POST /v1/responses on gRPC workers: the request as chat turns on the gateway's own pipeline
-(:class:`~inference.served.chat_turn.ChatTurn`), their events as the response's output items and, when
-streaming, as the Responses events (spec 2).
+"""POST /v1/responses served by the gateway: on gRPC workers as chat turns on the gateway's own
+pipeline, on external providers as turns of the provider's /v1/responses (:mod:`responses_api.turns`
+makes the turns per worker kind); their events become the response's output items and, when
+streaming, the Responses events (spec 2).
 
 - Function tools (and namespace members, shown to the model as ``ns.name`` and mapped back) return
   to the client as function_call items.
@@ -11,27 +12,26 @@ streaming, as the Responses events (spec 2).
   max_tool_calls_exceeded; past the client's own limit it completes with the calls that ran). A turn
   that ends at the token limit, or also made function calls, ends the loop.
 - The response completes, is incomplete when max_output_tokens cut it, or fails (``stream_error``
-  when the engine broke off mid-stream; ``server_error`` when a later turn could not run), every
-  open item closed first and partial output kept. Usage sums every turn.
+  when the worker broke off mid-stream; ``server_error`` when a later turn could not run), every
+  open item closed first and partial output kept. Usage sums every turn. It is stored (history,
+  conversations, background runs) the same whoever ran its turns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import orjson
 
 from inference.errors import GatewayError
-from inference.pipeline.usage import UsageTally
+from inference.pipeline.events import Usage
 from inference.routing.workers import WorkerHandle
 from common.config import current_config
 from inference.served import ServedRequest, ServedSurface
 from inference.served.base import LocalAnswer
-from inference.served.chat_turn import ChatTurn, TurnRun, turn_events
-from inference.served.engine_answer import EngineAnswer
-from inference.upstreams.engine import EngineOutput
+from inference.served.base import ServedAnswer
 from inference.upstreams.failures import UpstreamFailure
 from inference.writers import ResponseWriter
 from responses_api.background import BACKGROUND, FeedAnswer, RunFeed, limit_reached, run_writer
@@ -44,7 +44,9 @@ from responses_api.storage.base import ConversationNotFound
 from responses_api.output import OutputBuilder, terminal_fields, usage_object
 from responses_api.reasoning_blob import INCLUDE_ENCRYPTED_REASONING
 from responses_api.request import ResponsesRequest, validate_response_request
-from responses_api.to_chat import ToolNames, chat_body, chat_messages, chat_tools
+from responses_api.provider_turns import ProviderTurns
+from responses_api.to_chat import ToolNames
+from responses_api.turns import EngineTurns, ModelTurn, ModelTurns, TurnEvent
 
 __all__ = ["ServedResponses", "response_shell", "INTERNAL_TOOL_CALL_CAP"]
 
@@ -126,18 +128,23 @@ class ServedResponses(ServedSurface):
         # stays; with --max-background-responses 0 every request runs in front.
         self.background = self.responses.background and BACKGROUND.allowed()
         self._first_sequence = 0  # a streamed background run's events follow created and queued
-        self._turn: ChatTurn | None = None
-        self._turns = 0
+        # Per worker kind, its turns and the response's first turn over them (kept for retries).
+        self._turns: dict[bool, tuple[ModelTurns, ModelTurn]] = {}
+        self._worker: WorkerHandle | None = None  # the worker of the first turn: later turns run there
 
-    def _chat_turn(self, produced: list[dict[str, Any]]) -> ChatTurn:
-        """A model turn over the input and what the response produced so far."""
-        body = self.responses.body
-        tools = chat_tools(body.get("tools") or (), self.names, self.mcp.chat_tools())
-        messages = chat_messages(body.get("instructions"), [*self.items, *produced], self.names)
-        chat = chat_body(body, self.request.model or self.responses.model, messages, tools, self.names)
-        request_id = self.id if not self._turns else f"{self.id}-{self._turns}"
-        self._turns += 1
-        return ChatTurn(self.request.dp, chat, self.request.model, request_id, stream=self.request.stream)
+    def _turns_on(self, worker: WorkerHandle) -> tuple[ModelTurns, ModelTurn]:
+        """The turns for ``worker``'s kind (the provider's /v1/responses on an external worker, the
+        gateway's chat pipeline on an engine) and the first turn over the input."""
+        external = worker.record.external
+        found = self._turns.get(external)
+        if found is None:
+            turns: ModelTurns = (
+                ProviderTurns(self.request, self.responses, self.names, self.mcp)
+                if external
+                else EngineTurns(self.request, self.responses, self.names, self.mcp, self.id)
+            )
+            found = self._turns[external] = (turns, turns.prepare(self.items))
+        return found
 
     async def _read_history(self) -> None:
         """What previous_response_id or conversation continues from, before the request's own input
@@ -186,7 +193,7 @@ class ServedResponses(ServedSurface):
         elif self.responses.store:
             await self.store.asave_response(self.scope, response, self.input_items, append_to_conversation=conversation)
 
-    async def _queue(self, worker: WorkerHandle) -> LocalAnswer | FeedAnswer:
+    async def _queue(self, worker: WorkerHandle, first: ModelTurn) -> LocalAnswer | FeedAnswer:
         """Store the queued object and start the run behind it; answer the object at once, or, when
         streaming, the run's events (response.created and response.queued first) while the client
         stays."""
@@ -212,8 +219,11 @@ class ServedResponses(ServedSurface):
         async def run() -> None:
             try:
                 await self.store.aset_response_status(self.scope, self.id, "in_progress", only_from=("queued",))
-                assert self._turn is not None
-                answer = await self._turn.open(worker, self._deliver)
+                answer = await first.open(worker, self._deliver)
+                if answer.status != 200:  # a provider refused the turn: nobody waits for its answer
+                    await answer.discard()
+                    await fail(f"Upstream generation failed: the provider answered HTTP {answer.status}")
+                    return
                 await answer.forward(feed.writer(self.id) if feed is not None else run_writer(self.id))
             except (UpstreamFailure, GatewayError) as failure:
                 message = failure.detail if isinstance(failure, UpstreamFailure) else failure.message
@@ -240,20 +250,22 @@ class ServedResponses(ServedSurface):
         BACKGROUND.start(self.id, run, cancelled, heartbeat)
         return FeedAnswer(feed) if feed is not None else LocalAnswer(orjson.dumps(queued))
 
-    async def open(self, worker: WorkerHandle) -> EngineAnswer | LocalAnswer | FeedAnswer:
+    async def open(self, worker: WorkerHandle) -> ServedAnswer:
         if not self._history_read:
             await self._read_history()
             self._history_read = True
         if self.mcp and not self._listed:
             await self.mcp.list_tools()  # 424 connect_mcp_server_failed when a server is not there
             self._listed = True
-        if self._turn is None:
-            self._turn = self._chat_turn([])
+        _turns, first = self._turns_on(worker)
+        self._worker = worker
         if self.background:
-            return await self._queue(worker)
-        return await self._turn.open(worker, self._deliver)
+            return await self._queue(worker, first)
+        return await first.open(worker, self._deliver)
 
-    async def _deliver(self, run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> bool:
+    async def _deliver(
+        self, batches: AsyncIterator[Sequence[TurnEvent]], usage: Callable[[], Usage], writer: ResponseWriter
+    ) -> bool:
         stream = self.responses.stream
         pending = bytearray()
         sequence = self._first_sequence
@@ -275,12 +287,13 @@ class ServedResponses(ServedSurface):
             self.names, emit if stream else None, self.mcp.tool_labels(),
             seal_reasoning=INCLUDE_ENCRYPTED_REASONING in (self.responses.body.get("include") or ()),
         )  # fmt: skip
-        tallies: list[UsageTally] = []
+        usages: list[Callable[[], Usage]] = []
 
-        async def consume(turn: TurnRun, turn_outputs: AsyncIterator[EngineOutput], _: ResponseWriter) -> bool:
-            tally = UsageTally(turn.prompt_tokens)
-            tallies.append(tally)
-            async for _choice, events in turn_events(turn_outputs, turn.choices(), tally.add):
+        async def consume(
+            turn_batches: AsyncIterator[Sequence[TurnEvent]], turn_usage: Callable[[], Usage], _: ResponseWriter
+        ) -> bool:
+            usages.append(turn_usage)
+            async for events in turn_batches:
                 for event in events:
                     builder.feed(event)
                 await flush()
@@ -296,8 +309,8 @@ class ServedResponses(ServedSurface):
         await flush()
         error: dict[str, str] | None = None
         try:
-            await consume(run, outputs, writer)
-            error = await self._tool_loop(builder, run, consume, flush, writer)
+            await consume(batches, usage, writer)
+            error = await self._tool_loop(builder, consume, flush, writer)
         except UpstreamFailure as failure:
             if not stream and not builder.output:
                 raise  # nothing produced: the attempts loop may still retry elsewhere
@@ -305,7 +318,7 @@ class ServedResponses(ServedSurface):
         cut = builder.finish is not None and builder.finish.reason == "length" and error is None
         builder.close_items(cut=cut, failed=error is not None)
         response["output"] = builder.output
-        response["usage"] = usage_object(UsageTally.combined(tallies))
+        response["usage"] = usage_object(Usage.sum(each() for each in usages))
         if error is not None:
             terminal_fields(response, "failed")
             response["error"] = error
@@ -327,7 +340,7 @@ class ServedResponses(ServedSurface):
         return error is None
 
     async def _tool_loop(
-        self, builder: OutputBuilder, run: TurnRun, consume: Any, flush: Any, writer: ResponseWriter
+        self, builder: OutputBuilder, consume: Any, flush: Any, writer: ResponseWriter
     ) -> dict[str, str] | None:
         """Run the model's MCP calls and the turns after them; the response's error, if it fails."""
         limit = self.responses.body.get("max_tool_calls")
@@ -356,9 +369,14 @@ class ServedResponses(ServedSurface):
                 return None  # the function calls go back to the client
             builder.new_turn()
             produced = [item for item in builder.output if item["type"] != "mcp_list_tools"]
-            turn = self._chat_turn(produced)
+            worker = self._worker
+            assert worker is not None
+            turns, _first = self._turns_on(worker)
             try:
-                answer = await turn.open(run.target.worker, consume)
+                answer = await turns.prepare([*self.items, *produced]).open(worker, consume)
+                if answer.status != 200:
+                    await answer.discard()
+                    return {"code": "server_error", "message": f"Upstream generation failed: HTTP {answer.status}"}
                 await answer.forward(writer)
             except (UpstreamFailure, GatewayError) as failure:
                 message = failure.detail if isinstance(failure, UpstreamFailure) else failure.message

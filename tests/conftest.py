@@ -8,7 +8,7 @@ import dataclasses
 import socket
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 
 import httpx
 import pytest
@@ -21,6 +21,7 @@ from inference.routing.breaker import Resilience
 from inference.routing.registry import REGISTRY
 from inference.routing.workers import WorkerRecord
 from inference.dataplane import reset_data_plane
+from standins.mock_provider import ProviderConfig, ProviderState, build_provider_app, provider_state
 from standins.mock_worker import MockWorkerConfig, MockWorkerState, build_app, mock_state
 from tests.log_watch import MARKER, describe, watching_escapes
 
@@ -127,6 +128,36 @@ async def start_worker() -> AsyncIterator[WorkerFactory]:
 @pytest.fixture
 async def worker(start_worker: WorkerFactory) -> RunningWorker:
     return await start_worker()
+
+
+PROVIDER_KEY = "sk-provider-test"
+
+
+@dataclass
+class Provider:
+    """Our stand-in of an external OpenAI-compatible provider, running on loopback."""
+
+    url: str
+    app: web.Application
+
+    @property
+    def state(self) -> ProviderState:
+        return provider_state(self.app)
+
+    def calls(self, path: str = "/v1/responses") -> list[dict[str, Any]]:
+        return [request for request in self.state.requests if request["path"] == path]
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[Provider]:
+    """The stand-in provider (models gpt-4o-mini and gpt-4.1, key :data:`PROVIDER_KEY`)."""
+    app = build_provider_app(ProviderConfig(api_key=PROVIDER_KEY))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield Provider(f"http://127.0.0.1:{runner.addresses[0][1]}", app)
+    await runner.cleanup()
 
 
 def record_for(worker: RunningWorker | str, model: str | None = None, status: str = "ready", api_key: str | None = None) -> WorkerRecord:

@@ -17,7 +17,9 @@ import orjson
 from common import telemetry
 from inference import errors
 from inference.admission import Admission
+from common.secrets import bearer_token
 from inference.asgi_io import ClientDisconnected, Receive, Scope, Send, header, request_id_for
+from inference.auth import Identity, IdentityKind
 from inference.dataplane import DataPlane, data_plane
 from inference.errors import GatewayError
 from inference.kit import Passed, RoutePlan, Validator, pass_gate, run_attempts
@@ -26,9 +28,10 @@ from inference.routing.workers import WorkerHandle
 from inference.schemas.base import ValidatedRequest
 from inference.served import ServedAnswer, ServedRequest, ServedSurface
 from inference.upstreams import RelayAnswer, RelayRequest
+from inference.upstreams.provider import EXTERNAL
 from inference.writers import OPENAI_SSE, Framing, ResponseClock, ResponseWriter
 
-__all__ = ["RelayRoute", "forwarded_headers"]
+__all__ = ["RelayRoute", "caller_key", "forwarded_headers"]
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +60,21 @@ def _model_and_stream(body: dict[str, Any]) -> ValidatedRequest:
     return ValidatedRequest(body=body, model=model or "", stream=body.get("stream") is True, modified=False)
 
 
+def caller_key(scope: Scope, identity: Identity) -> str | None:
+    """The caller's Authorization bearer token in open mode (no gateway keys: then it is the
+    caller's own provider key, relayed to an external worker that has none); None otherwise, so a
+    gateway key is never relayed."""
+    if identity.kind is not IdentityKind.ANONYMOUS:
+        return None
+    token = bearer_token(header(scope, b"authorization"))
+    return token.decode("latin-1") if token is not None else None
+
+
 class RelayRoute:
     """A POST route relayed to the same path on the chosen worker, or served by the gateway itself
-    (``served``) when the chosen worker is an engine (gRPC); without ``served``, an engine worker
-    answers 501."""
+    (``served``) when the chosen worker is an engine (gRPC), and on external providers too when
+    ``served_external`` (the surface then drives the provider itself); without ``served``, an engine
+    worker answers 501."""
 
     def __init__(
         self,
@@ -68,11 +82,14 @@ class RelayRoute:
         validate: Validator | None = None,
         framing: Framing = OPENAI_SSE,
         served: type[ServedSurface] | None = None,
+        *,
+        served_external: bool = False,
     ) -> None:
         self.upstream_path = upstream_path
         self.validate: Validator = validate or _model_and_stream
         self.framing = framing
         self.served = served
+        self.served_external = served_external
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         writer = ResponseWriter(send, request_id_for(scope), ResponseClock(perf_counter()), self.framing)
@@ -142,15 +159,26 @@ class RelayRoute:
             if served is None:
                 raise errors.endpoint_not_supported(path, str(target.record.transport))
             if surface is None:
-                request = ServedRequest(dp, body, decision.model or checked.model, checked.model, stream, writer, identity)
+                request = ServedRequest(
+                    dp, body, decision.model or checked.model, checked.model, stream, writer, identity,
+                    caller_key(scope, identity),
+                )  # fmt: skip
                 surface = served(request)
             return await surface.open(target)
 
         # Plain functions returning the upstream's own coroutines: no extra frame per attempt.
         def open_on(target: WorkerHandle) -> Awaitable[RelayAnswer | ServedAnswer]:
-            if target.record.engine is not None:
+            record = target.record
+            if record.engine is not None:
                 return open_served(target)
-            relay = dp.relay_for(target.record.transport, path)
+            if record.external:
+                if self.served_external:
+                    return open_served(target)
+                relay = dp.relay_for(EXTERNAL, path)
+                return relay.open(
+                    RelayRequest(target, path, payload, stream, writer.request_id, headers, identity, caller_key(scope, identity))
+                )
+            relay = dp.relay_for(record.transport, path)
             return relay.open(RelayRequest(target, path, payload, stream, writer.request_id, headers, identity))
 
         def deliver(answer: RelayAnswer | ServedAnswer) -> Awaitable[bool]:

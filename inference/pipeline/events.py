@@ -7,7 +7,7 @@ a sequence of these; the parsers produce the first three from the detokenized te
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Iterable, Union
 
 __all__ = ["Event", "Finished", "ReasoningDelta", "TextDelta", "ToolCall", "ToolCallDelta", "Usage"]
 
@@ -61,6 +61,20 @@ class Usage:
     reasoning_tokens: int = 0
     draft_tokens: int = 0  # speculative decoding: proposed (0: the engine reported none)
     accepted_tokens: int = 0  # and accepted
+
+    @staticmethod
+    def sum(usages: Iterable[Usage]) -> Usage:
+        """Several requests of one response (a completions prompt array, a response's tool turns):
+        every count summed."""
+        found = list(usages)
+        return Usage(
+            prompt_tokens=sum(u.prompt_tokens for u in found),
+            completion_tokens=sum(u.completion_tokens for u in found),
+            cached_tokens=sum(u.cached_tokens for u in found),
+            reasoning_tokens=sum(u.reasoning_tokens for u in found),
+            draft_tokens=sum(u.draft_tokens for u in found),
+            accepted_tokens=sum(u.accepted_tokens for u in found),
+        )
 
 
 @dataclass(frozen=True, slots=True)

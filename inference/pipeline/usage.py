@@ -56,12 +56,4 @@ class UsageTally:
     @staticmethod
     def combined(tallies: list[UsageTally]) -> Usage:
         """Several engine requests of one response (a completions prompt array): every count summed."""
-        usages = [tally.usage() for tally in tallies]
-        return Usage(
-            prompt_tokens=sum(u.prompt_tokens for u in usages),
-            completion_tokens=sum(u.completion_tokens for u in usages),
-            cached_tokens=sum(u.cached_tokens for u in usages),
-            reasoning_tokens=sum(u.reasoning_tokens for u in usages),
-            draft_tokens=sum(u.draft_tokens for u in usages),
-            accepted_tokens=sum(u.accepted_tokens for u in usages),
-        )
+        return Usage.sum(tally.usage() for tally in tallies)

@@ -33,13 +33,16 @@ class RegistrySnapshot:
     aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # Every ready worker, in registration order (requests that name no model choose among them).
     routable: tuple[WorkerHandle, ...] = ()
+    # The models ready self-hosted workers serve (GET /v1/models), without external providers' lists.
+    hosted_models: tuple[str, ...] = ()
 
     def canonical_model(self, name: str) -> str:
         return self.aliases.get(name, name)
 
     @property
     def routable_models(self) -> tuple[str, ...]:
-        return tuple(self.routable_by_model)
+        """Each self-hosted model a ready worker serves, once (external providers' models are theirs)."""
+        return self.hosted_models
 
 
 class WorkerRegistry:
@@ -98,6 +101,7 @@ class WorkerRegistry:
         by_model: dict[str, list[WorkerHandle]] = {}
         any_model: list[WorkerHandle] = []
         known: set[str] = set()
+        hosted: dict[str, None] = {}  # insertion-ordered set
         undiscovered = 0
         for worker_id, record in self._records.items():
             handle = previous.get(worker_id)
@@ -112,14 +116,18 @@ class WorkerRegistry:
                 load.breaker.label = record.url
                 handle = WorkerHandle(record, load)
             handles[worker_id] = handle
-            if record.model_id:
-                known.add(record.model_id)
+            served = record.served_models
+            if served:
+                known.update(served)
             elif record.status != WorkerStatus.READY:
                 undiscovered += 1
             if record.status != WorkerStatus.READY:
                 continue
-            if record.model_id:
-                by_model.setdefault(record.model_id, []).append(handle)
+            if served:
+                for model in served:
+                    by_model.setdefault(model, []).append(handle)
+                if not record.models:
+                    hosted[served[0]] = None
             else:
                 any_model.append(handle)
         self._handles = handles
@@ -132,6 +140,7 @@ class WorkerRegistry:
             undiscovered=undiscovered,
             aliases=aliases if isinstance(aliases, MappingProxyType) else MappingProxyType(dict(aliases)),
             routable=routable,
+            hosted_models=tuple(hosted),
         )
         return self.snapshot
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.db import models
 
@@ -27,6 +28,8 @@ __all__ = [
     "WorkerRecord",
     "WorkerHandle",
     "EngineSpec",
+    "PROVIDER_HOSTS",
+    "provider_of",
 ]
 
 
@@ -105,6 +108,24 @@ def transport_of(url: str) -> Transport:
     return Transport.HTTP
 
 
+PROVIDER_HOSTS: dict[str, str] = {
+    "api.openai.com": "openai",
+    "api.x.ai": "xai",
+    "api.anthropic.com": "anthropic",
+    "generativelanguage.googleapis.com": "gemini",
+}
+"""Hosts of known providers: a worker URL on one of them registers as an external worker (spec 3)."""
+
+
+def provider_of(url: str) -> str | None:
+    """The provider whose API host ``url`` names, else None."""
+    try:
+        host = urlsplit(url).hostname
+    except ValueError:
+        return None
+    return PROVIDER_HOSTS.get((host or "").lower())
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
     """What the gateway needs to be the server in front of an engine worker (gRPC; ZMQ later): where
@@ -142,6 +163,26 @@ class WorkerRecord:
     # the store lists workers in, kept by the registry's deltas too.
     order: tuple[float, str] = (0.0, "")
     engine: EngineSpec | None = None  # set for workers the gateway serves as the full server (gRPC)
+    # An external provider's models, as its /v1/models listed them at registration (its model_id is
+    # empty): the registry routes each of them to it.
+    models: tuple[str, ...] = ()
+
+    @property
+    def served_models(self) -> tuple[str, ...]:
+        """The models it is routed for: its one model, or an external provider's list; () for any."""
+        if self.models:
+            return self.models
+        return (self.model_id,) if self.model_id else ()
+
+    @property
+    def external(self) -> bool:
+        """An external provider (a third-party API): never given the gateway's own keys."""
+        return self.runtime_type == RuntimeType.EXTERNAL
+
+    @property
+    def provider(self) -> str | None:
+        """The provider a known provider host names (openai, anthropic, gemini, xai), else None."""
+        return provider_of(self.url)
 
     @property
     def transport(self) -> Transport:

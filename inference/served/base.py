@@ -1,10 +1,11 @@
 """What every served surface shares: the request it serves, the engine worker it runs on (its
-client, tokenizer and model family), and the interface the route's attempts loop calls."""
+client, tokenizer and model family), and the interface the route's attempts loop calls. (A surface
+may also be served on external providers, driving the provider itself: Responses with MCP tools.)"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from inference.auth import Identity
@@ -42,6 +43,8 @@ class ServedRequest:
     stream: bool
     writer: ResponseWriter
     identity: Identity  # who called (surfaces that store per tenant scope their records by it)
+    # Open mode only: the caller's own provider key, for an external worker registered without one.
+    caller_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """Upstreams, two kinds behind one registry each (registered by name with a decorator):
 
 - relays (:mod:`inference.upstreams.base`), where the upstream speaks the client's API: HTTP workers
-  today (:mod:`inference.upstreams.http`);
+  (:mod:`inference.upstreams.http`) and external providers (:mod:`inference.upstreams.provider`);
 - engine clients (:mod:`inference.upstreams.engine`), where the gateway is the server and drives an
   engine with token ids (gRPC per runtime in :mod:`inference.upstreams.grpc`; ZMQ later).
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from inference.upstreams import grpc as _grpc  # noqa: F401  (registers the gRPC engine clients)
 from inference.upstreams import http  # noqa: F401  (registers the HTTP relay)
+from inference.upstreams import provider  # noqa: F401  (registers the external providers' relay)
 from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
 from inference.upstreams.engine import ENGINE_CLIENTS, EngineClient
 from inference.upstreams.failures import FailureKind, UpstreamFailure

@@ -1,5 +1,5 @@
-"""Relays: upstreams that already speak the client's API (HTTP workers today; HTTP PD, external
-providers and WebSocket later). One module per kind, registered by transport with
+"""Relays: upstreams that already speak the client's API (HTTP workers, external providers; HTTP PD
+and WebSocket later). One module per kind, registered by name (a transport, or ``external``) with
 ``@RELAYS.register(...)``.
 
 A relay is two steps so the attempts loop can retry: :meth:`Relay.open` sends the request and returns
@@ -12,8 +12,8 @@ sent to the client.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import AsyncIterator, ClassVar
 
 from common.config import GatewayConfig
 from inference.auth import Identity
@@ -35,6 +35,8 @@ class RelayRequest:
     request_id: bytes
     headers: tuple[tuple[str, str], ...]  # client headers forwarded as they are (tracing, routing key)
     identity: Identity  # who called: shared key, tenant, or anonymous (never the key itself)
+    # Open mode only, to an external worker registered without a key: the caller's own provider key.
+    caller_key: str | None = field(default=None, repr=False)
 
 
 class RelayAnswer(ABC):
@@ -57,6 +59,12 @@ class RelayAnswer(ABC):
     @abstractmethod
     async def discard(self) -> None:
         """Drop an answer that will not be forwarded (the request is retried elsewhere)."""
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The answer's body as it arrives, for a surface that reads it itself instead of forwarding
+        it (the gateway driving an external provider). Raises UpstreamFailure when the upstream
+        breaks off or times out; closing the iterator early drops the upstream connection."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be read by the gateway")
 
 
 class Relay(ABC):

@@ -24,6 +24,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from time import perf_counter
+from typing import AsyncIterator
 
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
@@ -155,9 +156,7 @@ class HttpRelay(Relay):
         if session is None or session.closed:
             # No connection cap: a long stream holds its connection for minutes, and a cap would make
             # request N+1 wait for the connect timeout and fail. --max-concurrent-requests is the limit.
-            connector = aiohttp.TCPConnector(
-                limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_secs, enable_cleanup_closed=True
-            )
+            connector = self._connector()
             session = aiohttp.ClientSession(
                 connector=connector,
                 cookie_jar=aiohttp.DummyCookieJar(),  # a relay keeps no cookies
@@ -168,6 +167,19 @@ class HttpRelay(Relay):
             )
             self._sessions[loop] = session
         return session
+
+    def _connector(self) -> aiohttp.TCPConnector:
+        return aiohttp.TCPConnector(
+            limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_secs, enable_cleanup_closed=True
+        )
+
+    def _key_lines(self, base: str, api_key: str | None) -> bytes:
+        """The head lines that present the worker's key."""
+        return _header_line("Authorization", f"Bearer {api_key}") if api_key else b""
+
+    def _caller_key_lines(self, request: RelayRequest) -> bytes:
+        """Head lines presenting the caller's own key (external providers only)."""
+        return b""
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()
@@ -188,8 +200,7 @@ class HttpRelay(Relay):
             head = b"POST " + url.raw_path_qs.encode("ascii") + b" HTTP/1.1\r\n"
             head += _header_line("Host", url.host_port_subcomponent or url.host)
             head += b"Content-Type: application/json\r\n"
-            if api_key:
-                head += _header_line("Authorization", f"Bearer {api_key}")
+            head += self._key_lines(base, api_key)
             probe = aiohttp.ClientRequest("POST", url, loop=asyncio.get_running_loop(), ssl=True)
             target = self._targets[key] = _Target(probe, head)
         return target
@@ -200,6 +211,8 @@ class HttpRelay(Relay):
             parts.append(b"Accept: text/event-stream\r\n")
         for name, value in request.headers:
             parts.append(_header_line(name, value))
+        if request.caller_key is not None:
+            parts.append(self._caller_key_lines(request))
         parts.append(b"\r\n")
         return b"".join(parts)
 
@@ -297,6 +310,26 @@ class _HttpAnswer(RelayAnswer):
             raise
         exchange.finish()
         return clean
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        exchange = self._exchange
+        payload = exchange.payload
+        whole = False
+        try:
+            while chunk := await payload.readany():
+                yield chunk
+            whole = True
+        except asyncio.CancelledError:
+            if exchange.deadline.absorb():
+                raise self._relay._timed_out() from None
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise self._relay._failure(exc) from None
+        finally:
+            if whole:
+                exchange.finish()
+            else:
+                exchange.close()
 
     async def _relay_whole(self, writer: ResponseWriter) -> None:
         """Read the answer whole, at most ``--max-buffered-response-bytes`` of it: a worker that

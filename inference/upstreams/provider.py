@@ -1,0 +1,104 @@
+"""External providers (OpenAI, Anthropic, Gemini, xAI, or any OpenAI-compatible third-party API): the
+HTTP relay, with what a third party changes.
+
+- **Only the worker's own key goes upstream**, never the gateway's: Anthropic's as ``x-api-key``,
+  everyone else's as a Bearer token. A worker registered without a key relays its caller's
+  Authorization header instead, and only in open mode (no gateway keys: the token is then the
+  caller's own provider key, never one of ours).
+- **Every connection passes the SSRF guard** (:mod:`common.ssrf`): a provider URL is one a caller
+  gave. The connector resolves names through :class:`GuardedResolver`, which refuses a name any of
+  whose addresses the policy refuses (so a DNS answer that changed since registration is judged
+  again, and the connection dials only the addresses that passed); a URL whose host is an address
+  literal is judged when its route is prepared.
+
+Everything else (pooling, deadlines, bounded answers, disconnects) is the HTTP relay's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import ThreadedResolver
+
+from common.config import GatewayConfig
+from common.ssrf import SsrfPolicy, SsrfRefused, target_of
+from inference.routing.workers import provider_of
+from inference.upstreams.base import RELAYS, RelayRequest
+from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.upstreams.http import KEEPALIVE_SECS, HttpRelay, _header_line, _Target
+
+__all__ = ["EXTERNAL", "GuardedResolver", "ProviderRelay"]
+
+EXTERNAL = "external"
+"""The relay's name: external workers are relayed by it, whatever their URL's scheme says."""
+
+
+class GuardedResolver(AbstractResolver):
+    """The system resolver, with every answer judged by the SSRF policy: one refused address
+    refuses the name (an OSError, which the connector reports as a failed connect)."""
+
+    def __init__(self, policy: SsrfPolicy) -> None:
+        self._policy = policy
+        self._inner = ThreadedResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        answers = await self._inner.resolve(host, port, family)
+        if not self._policy.host_is_allowed(host):
+            for answer in answers:
+                kind = self._policy.refusal(ipaddress.ip_address(answer["host"]))
+                if kind is not None:
+                    raise OSError(f"refused: {host!r} resolves to a {kind.value} address")
+        return answers
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+@RELAYS.register(EXTERNAL)
+class ProviderRelay(HttpRelay):
+    """The relay of external workers (see the module's docstring)."""
+
+    @classmethod
+    def from_config(cls, config: GatewayConfig) -> ProviderRelay:
+        return cls(
+            config.request_timeout_secs, max_answer_bytes=config.max_buffered_response_bytes,
+            policy=SsrfPolicy.from_config(config),
+        )  # fmt: skip
+
+    def __init__(
+        self, request_timeout_secs: float, keepalive_secs: float = KEEPALIVE_SECS, max_answer_bytes: int = 2**28,
+        *, policy: SsrfPolicy = SsrfPolicy(),
+    ) -> None:  # fmt: skip
+        super().__init__(request_timeout_secs, keepalive_secs, max_answer_bytes)
+        self.policy = policy
+
+    def _connector(self) -> aiohttp.TCPConnector:
+        return aiohttp.TCPConnector(
+            limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_secs, enable_cleanup_closed=True,
+            resolver=GuardedResolver(self.policy),
+        )  # fmt: skip
+
+    def _target(self, base: str, path: str, api_key: str | None) -> _Target:
+        try:
+            target_of(base, self.policy)  # an address literal never reaches the resolver
+        except SsrfRefused as refused:
+            raise UpstreamFailure(FailureKind.CONNECT, refused.reason) from None
+        return super()._target(base, path, api_key)
+
+    def _key_lines(self, base: str, api_key: str | None) -> bytes:
+        if not api_key:
+            return b""
+        if provider_of(base) == "anthropic":
+            return _header_line("x-api-key", api_key)
+        return _header_line("Authorization", f"Bearer {api_key}")
+
+    def _caller_key_lines(self, request: RelayRequest) -> bytes:
+        """The caller's own key, for a worker registered without one (open mode only: see above)."""
+        if request.worker.record.api_key or not request.caller_key:
+            return b""
+        return self._key_lines(request.worker.url, request.caller_key)
