@@ -36,7 +36,7 @@ from responses_api.request import MCP_BUILTINS, ResponsesRequest
 from responses_api.to_chat import ToolNames
 from responses_api.turns import ModelTurn, ProviderItem, TurnEvent, TurnReader
 
-__all__ = ["ProviderTurns", "UpstreamEvents", "upstream_body", "upstream_input", "sse_events"]
+__all__ = ["ProviderFailed", "ProviderTurns", "UpstreamEvents", "upstream_body", "upstream_input", "sse_events"]
 
 PATH = "/v1/responses"
 
@@ -123,11 +123,14 @@ def upstream_body(body: Mapping[str, Any], model: str, items: Iterable[Mapping[s
     return sent
 
 
-async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
-    """The JSON ``data`` of each server-sent event, in order (comments and non-JSON data skipped)."""
+async def sse_events(chunks: AsyncIterator[bytes], max_event_bytes: int) -> AsyncIterator[dict[str, Any]]:
+    """The JSON ``data`` of each server-sent event, in order (comments and non-JSON data skipped).
+    An event larger than ``max_event_bytes`` (--max-buffered-response-bytes) fails the turn."""
     buffer = b""
     async for chunk in chunks:
         buffer += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
+        if len(buffer) > max_event_bytes and b"\n\n" not in buffer:
+            raise UpstreamFailure(FailureKind.BROKEN, f"a provider event is larger than {max_event_bytes} bytes")
         while (end := buffer.find(b"\n\n")) >= 0:
             block, buffer = buffer[:end], buffer[end + 2 :]
             data = b"\n".join(line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:"))
@@ -154,14 +157,27 @@ def _usage(value: Any) -> Usage:
     )
 
 
-def _error_message(event: Mapping[str, Any]) -> str:
+class ProviderFailed(UpstreamFailure):
+    """The provider ended the turn with its own failure (response.failed, or an error event): the
+    response fails with the provider's code and message (spec 2, failed-response error mapping)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(FailureKind.BROKEN, message)
+        self.code = code
+
+
+def _failure(event: Mapping[str, Any]) -> ProviderFailed:
     error = event.get("error")
     if not isinstance(error, Mapping):
         response = event.get("response")
         error = response.get("error") if isinstance(response, Mapping) else None
-    if isinstance(error, Mapping) and error.get("message"):
-        return str(error["message"])
-    return str(event.get("message") or "the provider reported an error")
+    if not isinstance(error, Mapping):
+        error = event  # an error event carries code and message itself
+    code = error.get("code")
+    message = error.get("message")
+    return ProviderFailed(
+        str(code) if code else "server_error", str(message) if message else "Upstream generation failed"
+    )
 
 
 class UpstreamEvents:
@@ -207,7 +223,7 @@ class UpstreamEvents:
         if kind in ("response.completed", "response.incomplete"):
             return [self._finish(kind, event.get("response"))]
         if kind in ("response.failed", "error"):
-            raise UpstreamFailure(FailureKind.BROKEN, _error_message(event))
+            raise _failure(event)
         return []
 
     def _done(self, index: int, item: Mapping[str, Any]) -> list[TurnEvent]:
@@ -239,22 +255,47 @@ class UpstreamEvents:
         return Finished(reason, self.usage)
 
 
+async def _whole_events(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[dict[str, Any]]:
+    """A provider that answered a whole response object (not a stream) read as the events that
+    end its items and the response."""
+    body = bytearray()
+    async for chunk in chunks:
+        body += chunk
+        if len(body) > limit:
+            raise UpstreamFailure(FailureKind.BROKEN, f"the provider's answer is larger than {limit} bytes")
+    try:
+        whole = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise UpstreamFailure(FailureKind.BROKEN, "the provider's answer is not JSON") from None
+    if not isinstance(whole, dict):
+        raise UpstreamFailure(FailureKind.BROKEN, "the provider's answer is not a response object")
+    for index, item in enumerate(whole.get("output") or ()):
+        yield {"type": "response.output_item.done", "output_index": index, "item": item}
+    status = whole.get("status")
+    kind = {"incomplete": "response.incomplete", "failed": "response.failed"}.get(str(status), "response.completed")
+    yield {"type": kind, "response": whole}
+
+
 class _ProviderAnswer:
     """A provider turn whose status is 200: its events go to the surface's reader."""
 
-    __slots__ = ("status", "_answer", "_read", "_names")
+    __slots__ = ("status", "_answer", "_read", "_names", "_streamed", "_limit")
 
-    def __init__(self, answer: RelayAnswer, read: TurnReader, names: ToolNames) -> None:
+    def __init__(self, answer: RelayAnswer, read: TurnReader, names: ToolNames, streamed: bool, limit: int) -> None:
         self.status = 200
         self._answer = answer
         self._read = read
         self._names = names
+        self._streamed = streamed  # server-sent events, or one whole response object
+        self._limit = limit  # --max-buffered-response-bytes: one event, or the whole object
 
     async def forward(self, writer: ResponseWriter) -> bool:
         events = UpstreamEvents(self._names)
+        chunks = self._answer.chunks()
+        read = sse_events(chunks, self._limit) if self._streamed else _whole_events(chunks, self._limit)
 
         async def batches() -> AsyncIterator[Sequence[TurnEvent]]:
-            async for event in sse_events(self._answer.chunks()):
+            async for event in read:
                 found = events.step(event)
                 if found:
                     yield found
@@ -281,9 +322,11 @@ class _ProviderTurn:
         answer = await relay.open(RelayRequest(
             worker, PATH, self.payload, True, request.writer.request_id, (), request.identity, request.caller_key,
         ))  # fmt: skip
-        if answer.status != 200 or not answer.content_type.startswith("text/event-stream"):
+        if answer.status != 200:
             return answer  # the provider's own error, relayed with its status and body (or retried)
-        return _ProviderAnswer(answer, read, self.turns.names)
+        streamed = answer.content_type.startswith("text/event-stream")
+        limit = request.dp.config.max_buffered_response_bytes
+        return _ProviderAnswer(answer, read, self.turns.names, streamed, limit)
 
 
 class ProviderTurns:

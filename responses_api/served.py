@@ -25,13 +25,13 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 import orjson
 
+from inference import errors
 from inference.errors import GatewayError
 from inference.pipeline.events import Usage
-from inference.routing.workers import WorkerHandle
+from inference.routing.workers import WorkerHandle, WorkerType
 from common.config import current_config
 from inference.served import ServedRequest, ServedSurface
-from inference.served.base import LocalAnswer
-from inference.served.base import ServedAnswer
+from inference.served.base import LocalAnswer, ServedAnswer
 from inference.upstreams.failures import UpstreamFailure
 from inference.writers import ResponseWriter
 from responses_api.background import BACKGROUND, FeedAnswer, RunFeed, limit_reached, run_writer
@@ -44,7 +44,7 @@ from responses_api.storage.base import ConversationNotFound
 from responses_api.output import OutputBuilder, terminal_fields, usage_object
 from responses_api.reasoning_blob import INCLUDE_ENCRYPTED_REASONING
 from responses_api.request import ResponsesRequest, validate_response_request
-from responses_api.provider_turns import ProviderTurns
+from responses_api.provider_turns import ProviderFailed, ProviderTurns
 from responses_api.to_chat import ToolNames
 from responses_api.turns import EngineTurns, ModelTurn, ModelTurns, TurnEvent
 
@@ -251,6 +251,8 @@ class ServedResponses(ServedSurface):
         return FeedAnswer(feed) if feed is not None else LocalAnswer(orjson.dumps(queued))
 
     async def open(self, worker: WorkerHandle) -> ServedAnswer:
+        if worker.record.worker_type == WorkerType.ENCODE:  # an EPD deployment (spec 2: 501)
+            raise errors.endpoint_not_supported("/v1/responses", "gRPC EPD")
         if not self._history_read:
             await self._read_history()
             self._history_read = True
@@ -311,6 +313,8 @@ class ServedResponses(ServedSurface):
         try:
             await consume(batches, usage, writer)
             error = await self._tool_loop(builder, consume, flush, writer)
+        except ProviderFailed as failed:  # the provider's own failed response: its code and message kept
+            error = {"code": failed.code, "message": failed.detail}
         except UpstreamFailure as failure:
             if not stream and not builder.output:
                 raise  # nothing produced: the attempts loop may still retry elsewhere

@@ -14,6 +14,7 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 from mcp.server.mcpserver import MCPServer
 
+from inference.routing.workers import EngineSpec, WorkerRecord, WorkerStatus, WorkerType
 from responses_api import background
 from responses_api.ids import new_response_id
 from responses_api.models import StoredResponse
@@ -21,6 +22,7 @@ from responses_api.storage import db as storage_db
 from responses_api.storage.db import DatabaseHistoryStore
 from responses_api.to_chat import ToolNames, chat_messages
 from standins.scripted_engine import DEFAULT_TEXT, REASONING, TOOL_CALL
+from tests.conftest import GatewayFactory
 from tests.inference.mcp.servers import serving
 from tests.inference.served.conftest import QWEN_MODEL, Start, asgi_app, start_engine_gateway  # noqa: F401
 
@@ -559,3 +561,13 @@ async def test_with_history_backend_none_a_streamed_background_run_is_not_taken_
     assert events[1].type == "response.queued" and events[-1].type == "response.completed"
     assert events[-1].response.output_text == DEFAULT_TEXT
     assert not gw.engine.state.aborted_ids()
+
+
+async def test_an_epd_deployment_answers_501(make_gateway: GatewayFactory) -> None:
+    encoder = WorkerRecord(
+        id="epd-encoder", url="grpc://127.0.0.1:1", model_id=QWEN_MODEL, runtime_type="sglang", status=WorkerStatus.READY,
+        worker_type=WorkerType.ENCODE, engine=EngineSpec(),
+    )  # fmt: skip
+    http = make_gateway([encoder], history_backend="memory")
+    response = await http.post("/v1/responses", json={"model": QWEN_MODEL, "input": "hi"})
+    assert response.status_code == 501 and response.json()["error"]["code"] == "endpoint_not_supported"
