@@ -120,6 +120,13 @@ class MockWorkerState:
     profile_status: int | None = None
     # Engine load per data-parallel rank (fields of an SGLang load entry; missing ones default to 0).
     engine_loads: list[dict[str, Any]] = field(default_factory=lambda: [{}])
+    # The responses this worker made (id → (created_at, model)), the latest 1000: what it can cancel.
+    responses: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def made_response(self, response_id: str, created: int, model: str) -> None:
+        self.responses[response_id] = (created, model)
+        if len(self.responses) > 1000:
+            del self.responses[next(iter(self.responses))]
 
     def faults(self) -> dict[str, Any]:
         return {
@@ -421,10 +428,19 @@ def _routes(config: MockWorkerConfig) -> list[web.RouteDef]:
         tokens, finish = mr.budget(config.max_model_len, ctl.tokens, body.get("max_output_tokens"), "max_output_tokens", prompt_tokens)
         model = body.get("model") or config.model
         rid, now = _rid("resp_"), int(time.time())
+        mock_state(request.app).made_response(rid, now, model)
         if body.get("stream"):
             steps, tail = mr.response_stream(rid, now, model, tokens, finish, prompt_tokens)
             return await _stream(request, steps, tail, ctl)
         return await _respond(request, ctl, tokens, mr.response_object(rid, now, model, tokens, finish, prompt_tokens))
+
+    async def cancel_response(request: web.Request) -> web.Response:
+        """POST /v1/responses/{id}/cancel: a response this worker made comes back cancelled."""
+        made = mock_state(request.app).responses.get(request.match_info["response_id"])
+        if made is None:
+            raise mr.MockError(404, f"Response with id '{request.match_info['response_id']}' not found.")
+        cancelled = mr.response_object(request.match_info["response_id"], made[0], made[1], 0, "stop", 0, status="cancelled")
+        return _json(cancelled)
 
     async def completions(request: web.Request) -> web.StreamResponse:
         body = _body(request)
@@ -521,6 +537,7 @@ def _routes(config: MockWorkerConfig) -> list[web.RouteDef]:
         web.post("/v1/chat/completions", chat),
         web.post("/v1/completions", completions),
         web.post("/v1/responses", responses),
+        web.post("/v1/responses/{response_id}/cancel", cancel_response),
         web.post("/v1/embeddings", simple(mr.embeddings_payload)),
         web.post("/v1/rerank", rerank),
         web.post("/rerank", rerank),

@@ -16,6 +16,7 @@ from inference.errors import GatewayError
 from responses_api.api.errors import exception_handler
 from responses_api.api.views import ConversationAPIView, _run
 from responses_api.conversations import known_id
+from responses_api.http_cancel import acancel_on_http_workers
 from responses_api.storage import history_store
 from responses_api.storage.base import ItemPage
 
@@ -56,10 +57,17 @@ class ResponseView(_ResponseAPIView):
 
 
 class ResponseCancelView(_ResponseAPIView):
-    """POST /v1/responses/{response_id}/cancel"""
+    """POST /v1/responses/{response_id}/cancel (a response the gateway does not have is asked of
+    the HTTP workers, which keep their own)"""
 
-    def post(self, request: Request, response_id: str) -> Response:
-        stored = self.stored(request, response_id, "response_not_found")
+    def post(self, request: Request, response_id: str) -> HttpResponse:
+        found = _run(history_store().aget_response, self.scope(request), response_id) if known_id(response_id) else None
+        if found is None:  # perhaps an HTTP worker's own response: the gateway asks them
+            relayed = _run(acancel_on_http_workers, response_id)
+            if relayed is not None:
+                return HttpResponse(relayed.body, status=relayed.status, content_type=relayed.content_type)
+            raise _not_found(response_id, "response_not_found")
+        stored = found
         status = stored.get("status")
         if status == "cancelled":
             return Response(stored)

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import RunningWorker
+from tests.conftest import GatewayFactory, RunningWorker, WorkerFactory, record_for
 
 
 def sdk(gateway: httpx.AsyncClient) -> openai.AsyncOpenAI:
@@ -37,3 +37,19 @@ async def test_an_http_worker_answers_responses_itself_and_the_gateway_stores_no
     cut = await sdk(gateway).responses.create(model=worker.model, input="hello", max_output_tokens=16)
     assert cut.status == "incomplete" and cut.incomplete_details is not None
     assert cut.incomplete_details.reason == "max_output_tokens"
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_cancel_of_an_http_workers_response_is_asked_of_every_http_worker(
+    make_gateway: GatewayFactory, start_worker: WorkerFactory
+) -> None:
+    first, second = await start_worker(), await start_worker()
+    gateway = make_gateway([record_for(first), record_for(second)])
+    client = sdk(gateway)
+    made = await client.responses.create(model=first.model, input="hello", max_output_tokens=512)
+    cancelled = await client.responses.cancel(made.id)  # one worker made it: its answer is the answer
+    assert cancelled.id == made.id and cancelled.status == "cancelled"
+    paths = [r["path"] for w in (first, second) for r in w.requests()]
+    assert paths.count(f"/v1/responses/{made.id}/cancel") == 2
+    with pytest.raises(openai.NotFoundError):  # nobody made it: the last error
+        await client.responses.cancel("resp_unknown")
