@@ -312,7 +312,8 @@ def _line(entry: dict[str, Any]) -> str:
     return (
         f"prompt {entry['usage']['prompt_tokens']} tok; c=64 {c64['rps']:,.0f} req/s, {entry['cpu_us_per_request']:,.0f} "
         f"us CPU/req (core {entry['target_core_busy']:.0%} busy); c=1 p50 {c1['p50_ms']:.2f} ms; stream "
-        f"{st['tokens_per_s']:,.0f} tok/s, {st['cpu_us_per_token']:.1f} us CPU/token; errors {errors}"
+        f"{st['tokens_per_s']:,.0f} tok/s, {st['cpu_us_per_token']:.1f} us CPU/token, "
+        f"{st.get('events_per_stream', 0):.0f} events/stream; errors {errors}"
         + ("; a pytest ran meanwhile" if entry.get("disturbed") else "")
     )
 

@@ -41,6 +41,7 @@ class StreamResult:
     total_p50_ms: float
     error_samples: tuple[str, ...] = ()
     elapsed_s: float = 0.0  # wall time of the measured rounds
+    events_per_stream: float = 0.0  # mean SSE events a stream carried ([DONE] included)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -62,6 +63,7 @@ def _summarize(raw: dict[str, Any], streams: int, rounds: int) -> StreamResult:
         headers_p50_ms=round(percentile(raw["headers_ms"], 50), 3),
         total_p50_ms=round(percentile(raw["total_ms"], 50), 3),
         error_samples=tuple(raw["error_samples"]),
+        events_per_stream=round(sum(raw.get("events") or [0]) / max(len(raw.get("events") or []), 1), 1),
         elapsed_s=round(float(raw.get("elapsed_s", 0.0)), 4),
     )
 

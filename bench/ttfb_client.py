@@ -47,7 +47,9 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, headers: d
         first = await response.content.readany()
         first_at = time.perf_counter()
         tail = first
+        events = first.count(b"data:")
         while chunk := await response.content.readany():
+            events += (tail[-5:] + chunk).count(b"data:")
             tail = (tail + chunk)[-64:]
     done = time.perf_counter()
     if not first.startswith(b"data:") or b"[DONE]" not in tail:
@@ -56,6 +58,7 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, headers: d
         "ttfb_ms": (first_at - start) * 1000,
         "headers_ms": (got_headers - start) * 1000,
         "total_ms": (done - start) * 1000,
+        "events": events,  # SSE events received, [DONE] included
     }
 
 
@@ -132,6 +135,7 @@ def _collect(out: dict[str, Any], results: list[Any]) -> None:
         else:
             for name in ("ttfb_ms", "headers_ms", "total_ms"):
                 out[name].append(round(result[name], 4))
+            out.setdefault("events", []).append(result["events"])
 
 
 def main(argv: list[str] | None = None) -> int:

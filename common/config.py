@@ -47,6 +47,7 @@ HISTORY_BACKENDS = ("db", "memory", "none")
 ENGINE_BACKENDS = ("sglang", "vllm", "trtllm", "mlx", "tokenspeed")
 PROVIDER_BACKENDS = ("openai", "anthropic", "gemini", "xai")
 BACKENDS = ("auto", *ENGINE_BACKENDS, *PROVIDER_BACKENDS)
+GRPC_STREAM_READERS = ("native", "grpcio")
 DEFAULT_MAX_PAYLOAD = 512 * 1024 * 1024
 
 
@@ -72,6 +73,9 @@ class GatewayConfig:
     # Workers and models
     worker_urls: tuple[str, ...] = ()
     backend: str = "auto"  # what the --worker-urls are (BACKENDS): auto-detected, an engine, or a provider
+    # How Generate streams of grpc:// workers are read: on the event loop (native, D44) or by grpc.aio
+    grpc_stream_reader: str = "native"
+    grpc_stream_window_bytes: int = 1 << 20  # native reader: what one engine stream may have unread
     model_aliases: tuple[tuple[str, str], ...] = ()
     worker_startup_check_interval: float = 30.0
     worker_startup_timeout_secs: float = 1800.0
@@ -387,6 +391,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("backend", _choice(BACKENDS),
          "what --worker-urls are: auto (detected), an engine (sglang, vllm, trtllm, mlx, tokenspeed) or an "
          "external OpenAI-compatible provider (openai, anthropic, gemini, xai: its models read from it)"),
+    Flag("grpc_stream_reader", _choice(GRPC_STREAM_READERS),
+         "how gRPC generation streams of grpc:// workers are read: native (HTTP/2 on the event loop) or grpcio "
+         "(grpc.aio, as grpcs:// workers and every control call always are)"),
+    Flag("grpc_stream_window_bytes", _count,
+         "native reader: bytes of one generation stream the engine may send ahead of what the gateway has "
+         "taken (HTTP/2 stream window; 65535 to 2147483647)"),
     Flag("model_aliases", _pair("=", "alias=model"), "model alias, repeatable", kind="append",
          option="--model-alias", metavar="ALIAS=MODEL"),
     Flag("worker_startup_check_interval", _positive_float,

@@ -13,9 +13,11 @@ from urllib.parse import urlsplit
 
 import grpc
 
+from common.config import current_config
 from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.upstreams.grpc.h2 import H2Channel
 
-__all__ = ["CHANNEL_OPTIONS", "WorkerChannel", "failure_from_rpc_error", "grpc_target"]
+__all__ = ["CHANNEL_OPTIONS", "WorkerChannel", "failure_from_rpc_error", "failure_from_status", "grpc_target"]
 
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", 30_000),
@@ -38,20 +40,39 @@ def grpc_target(url: str) -> tuple[str, bool]:
     return parts.netloc, parts.scheme in ("grpcs", "https")
 
 
-def failure_from_rpc_error(error: grpc.aio.AioRpcError, what: str) -> UpstreamFailure:
-    """The upstream failure an RPC error stands for: unreachable, timed out, or broken off."""
-    code = error.code()
-    detail = f"{what}: {code.name if code is not None else 'UNKNOWN'}: {error.details() or ''}".rstrip(": ")
-    if code is grpc.StatusCode.UNAVAILABLE:
+def failure_from_status(name: str, details: str, what: str) -> UpstreamFailure:
+    """The upstream failure a call's status stands for: unreachable, timed out, or broken off."""
+    detail = f"{what}: {name}: {details}".rstrip(": ")
+    if name == "UNAVAILABLE":
         return UpstreamFailure(FailureKind.CONNECT, detail)
-    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+    if name == "DEADLINE_EXCEEDED":
         return UpstreamFailure(FailureKind.TIMEOUT, detail)
     return UpstreamFailure(FailureKind.BROKEN, detail)
 
 
+def failure_from_rpc_error(error: grpc.aio.AioRpcError, what: str) -> UpstreamFailure:
+    code = error.code()
+    return failure_from_status(code.name if code is not None else "UNKNOWN", error.details() or "", what)
+
+
+def _native_channel(target: str, stream_window: int) -> H2Channel | None:
+    """The event-loop reader of a plaintext ``host:port`` target (None without an explicit port)."""
+    try:
+        parts = urlsplit("//" + target)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.hostname is None or port is None:
+        return None
+    return H2Channel(parts.hostname, port, target, stream_window=stream_window)
+
+
 class WorkerChannel:
     """The ``grpc.aio`` channel to one worker. ``get()`` creates it on first use and returns the
-    same channel afterwards; ``close()`` closes it (a later ``get()`` would open a new one)."""
+    same channel afterwards; ``close()`` closes it (a later ``get()`` would open a new one).
+
+    ``native`` is the worker's event-loop reader of generation streams (:mod:`.h2`, a plaintext
+    worker with --grpc-stream-reader native), None when grpc.aio reads them too."""
 
     def __init__(self, url: str, *, api_key: str | None = None) -> None:
         self.url = url
@@ -61,6 +82,9 @@ class WorkerChannel:
         )
         self._channel: grpc.aio.Channel | None = None
         self.opened = 0  # channels created over this object's life (tests check reuse)
+        config = current_config()
+        native = not self.secure and config.grpc_stream_reader == "native"
+        self.native: H2Channel | None = _native_channel(self.target, config.grpc_stream_window_bytes) if native else None
 
     def get(self) -> grpc.aio.Channel:
         if self._channel is None:
@@ -78,5 +102,7 @@ class WorkerChannel:
 
     async def close(self) -> None:
         channel, self._channel = self._channel, None
+        if self.native is not None:
+            self.native.close()
         if channel is not None:
             await channel.close()

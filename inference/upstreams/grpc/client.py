@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar, Generic, TypeVar, cast
@@ -49,7 +49,8 @@ from inference.upstreams.engine import (
     TokenLogprobs,
 )
 from inference.upstreams.failures import FailureKind, UpstreamFailure
-from inference.upstreams.grpc.channel import WorkerChannel, failure_from_rpc_error
+from inference.upstreams.grpc.channel import WorkerChannel, failure_from_rpc_error, failure_from_status
+from inference.upstreams.grpc.h2 import GrpcStatusError
 from protos import common_pb2
 
 __all__ = [
@@ -105,6 +106,23 @@ class WireComplete:
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
     spec_accepted_tokens: int = 0  # speculative decoding: draft tokens accepted, and proposed
     spec_draft_tokens: int = 0
+
+
+def _merged(a: WireChunk, b: WireChunk) -> WireChunk | None:
+    """Two chunks of one choice as one, when nothing is lost by it (same logprob shape; the later
+    one carries no prompt logprobs); None otherwise."""
+    if a.index != b.index or b.prompt_logprobs is not None or (a.logprobs is None) != (b.logprobs is None):
+        return None
+    return WireChunk(
+        index=a.index,
+        token_ids=a.token_ids + b.token_ids,
+        prompt_tokens=b.prompt_tokens or a.prompt_tokens,
+        completion_tokens=max(a.completion_tokens, b.completion_tokens),
+        cached_tokens=max(a.cached_tokens, b.cached_tokens),
+        reasoning_tokens=max(a.reasoning_tokens, b.reasoning_tokens),
+        logprobs=None if a.logprobs is None or b.logprobs is None else a.logprobs + b.logprobs,
+        prompt_logprobs=a.prompt_logprobs,
+    )
 
 
 def tokenized(message: Any, input_ids: tuple[int, ...], original_text: str | None, *, ids_field: str = "input_ids") -> Any:
@@ -186,6 +204,7 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
     """Whether chunks report cumulative completion counts (else each chunk's own count)."""
     messages: ClassVar[ModuleType]
     """The runtime's generated message module (its HealthCheckRequest, GetModelInfoRequest, ...)."""
+    _route: ClassVar[tuple[str, Callable[[bytes], Any]] | None] = None  # per runtime, found once
 
     def __init__(
         self,
@@ -205,8 +224,37 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
     # -- the codec, per runtime -------------------------------------------------------------
 
     @abstractmethod
+    def encode(self, request: EngineRequest) -> Any:
+        """The runtime's GenerateRequest for ``request``."""
+
     def _open_generate(self, request: EngineRequest) -> grpc.aio.UnaryStreamCall[Any, ResponseT]:
-        """Start the Generate RPC for ``request`` on the worker's channel."""
+        """Start the Generate RPC for ``request`` on the worker's grpc.aio channel."""
+        return cast("grpc.aio.UnaryStreamCall[Any, ResponseT]", self.stub.Generate(self.encode(request), metadata=self.metadata))
+
+    def _generate_route(self) -> tuple[str, Callable[[bytes], Any]]:
+        """The Generate method's path and its reply's parser (from the runtime's service)."""
+        cls = type(self)
+        route = cls.__dict__.get("_route")
+        if route is None:
+            for service in cls.messages.DESCRIPTOR.services_by_name.values():
+                method = service.methods_by_name.get("Generate")
+                if method is not None:
+                    reply = getattr(cls.messages, method.output_type.name)
+                    route = (f"/{service.full_name}/Generate", reply.FromString)
+                    break
+            else:
+                raise self.unsupported("Generate")
+            cls._route = route
+        return cast("tuple[str, Callable[[bytes], Any]]", route)
+
+    async def _start_generate(self, request: EngineRequest) -> Any:
+        """The Generate call: read on the event loop for a plaintext worker (:mod:`.h2`), else by
+        grpc.aio. Either is iterated with ``async for`` and stopped with ``cancel()``."""
+        native = self.channel.native
+        if native is None:
+            return self._open_generate(request)
+        path, parse = self._generate_route()
+        return await native.unary_stream(path, self.encode(request).SerializeToString(), self.metadata, parse)
 
     @abstractmethod
     def _decode(self, response: ResponseT) -> WireChunk | WireComplete | None:
@@ -270,39 +318,46 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
         remaining = len(choices)
         yielded = False
         settled = False  # the engine ended the request itself: nothing to abort
-        call = self._open_generate(request)
+        call: Any = None
         try:
             try:
+                call = await self._start_generate(request)
+                drain = getattr(call, "drain", None)  # the event-loop reader hands over what arrived
                 async for response in call:
-                    piece = self._decode(response)
-                    if piece is None:
-                        continue
-                    if not 0 <= piece.index < len(choices):
-                        raise UpstreamFailure(
-                            FailureKind.BROKEN, f"{self.runtime} Generate: choice index {piece.index} out of range"
-                        )
-                    choice = choices[piece.index]
-                    if choice.finished:
-                        continue
-                    if isinstance(piece, WireChunk):
-                        output = self._fold_chunk(choice, piece)
-                    else:
-                        try:
-                            output = self._fold_complete(choice, piece)
-                        except UpstreamFailure:
-                            settled = True
-                            raise
-                        remaining -= 1
+                    pieces = self._pieces(response, drain() if drain is not None else ())
+                    for piece in pieces:
+                        if not 0 <= piece.index < len(choices):
+                            raise UpstreamFailure(
+                                FailureKind.BROKEN, f"{self.runtime} Generate: choice index {piece.index} out of range"
+                            )
+                        choice = choices[piece.index]
+                        if choice.finished:
+                            continue
+                        if isinstance(piece, WireChunk):
+                            output = self._fold_chunk(choice, piece)
+                        else:
+                            try:
+                                output = self._fold_complete(choice, piece)
+                            except UpstreamFailure:
+                                settled = True
+                                raise
+                            remaining -= 1
+                            if remaining == 0:
+                                settled = True
+                        if output is not None:
+                            yielded = True
+                            yield output
                         if remaining == 0:
-                            settled = True
-                    if output is not None:
-                        yielded = True
-                        yield output
-                    if remaining == 0:
-                        return
+                            return
             except grpc.aio.AioRpcError as error:
                 settled = True  # the call ended with a status: the engine is done with it
                 failure = failure_from_rpc_error(error, f"{self.runtime} Generate")
+                if yielded:
+                    failure.kind = FailureKind.BROKEN
+                raise failure from None
+            except GrpcStatusError as error:
+                settled = True
+                failure = failure_from_status(error.name, error.details, f"{self.runtime} Generate")
                 if yielded:
                     failure.kind = FailureKind.BROKEN
                 raise failure from None
@@ -311,9 +366,28 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
                 FailureKind.BROKEN, f"{self.runtime} Generate: the stream ended before every choice finished"
             )
         finally:
-            if not settled:
+            if not settled and call is not None:
                 call.cancel()
                 await self._abort_after_exit(request.request_id)
+
+    def _pieces(self, first: ResponseT, more: Iterable[ResponseT]) -> list[WireChunk | WireComplete]:
+        """The decoded messages that arrived together, each run of chunks of one choice merged into
+        one (their token ids, logprobs and latest counts): a burst of tokens costs the pipeline one
+        step and the client one write, as an engine's own stream interval would send it."""
+        pieces: list[WireChunk | WireComplete] = []
+        for response in (first, *more):
+            piece = self._decode(response)
+            if piece is None:
+                continue
+            if pieces and isinstance(piece, WireChunk):
+                last = pieces[-1]
+                if isinstance(last, WireChunk):
+                    merged = _merged(last, piece)
+                    if merged is not None:
+                        pieces[-1] = merged
+                        continue
+            pieces.append(piece)
+        return pieces
 
     def _fold_chunk(self, choice: _Choice, chunk: WireChunk) -> EngineOutput | None:
         if chunk.token_ids:

@@ -90,9 +90,6 @@ class MlxClient(GrpcEngineClient[pb.GenerateResponse]):
             request.original_text,
         )
 
-    def _open_generate(self, request: EngineRequest) -> grpc.aio.UnaryStreamCall[Any, pb.GenerateResponse]:
-        return self.stub.Generate(self.encode(request), metadata=self.metadata)
-
     def _decode(self, response: pb.GenerateResponse) -> WireChunk | WireComplete | None:
         kind = response.WhichOneof("response")
         if kind == "chunk":

@@ -104,9 +104,6 @@ class TokenSpeedClient(GrpcEngineClient[pb.GenerateResponse]):
             )
         return message
 
-    def _open_generate(self, request: EngineRequest) -> grpc.aio.UnaryStreamCall[Any, pb.GenerateResponse]:
-        return self.stub.Generate(self.encode(request), metadata=self.metadata)
-
     def _decode(self, response: pb.GenerateResponse) -> WireChunk | WireComplete | None:
         kind = response.WhichOneof("response")
         if kind == "chunk":

@@ -154,9 +154,6 @@ class TrtllmClient(GrpcEngineClient[pb.GenerateResponse]):
             message.guided_decoding.CopyFrom(pb.GuidedDecodingParams(guide_type=_GUIDE_TYPES[field], guide=value))
         return message
 
-    def _open_generate(self, request: EngineRequest) -> grpc.aio.UnaryStreamCall[Any, pb.GenerateResponse]:
-        return self.stub.Generate(self.encode(request), metadata=self.metadata)
-
     def _decode(self, response: pb.GenerateResponse) -> WireChunk | WireComplete | None:
         kind = response.WhichOneof("response")
         if kind == "chunk":

@@ -101,9 +101,6 @@ class VllmClient(GrpcEngineClient[pb.GenerateResponse]):
             message.data_parallel_rank = request.data_parallel_rank
         return message
 
-    def _open_generate(self, request: EngineRequest) -> grpc.aio.UnaryStreamCall[Any, pb.GenerateResponse]:
-        return self.stub.Generate(self.encode(request), metadata=self.metadata)
-
     def _decode(self, response: pb.GenerateResponse) -> WireChunk | WireComplete | None:
         kind = response.WhichOneof("response")
         if kind == "chunk":
