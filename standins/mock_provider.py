@@ -34,7 +34,10 @@ Per-request controls for tests, in the body's ``metadata`` (chat completions and
 
 * ``"provider_fail": "500"`` (any status >= 400): answer that status with a ``server_error`` body;
 * ``"provider_break": "1"`` with ``stream: true``: send the opening events and the first delta, then
-  close the connection abruptly (no terminal event, no ``[DONE]``).
+  close the connection abruptly (no terminal event, no ``[DONE]``);
+* ``"provider_delay_ms": "50"`` with ``stream: true`` (responses): wait that long before each event.
+  A streamed response whose client went away before its end is counted in
+  ``ProviderState.disconnected``.
 
 Introspection, without auth and not recorded: ``GET /_provider/requests`` (every other request, newest
 last, at most 200, each ``{method, path, headers (lowercase names), json}``), ``DELETE
@@ -114,6 +117,7 @@ class ProviderState:
     """The request log: every request but /_provider/*, newest last, at most REQUEST_LOG_SIZE."""
 
     requests: list[dict[str, Any]] = field(default_factory=list)
+    disconnected: int = 0  # streamed responses whose client left before their end
 
     def record(self, entry: dict[str, Any]) -> None:
         self.requests.append(entry)
@@ -640,15 +644,31 @@ def _event_block(kind: str, sequence: int, fields: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
 
-async def _responses_stream(request: web.Request, whole: dict[str, Any], broken: bool) -> web.StreamResponse:
-    """Writes (and so flushes) one event at a time; ``broken`` closes the connection after the first delta."""
+def _delay_secs(body: dict[str, Any]) -> float:
+    try:
+        return max(0.0, float(_metadata(body).get("provider_delay_ms") or 0) / 1000)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+async def _responses_stream(request: web.Request, whole: dict[str, Any], broken: bool, delay: float) -> web.StreamResponse:
+    """Writes (and so flushes) one event at a time, ``delay`` seconds apart; ``broken`` closes the
+    connection after the first delta. A client that leaves first is counted."""
     resp = await _open_stream(request)
-    for sequence, (kind, fields) in enumerate(_response_events(whole)):
-        await resp.write(_event_block(kind, sequence, fields))
-        if broken and kind.endswith(".delta"):
-            _abort(request)
-            return resp
-    await resp.write_eof()
+    try:
+        for sequence, (kind, fields) in enumerate(_response_events(whole)):
+            if delay:
+                await asyncio.sleep(delay)
+            await resp.write(_event_block(kind, sequence, fields))
+            if broken and kind.endswith(".delta"):
+                _abort(request)
+                return resp
+        await resp.write_eof()
+    except ConnectionResetError:  # the client left: nothing more to write
+        provider_state(request.app).disconnected += 1
+    except asyncio.CancelledError:
+        provider_state(request.app).disconnected += 1
+        raise
     return resp
 
 
@@ -662,7 +682,7 @@ async def _responses(request: web.Request, config: ProviderConfig) -> web.Stream
     input_tokens = sum(_words(_item_text(item)) for item in items) + _words(body.get("instructions") or "")
     whole = _response_object(body, model, output, _usage(input_tokens, output_tokens), cut)
     if body.get("stream"):
-        return await _responses_stream(request, whole, _breaks(body))
+        return await _responses_stream(request, whole, _breaks(body), _delay_secs(body))
     return _json(whole)
 
 

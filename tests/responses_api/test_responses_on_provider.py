@@ -14,9 +14,11 @@ import httpx
 import openai
 import pytest
 
+from gateway_project.asgi import application
 from inference.routing.workers import WorkerRecord, WorkerStatus
 from tests.conftest import PROVIDER_KEY, GatewayFactory, Provider, until
 from tests.inference.mcp.servers import build_server, serving
+from tests.responses_api.test_responses_on_grpc import RawStream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -200,3 +202,17 @@ async def test_the_ssrf_guard_keeps_loopback_providers_out_unless_allowed(
         await sdk(gateway).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
     await asyncio.sleep(0)
     assert provider.state.requests == []
+
+
+async def test_a_client_that_leaves_closes_the_provider_stream(make_gateway: GatewayFactory, provider: Provider) -> None:
+    make_gateway([external(provider)], ssrf_allow_loopback=True, history_backend="memory")
+    body = {"model": MODEL, "input": "one two three four five six seven eight", "stream": True,
+            "metadata": {"provider_delay_ms": "40"}}  # fmt: skip
+    stream = RawStream(application, body)  # leaves at the first text delta
+    await asyncio.wait_for(stream.task, 10)
+    assert any(event["type"] == "response.output_text.delta" for event in stream.events())
+
+    async def closed_upstream() -> bool:
+        return provider.state.disconnected == 1
+
+    await until(closed_upstream)
