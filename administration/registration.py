@@ -286,6 +286,12 @@ def _update_fields(worker: Worker, changes: dict[str, Any]) -> dict[str, Any]:
         elif key in _BLOCKS:
             settings[key] = {**settings.get(key, {}), **value}
     fields["settings"] = settings
+    if "labels" in fields or "model_cards" in fields:  # parser names are checked as at registration
+        changed = Worker(
+            url=worker.url, labels=fields.get("labels", worker.labels), model_id=fields.get("model_id", worker.model_id),
+            model_cards=fields.get("model_cards", worker.model_cards),
+        )  # fmt: skip
+        _check_parsers(changed)
     return fields
 
 

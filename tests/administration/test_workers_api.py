@@ -234,6 +234,22 @@ async def test_patch_merges_labels_and_changes_fields(api, fleet, worker) -> Non
     assert after["labels"]["zone"] == "a" and after["labels"]["rack"] == "2" and after["cost"] == 2.5
 
 
+async def test_patch_with_an_unknown_parser_name_fails_and_changes_nothing(api, fleet, worker) -> None:
+    got = await register(api, {"url": worker.url, "labels": {"zone": "a"}})
+    response = await api.patch(
+        f"/workers/{got['id']}", {"labels": {"tool_parser": "no_such_parser"}, "priority": 9}, content_type="application/json"
+    )
+    assert response.status_code == 202
+
+    async def failed() -> bool:
+        return (await api.get(f"/workers/{got['id']}")).json().get("job_status", {}).get("status") == "failed"
+
+    await until(failed)
+    after = (await api.get(f"/workers/{got['id']}")).json()
+    assert "no_such_parser" in after["job_status"]["message"]
+    assert "tool_parser" not in after["labels"] and after["priority"] == 50
+
+
 async def test_patch_cannot_change_url_or_overload(api, fleet, worker) -> None:
     got = await register(api, {"url": worker.url})
     url_change = await api.patch(f"/workers/{got['id']}", {"url": "http://elsewhere:1"}, content_type="application/json")
