@@ -21,7 +21,7 @@ __all__ = ["responses_routes", "validate_responses"]
 
 def validate_responses(body: dict[str, Any]) -> ValidatedRequest:
     checked = validate_response_request(body)
-    return ValidatedRequest(body=body, model=checked.model, stream=checked.stream, modified=False)
+    return ValidatedRequest(body=body, model=checked.model, stream=checked.stream, modified=False, parsed=checked)
 
 
 def responses_routes() -> list[URLPattern]:

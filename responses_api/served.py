@@ -110,7 +110,8 @@ def _as_stored(item: dict[str, Any]) -> dict[str, Any]:
 class ServedResponses(ServedSurface):
     def __init__(self, request: ServedRequest) -> None:
         super().__init__(request)
-        self.responses = validate_response_request(request.body)
+        given = request.parsed
+        self.responses = given if isinstance(given, ResponsesRequest) else validate_response_request(request.body)
         body = self.responses.body
         self.id = new_response_id()
         self.created_at = int(time.time())

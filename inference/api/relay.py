@@ -161,7 +161,7 @@ class RelayRoute:
             if surface is None:
                 request = ServedRequest(
                     dp, body, decision.model or checked.model, checked.model, stream, writer, identity,
-                    caller_key(scope, identity),
+                    caller_key(scope, identity), checked.parsed,
                 )  # fmt: skip
                 surface = served(request)
             return await surface.open(target)

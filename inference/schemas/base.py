@@ -22,3 +22,6 @@ class ValidatedRequest:
     model: str
     stream: bool
     modified: bool
+    # What a surface's own validator made of the body (Responses: its ResponsesRequest), handed to
+    # the served surface so it is not parsed twice; None for routes that keep nothing more.
+    parsed: Any = None

@@ -45,6 +45,7 @@ class ServedRequest:
     identity: Identity  # who called (surfaces that store per tenant scope their records by it)
     # Open mode only: the caller's own provider key, for an external worker registered without one.
     caller_key: str | None = field(default=None, repr=False)
+    parsed: Any = None  # the route validator's own reading of the body (ValidatedRequest.parsed)
 
 
 @dataclass(frozen=True, slots=True)
