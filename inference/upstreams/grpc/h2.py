@@ -56,6 +56,9 @@ _DEFAULT_WINDOW = 65_535
 _DEFAULT_FRAME = 16_384
 _MAX_HEADER_BLOCK = 1 << 20  # a peer's header block past this fails the connection
 IDLE_REPLACE_SECS = 60.0  # a connection idle this long is replaced rather than trusted
+# gRPC's mapping of an HTTP status that is not 200 (a proxy's answer): these are retryable or final
+# as the gRPC status they stand for; any other is UNKNOWN.
+_HTTP_TO_GRPC = {"400": 13, "401": 16, "403": 7, "404": 12, "429": 14, "502": 14, "503": 14, "504": 14}
 
 
 class GrpcStatus:
@@ -231,8 +234,8 @@ class H2Call(Generic[T]):
             fields = dict(headers)
             status = fields.get(":status")
             if status != "200":
-                self._finish(GrpcStatusError(GrpcStatus.UNKNOWN if status else GrpcStatus.INTERNAL,
-                                             f"HTTP status {status}"))  # fmt: skip
+                code = _HTTP_TO_GRPC.get(status or "", GrpcStatus.UNKNOWN) if status else GrpcStatus.INTERNAL
+                self._finish(GrpcStatusError(code, f"HTTP status {status}"))
                 if not end_stream:
                     self._connection.reset(self.stream_id)
                 return
@@ -299,6 +302,9 @@ class H2Connection(asyncio.Protocol):
         while size - start >= 9:
             head, flags, stream_id = _FRAME_HEAD.unpack_from(buffer, start)
             length = head >> 8
+            if length > _DEFAULT_FRAME:  # past the SETTINGS_MAX_FRAME_SIZE we keep (the default)
+                self._protocol_error(f"a frame of {length} bytes")
+                return
             if size - start - 9 < length:
                 break
             payload = buffer[start + 9 : start + 9 + length]
@@ -427,7 +433,8 @@ class H2Connection(asyncio.Protocol):
 
     def _protocol_error(self, reason: str) -> None:
         if self.transport is not None:
-            self.transport.write(_frame(_GOAWAY, 0, 0, (self._next_id - 2 if self._next_id > 1 else 0).to_bytes(4, "big") + (1).to_bytes(4, "big")))
+            # last stream id 0 (a client processes no streams the server opened), PROTOCOL_ERROR
+            self.transport.write(_frame(_GOAWAY, 0, 0, (0).to_bytes(4, "big") + (1).to_bytes(4, "big")))
             self.transport.close()
         self._fail(f"HTTP/2 protocol error: {reason}")
 
@@ -458,7 +465,9 @@ class H2Connection(asyncio.Protocol):
         if self.transport is not None and self.failed is None:
             self.transport.write(_frame(_WINDOW_UPDATE, 0, stream_id, size.to_bytes(4, "big")))
 
-    def start(self, path: str, message: bytes, metadata: tuple[tuple[str, str], ...], decode: Callable[[bytes], T]) -> H2Call[T]:
+    def start(
+        self, path: str, message: bytes, metadata: tuple[tuple[str, str], ...], decode: Callable[[bytes], T]
+    ) -> H2Call[T]:
         """Open a stream: the request's headers and its one message, as far as the windows allow."""
         assert self.transport is not None
         stream_id = self._next_id

@@ -151,3 +151,19 @@ async def test_a_request_waits_for_the_peers_window() -> None:
     peer.feed(frame(WINDOW_UPDATE, 0, call.stream_id, (1000).to_bytes(4, "big")))
     data = [(flags, payload) for kind, flags, stream, payload in peer.wire.frames() if kind == DATA and stream == call.stream_id]
     assert sum(len(p) for _, p in data) == 105 and data[-1][0] == 0x1
+
+
+async def test_an_http_error_status_maps_to_its_grpc_status_and_an_oversized_frame_fails_the_connection() -> None:
+    peer = Peer()
+    unavailable, missing = peer.call(), peer.call()
+    peer.feed(frame(HEADERS, 0x5, unavailable.stream_id, peer.headers([(":status", "503")])))
+    peer.feed(frame(HEADERS, 0x5, missing.stream_id, peer.headers([(":status", "404")])))
+    for call, code in ((unavailable, GrpcStatus.UNAVAILABLE), (missing, 12)):
+        with pytest.raises(GrpcStatusError) as error:
+            await take_all(call)
+        assert error.value.code == code
+    waiting = peer.call()
+    peer.feed((16_385).to_bytes(3, "big") + bytes((DATA, 0)) + waiting.stream_id.to_bytes(4, "big"))
+    assert peer.connection.failed is not None and peer.wire.frames()[-1][0] == GOAWAY
+    with pytest.raises(GrpcStatusError):
+        await take_all(waiting)
