@@ -18,8 +18,9 @@ import orjson
 from common.ssrf import SsrfPolicy, SsrfRefused
 from common.ssrf_http import guarded_http_client
 from inference.routing.workers import RuntimeType
+from inference.upstreams.provider import provider_key_headers
 
-__all__ = ["Discovery", "WorkerUnreachable", "WorkerRefused", "discover_http_worker", "discover_provider", "provider_headers"]
+__all__ = ["Discovery", "WorkerUnreachable", "WorkerRefused", "discover_http_worker", "discover_provider"]
 
 
 class WorkerUnreachable(Exception):
@@ -98,24 +99,18 @@ _PROVIDER_TIMEOUT = httpx2.Timeout(10.0, connect=5.0)
 _PROVIDER_LISTING_MAX_BYTES = 8 * 2**20  # a provider's model list (OpenAI's is about 20 kB)
 
 
-def provider_headers(provider: str | None, api_key: str | None) -> dict[str, str]:
-    """How a provider is given its key: Anthropic's x-api-key, everyone else's Bearer token."""
-    if not api_key:
-        return {}
-    if provider == "anthropic":
-        return {"x-api-key": api_key, "anthropic-version": "2023-06-01"}
-    return {"Authorization": f"Bearer {api_key}"}
-
-
 async def discover_provider(url: str, api_key: str | None, provider: str | None, policy: SsrfPolicy) -> Discovery:
     """An external provider's models, from its /v1/models, over a connection the SSRF guard checked
     and pinned (a provider URL is a URL a caller gave). Raises WorkerRefused for a refused key or
     address, WorkerUnreachable while it does not answer; a listing it does not give is no models
     (the worker then takes any model)."""
     listing_url = f"{url}/v1/models"
+    headers = dict(provider_key_headers(provider, api_key))
+    if provider == "anthropic":
+        headers["anthropic-version"] = "2023-06-01"  # its API asks every request for one
     try:
         async with guarded_http_client(
-            policy, timeout=_PROVIDER_TIMEOUT, headers=provider_headers(provider, api_key),
+            policy, timeout=_PROVIDER_TIMEOUT, headers=headers,
             max_response_bytes=_PROVIDER_LISTING_MAX_BYTES,
         ) as client:  # fmt: skip
             response = await client.get(listing_url)

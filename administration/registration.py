@@ -15,6 +15,7 @@ fails instead of overwriting newer state.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 import uuid
@@ -287,10 +288,10 @@ def _update_fields(worker: Worker, changes: dict[str, Any]) -> dict[str, Any]:
             settings[key] = {**settings.get(key, {}), **value}
     fields["settings"] = settings
     if "labels" in fields or "model_cards" in fields:  # parser names are checked as at registration
-        changed = Worker(
-            url=worker.url, labels=fields.get("labels", worker.labels), model_id=fields.get("model_id", worker.model_id),
-            model_cards=fields.get("model_cards", worker.model_cards),
-        )  # fmt: skip
+        changed = copy.copy(worker)  # the worker as the change would leave it (not saved)
+        for name in ("labels", "model_cards", "model_id"):
+            if name in fields:
+                setattr(changed, name, fields[name])
         _check_parsers(changed)
     return fields
 

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 import httpx
+import orjson
 
 from common.http_clients import http_client
+from inference import errors
 from inference.routing.registry import REGISTRY
 from inference.routing.workers import Transport, WorkerHandle
 
@@ -35,6 +37,11 @@ def _http_workers() -> list[WorkerHandle]:
     ]  # fmt: skip
 
 
+def _failed(detail: str) -> WorkerAnswer:
+    """A worker that gave no usable answer, in the standard envelope (502 upstream_unavailable)."""
+    return WorkerAnswer(502, "application/json", orjson.dumps(errors.upstream_unavailable(detail).to_dict()))
+
+
 async def _cancel_on(client: httpx.AsyncClient, handle: WorkerHandle, path: str) -> WorkerAnswer:
     headers = {"Authorization": f"Bearer {handle.record.api_key}"} if handle.record.api_key else {}
     try:
@@ -43,11 +50,10 @@ async def _cancel_on(client: httpx.AsyncClient, handle: WorkerHandle, path: str)
             async for chunk in answer.aiter_bytes():
                 body += chunk
                 if len(body) > _MAX_ANSWER_BYTES:
-                    return WorkerAnswer(502, "application/json", b'{"error": {"message": "the worker answered too much"}}')
+                    return _failed(f"{handle.url} answered more than {_MAX_ANSWER_BYTES} bytes")
             return WorkerAnswer(answer.status_code, answer.headers.get("content-type", "application/json"), bytes(body))
     except httpx.HTTPError as exc:
-        message = f"worker {handle.url} did not answer: {type(exc).__name__}"
-        return WorkerAnswer(502, "application/json", b'{"error": {"message": "%s", "type": "bad_gateway"}}' % message.encode())
+        return _failed(f"{handle.url} did not answer ({type(exc).__name__})")
 
 
 async def acancel_on_http_workers(response_id: str) -> WorkerAnswer | None:

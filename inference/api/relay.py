@@ -15,9 +15,9 @@ from typing import Any, Awaitable
 import orjson
 
 from common import telemetry
+from common.secrets import bearer_token
 from inference import errors
 from inference.admission import Admission
-from common.secrets import bearer_token
 from inference.asgi_io import ClientDisconnected, Receive, Scope, Send, header, request_id_for
 from inference.auth import Identity, IdentityKind
 from inference.dataplane import DataPlane, data_plane

@@ -30,10 +30,17 @@ from inference.upstreams.base import RELAYS, RelayRequest
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.http import KEEPALIVE_SECS, HttpRelay, _header_line, _Target
 
-__all__ = ["EXTERNAL", "GuardedResolver", "ProviderRelay"]
+__all__ = ["EXTERNAL", "GuardedResolver", "ProviderRelay", "provider_key_headers"]
 
 EXTERNAL = "external"
 """The relay's name: external workers are relayed by it, whatever their URL's scheme says."""
+
+
+def provider_key_headers(provider: str | None, api_key: str | None) -> tuple[tuple[str, str], ...]:
+    """How a provider is given a key: Anthropic's x-api-key, everyone else's Bearer token."""
+    if not api_key:
+        return ()
+    return (("x-api-key", api_key),) if provider == "anthropic" else (("Authorization", f"Bearer {api_key}"),)
 
 
 class GuardedResolver(AbstractResolver):
@@ -91,11 +98,7 @@ class ProviderRelay(HttpRelay):
         return super()._target(base, path, api_key)
 
     def _key_lines(self, base: str, api_key: str | None) -> bytes:
-        if not api_key:
-            return b""
-        if provider_of(base) == "anthropic":
-            return _header_line("x-api-key", api_key)
-        return _header_line("Authorization", f"Bearer {api_key}")
+        return b"".join(_header_line(name, value) for name, value in provider_key_headers(provider_of(base), api_key))
 
     def _caller_key_lines(self, request: RelayRequest) -> bytes:
         """The caller's own key, for a worker registered without one (open mode only: see above)."""

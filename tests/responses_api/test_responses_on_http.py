@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import GatewayFactory, RunningWorker, WorkerFactory, record_for
+from tests.conftest import GatewayFactory, RunningWorker, WorkerFactory, free_port, record_for
 
 
 def sdk(gateway: httpx.AsyncClient) -> openai.AsyncOpenAI:
@@ -53,3 +53,12 @@ async def test_cancel_of_an_http_workers_response_is_asked_of_every_http_worker(
     assert paths.count(f"/v1/responses/{made.id}/cancel") == 2
     with pytest.raises(openai.NotFoundError):  # nobody made it: the last error
         await client.responses.cancel("resp_unknown")
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_cancel_when_no_http_worker_answers_is_502_in_the_standard_envelope(make_gateway: GatewayFactory) -> None:
+    gateway = make_gateway([record_for(f"http://127.0.0.1:{free_port()}", model="m")])
+    response = await gateway.post("/v1/responses/resp_gone/cancel")
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["code"] == "upstream_unavailable" and error["type"] and "did not answer" in error["message"]

@@ -37,6 +37,7 @@ import socket
 import struct
 import time
 from typing import Any, Callable, Generic, TypeVar, cast
+from urllib.parse import unquote
 
 import hpack
 
@@ -99,11 +100,7 @@ def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes
 
 def _unquote(text: str) -> str:
     """grpc-message is percent-encoded."""
-    if "%" not in text:
-        return text
-    from urllib.parse import unquote
-
-    return unquote(text)
+    return unquote(text) if "%" in text else text
 
 
 class H2Call(Generic[T]):
