@@ -22,7 +22,7 @@ run: $(STAMP)
 
 # The gRPC path: the gateway as the full server in front of the gRPC engine stand-in (SGLang's
 # service, driven by the Qwen3 fixture tokenizer) on :30002, serving "Qwen/Qwen3-8B".
-FIXTURE_MODELS ?= ../shared/fixtures/models
+FIXTURE_MODELS ?= fixtures/models
 run-grpc: $(STAMP)
 	@$(BIN)/python manage.py runmockworker --grpc --runtime sglang --port 30002 --model Qwen/Qwen3-8B \
 	  --tokenizer $(FIXTURE_MODELS)/qwen3 & \

@@ -55,9 +55,9 @@ from bench.peers import PEERS, peer_version, start_smg  # noqa: E402
 from bench.procs import LOOPBACK, ManagedProcess, ProcessGroup, StartError, free_port, http_post_json  # noqa: E402
 from bench.run import _raise_on_sigterm  # noqa: E402
 from bench.streaming import run_streams  # noqa: E402
+from standins.fixtures import FIXTURE_MODELS as FIXTURES
 
 RESULTS = REPO / "bench" / "results"
-FIXTURES = Path("/work/shared/fixtures/models")
 MARKER = "@@REQ@@"
 SHORT_TOKENS, STREAM_TOKENS, STREAMS = 16, 256, 32
 TARGETS = ("gateway", "smg")

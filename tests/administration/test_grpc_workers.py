@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -28,10 +27,11 @@ from inference.upstreams.engine import EngineClient
 from inference.upstreams.grpc import detect
 from standins.grpc_engine import GrpcEngineConfig, GrpcEngineServer
 from tests.conftest import GatewayFactory, RunningWorker, WorkerFactory, free_port, record_for, until
+from standins.fixtures import FIXTURE_MODELS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-MISTRAL = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "models" / "mistral"  # the smallest
+MISTRAL = FIXTURE_MODELS / "mistral"  # the smallest
 FAST: dict[str, Any] = dict(
     worker_startup_check_interval=0.2,
     worker_startup_timeout_secs=5.0,

@@ -31,10 +31,10 @@ from inference.pipeline.tokenizers import ModelTokenizer, load_tokenizer
 from inference.routing.registry import REGISTRY
 from standins.grpc_engine import GrpcEngineConfig, GrpcEngineServer
 from tests.conftest import until
+from standins.fixtures import FIXTURE_MODELS as FIXTURES
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "models"
 MISTRAL = FIXTURES / "mistral"  # the smallest fixture tokenizer (~2 MB)
 MISTRAL_VOCAB = load_tokenizer(MISTRAL).vocab_size
 CP_KEY = "sk-cp-admin-tokenizers"

@@ -7,17 +7,17 @@ gRPC engine stand-in and two gateways on the suite's database (Postgres in CI's 
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import free_port
 from tests.e2e.conftest import wait_for
+from standins.fixtures import FIXTURE_MODELS
 
 pytestmark = pytest.mark.e2e
 
-QWEN = str(Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "models" / "qwen3")
+QWEN = str(FIXTURE_MODELS / "qwen3")
 MODEL = "Qwen/Qwen3-8B"
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import socket
-from pathlib import Path
 
 import httpx
 import openai
@@ -15,10 +14,11 @@ import pytest
 
 from tests.conftest import free_port
 from tests.e2e.conftest import wait_for
+from standins.fixtures import FIXTURE_MODELS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.embedded]  # also in CI's SQLite pass
 
-QWEN = str(Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "models" / "qwen3")
+QWEN = str(FIXTURE_MODELS / "qwen3")
 MODEL = "Qwen/Qwen3-8B"
 WEATHER = {
     "type": "function",

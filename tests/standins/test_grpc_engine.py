@@ -22,9 +22,9 @@ from protos import sglang_scheduler_pb2_grpc as sg_rpc
 from protos import vllm_engine_pb2 as vl
 from protos import vllm_engine_pb2_grpc as vl_rpc
 from standins.grpc_engine import TOOL_CALL, GrpcEngineConfig, GrpcEngineServer
+from standins.fixtures import FIXTURE_MODELS as FIXTURES
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO.parent / "shared" / "fixtures" / "models"
 QWEN, LLAMA = str(FIXTURES / "qwen3"), str(FIXTURES / "llama3")
 
 

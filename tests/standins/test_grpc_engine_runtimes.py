@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,8 +27,8 @@ from protos import vllm_engine_pb2_grpc as vl_rpc
 from standins.grpc_engine import EMBEDDING_DIM, RUNTIMES, GrpcEngineConfig, GrpcEngineServer, embedding_for
 from standins.grpc_services import SERVICES
 from standins.management.commands import runmockworker
+from standins.fixtures import FIXTURE_MODELS as FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "models"
 QWEN = str(FIXTURES / "qwen3")
 HELLO = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -13,8 +12,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from inference.pipeline.events import ReasoningDelta, TextDelta, ToolCallDelta
 from inference.pipeline.reasoning import ReasoningParser
 from inference.pipeline.tools import ToolParser
+from standins.fixtures import FIXTURE_MODELS as FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "models"
 
 Chunking = list[str]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import tracemalloc
-from pathlib import Path
 
 import pytest
 
@@ -14,8 +13,8 @@ from inference.pipeline import encode_cache as encode_cache_module
 from inference.pipeline.encode_cache import EncodeCache
 from inference.pipeline.templates import render
 from inference.pipeline.tokenizers import ModelTokenizer, load_tokenizer
+from standins.fixtures import FIXTURE_MODELS as FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "models"
 FAMILIES = {
     "qwen3": None,
     "llama3": "chat_template.llama-3.2.jinja",

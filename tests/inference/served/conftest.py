@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import openai
@@ -17,8 +16,8 @@ from inference.pipeline.tokenizer_registry import TOKENIZERS
 from inference.routing.workers import EngineSpec, WorkerRecord
 from standins.grpc_engine import GrpcEngineConfig, GrpcEngineServer
 from tests.conftest import GatewayFactory
+from standins.fixtures import FIXTURE_MODELS as FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "models"
 QWEN = str(FIXTURES / "qwen3")
 LLAMA = str(FIXTURES / "llama3")
 QWEN_MODEL = "Qwen/Qwen3-8B"

@@ -7,7 +7,6 @@ import asyncio
 import io
 import zipfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -26,8 +25,8 @@ from inference.upstreams.grpc import SglangClient, VllmClient, WorkerChannel, co
 from inference.upstreams.grpc.client import GrpcEngineClient
 from standins.grpc_engine import GrpcEngineConfig, GrpcEngineServer
 from tests.conftest import free_port, until
+from standins.fixtures import FIXTURE_MODELS as FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "models"
 QWEN = str(FIXTURES / "qwen3")
 PROMPT = "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"
 RUNTIMES = ("sglang", "vllm")

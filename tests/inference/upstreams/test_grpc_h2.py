@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +17,8 @@ from inference.upstreams.grpc import SglangClient, VllmClient
 from inference.upstreams.grpc.client import GrpcEngineClient
 from inference.upstreams.grpc.h2 import H2Channel
 from standins.grpc_engine import GrpcEngineConfig, GrpcEngineServer
+from standins.fixtures import FIXTURE_MODELS as FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "models"
 QWEN = str(FIXTURES / "qwen3")
 PROMPT = "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"
 
