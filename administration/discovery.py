@@ -43,6 +43,13 @@ class Discovery:
         return self.model_ids[0] if self.model_ids else None
 
 
+def _why(exc: Exception) -> str:
+    """A connection error as the log and the job show it: its kind and its text (the OS's reason,
+    such as "[Errno 111] Connection refused"); never a header, so never a key."""
+    text = str(exc)
+    return f"{type(exc).__name__} ({text})" if text else type(exc).__name__
+
+
 _OWNED_BY = {"sglang": RuntimeType.SGLANG, "vllm": RuntimeType.VLLM}
 
 
@@ -51,7 +58,7 @@ def _get_json(client: httpx.Client, url: str, headers: dict[str, str]) -> Any | 
     try:
         response = client.get(url, headers=headers)
     except httpx.TransportError as exc:
-        raise WorkerUnreachable(f"{type(exc).__name__} for {url}") from None
+        raise WorkerUnreachable(f"{_why(exc)} for {url}") from None
     if response.status_code in (401, 403):
         given = "the API key given" if headers else "no API key"
         raise WorkerRefused(f"worker refused {given}: HTTP {response.status_code} for {url}")
@@ -118,7 +125,7 @@ async def discover_provider(url: str, api_key: str | None, provider: str | None,
     except SsrfRefused as exc:
         raise WorkerRefused(f"provider URL {exc.reason}") from None
     except httpx2.HTTPError as exc:
-        raise WorkerUnreachable(f"{type(exc).__name__} for {listing_url}") from None
+        raise WorkerUnreachable(f"{_why(exc)} for {listing_url}") from None
     if response.status_code in (401, 403) and api_key:
         raise WorkerRefused(f"provider refused the API key given: HTTP {response.status_code} for {listing_url}")
     # Without a key of its own the worker relays its callers' keys (open mode), so a listing refused

@@ -29,6 +29,7 @@ from administration.worker_clients import WorkerClients, WorkerRequestFailed
 from common.telemetry import record_health_check
 from common.ticks import sleep_to_mark
 from administration.models import Worker, WorkerStatus, WorkerType
+from administration.reachability import Reachability
 from administration.notices import record_change
 from inference.dataplane import data_plane
 from inference.routing.workers import WorkerRecord
@@ -111,29 +112,30 @@ class HealthChecker:
         self._tasks.clear()
         await self._clients.aclose()
 
-    async def probe(self, target: HealthTarget) -> bool:
+    async def probe(self, target: HealthTarget) -> str | None:
+        """One probe: None when the worker answers healthy, else why not (the connection error,
+        the HTTP status, or the gRPC status or health message)."""
         if target.engine is not None:
             return await self._probe_engine(target, target.engine)
         headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
         try:
             answer = await self._clients.get(target.url + target.endpoint, headers, target.timeout_secs)
-        except WorkerRequestFailed:
-            return False
-        return answer.ok
+        except WorkerRequestFailed as exc:
+            return str(exc)
+        return None if answer.ok else f"HTTP {answer.status} for {target.url}{target.endpoint}"
 
-    async def _probe_engine(self, target: HealthTarget, record: WorkerRecord) -> bool:
+    async def _probe_engine(self, target: HealthTarget, record: WorkerRecord) -> str | None:
         """HealthCheck through the worker's shared engine client, in turn with the HTTP probes; the
         timeout starts with its turn."""
         async with self._clients.turn():
             try:
                 async with asyncio.timeout(target.timeout_secs):
                     health = await data_plane().engines.client(record).health()
-            except (UpstreamFailure, TimeoutError) as exc:
-                log.debug("health check of %s failed: %s", target.url, exc or "timed out")
-                return False
-        if not health.healthy:
-            log.debug("health check of %s: unhealthy (%s)", target.url, health.message)
-        return health.healthy
+            except UpstreamFailure as exc:
+                return str(exc)
+            except TimeoutError:
+                return f"HealthCheck: no answer within {target.timeout_secs:g} s"
+        return None if health.healthy else f"HealthCheck: unhealthy ({health.message})"
 
     @staticmethod
     async def _stored(worker_id: str, status: str, new: WorkerStatus) -> bool:
@@ -147,13 +149,20 @@ class HealthChecker:
     async def _probe_loop(self, worker_id: str) -> None:
         successes = failures = 0
         target = self._targets.get(worker_id)
-        if target is not None:  # workers that arrive together are not probed in one burst
-            await sleep_to_mark(random.uniform(0.0, min(_PENDING_PROBE_SECS, target.interval_secs)))
+        if target is None:
+            return
+        reachability = Reachability(target.url, "health check")  # why it fails, logged once per change
+        await sleep_to_mark(random.uniform(0.0, min(_PENDING_PROBE_SECS, target.interval_secs)))  # no burst
         while True:
             target = self._targets.get(worker_id)
             if target is None:
                 return
-            healthy = await self.probe(target)
+            failure = await self.probe(target)
+            healthy = failure is None
+            if failure is None:
+                reachability.answered()
+            else:
+                reachability.failed(failure)
             record_health_check(target.worker_type, healthy)
             successes, failures = (successes + 1, 0) if healthy else (0, failures + 1)
             status = self._targets[worker_id].status if worker_id in self._targets else target.status

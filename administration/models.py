@@ -8,7 +8,7 @@ from typing import Any
 from django.core.validators import RegexValidator
 from django.db import models
 
-from inference.routing.workers import RuntimeType, WorkerStatus, WorkerType
+from inference.routing.workers import RuntimeType, Transport, WorkerStatus, WorkerType, transport_of
 
 __all__ = [
     "Worker", "WorkerStatus", "WorkerSource", "WorkerType", "JobType", "JobState", "TenantRateLimit", "RegistryChange",
@@ -44,6 +44,11 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
     def listed(self) -> WorkerQuerySet:
         """What GET /workers shows: registered workers (not those whose first registration runs)."""
         return self.filter(registered=True)
+
+    def registering(self) -> WorkerQuerySet:
+        """Workers whose first registration job runs (probing a worker not up yet): the console, GET
+        /workers' ``registering`` and list_workers show them; nothing routes to them."""
+        return self.filter(registered=False)
 
 
 class Worker(models.Model):
@@ -87,6 +92,13 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.url} ({self.status})"
+
+    @property
+    def transport(self) -> Transport:
+        """How the gateway talks to the worker, named by its URL's scheme (http, grpc or zmq): the
+        connection mode the console and the API show. The ``connection_mode`` column keeps what a
+        request gave in the spec's older form, which does not decide anything."""
+        return transport_of(self.url)
 
     def setting(self, key: str, default: Any = None) -> Any:
         return self.settings.get(key, default)

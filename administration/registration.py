@@ -30,6 +30,7 @@ from administration.discovery import Discovery, WorkerRefused, WorkerUnreachable
 from administration.engine_facts import labels_from_model_info, parser_choice
 from administration.models import JobState, JobType, Worker, WorkerStatus
 from administration.notices import publish_registry_changed
+from administration.reachability import Reachability
 from administration.tokenizer_jobs import run_tokenizer_load
 from common.config import current_config
 from common.http_clients import tls_context
@@ -138,12 +139,15 @@ def _probe_until_up(worker: Worker, generation: int, probe: Callable[[], Discove
     config = current_config()
     deadline = time.monotonic() + config.worker_startup_timeout_secs
     pause = _FIRST_RETRY_SECS
+    reachability = Reachability(worker.url, "registration")
     while True:
         try:
-            return probe()
+            discovery = probe()
         except WorkerRefused as exc:
             raise RegistrationFailed(str(exc)) from None
         except WorkerUnreachable as exc:
+            if reachability.failed(str(exc)):  # the console shows why meanwhile (once per change)
+                Worker.objects.filter(pk=worker.pk, job_generation=generation).update(last_error=str(exc))
             if time.monotonic() + pause > deadline:
                 raise RegistrationFailed(
                     f"worker did not answer within {config.worker_startup_timeout_secs:g} s ({exc})"
@@ -153,6 +157,9 @@ def _probe_until_up(worker: Worker, generation: int, probe: Callable[[], Discove
             close_old_connections()  # hold no pooled connection while waiting for the worker
             time.sleep(pause)
             pause = min(pause * 2, config.worker_startup_check_interval)
+        else:
+            reachability.answered()
+            return discovery
 
 
 def _discover_grpc_worker(url: str, api_key: str | None, runtime_type: str) -> Discovery:

@@ -45,6 +45,8 @@ __all__ = [
     "spec_fields",
     "worker_fields",
     "list_workers",
+    "registering_workers",
+    "every_worker",
     "sync_cli_workers",
     "worker_records",
     "resilience_of",
@@ -245,12 +247,25 @@ def get_worker(worker_id: uuid.UUID) -> Worker:
     return worker
 
 
+def _serving(workers: Iterable[Worker], model: str | None) -> list[Worker]:
+    """``workers``; with ``model``, those serving it (id or alias) and those with no model list."""
+    return [w for w in workers if not model or not w.model_ids() or model in w.model_ids()]
+
+
 def list_workers(model: str | None = None) -> list[Worker]:
-    """Registered workers; with ``model``, those serving it (id or alias) and those with no model list."""
-    workers = list(Worker.objects.listed())
-    if model:
-        workers = [w for w in workers if not w.model_ids() or model in w.model_ids()]
-    return workers
+    """Registered workers (GET /workers' list); with ``model``, those that may serve it."""
+    return _serving(Worker.objects.listed(), model)
+
+
+def registering_workers(model: str | None = None) -> list[Worker]:
+    """Workers whose first registration runs (a worker not up yet is probed until it answers): not
+    in GET /workers' list (spec 3), shown beside it; with ``model``, those that may serve it."""
+    return _serving(Worker.objects.registering(), model)
+
+
+def every_worker(model: str | None = None) -> list[Worker]:
+    """Every stored worker, registering ones included, in registration order (list_workers, the console)."""
+    return _serving(Worker.objects.all(), model)
 
 
 def spec_fields(worker: Worker) -> dict[str, Any]:
@@ -259,7 +274,7 @@ def spec_fields(worker: Worker) -> dict[str, Any]:
         "url": worker.url,
         "runtime_type": worker.runtime_type,
         "worker_type": worker.worker_type,
-        "connection_mode": worker.connection_mode,
+        "connection_mode": worker.transport.value,
         "models": worker.model_cards,
         "labels": worker.labels,
         "priority": worker.priority,
@@ -276,7 +291,7 @@ def _pd_pairing(worker: Worker) -> str | None:
     explicit = worker.labels.get("pairing_protocol")
     if explicit:
         return str(explicit)
-    transport = "grpc" if worker.url.startswith(("grpc://", "grpcs://")) else "http"
+    transport = worker.transport.value
     layout = f"dp{worker.setting('dp_size')}" if worker.setting("dp_size") else "single"
     return f"{worker.runtime_type}/{transport}/{layout}"
 

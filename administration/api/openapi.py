@@ -43,6 +43,7 @@ from administration.worker_spec import PATCH_FIELDS, spec_schema
 from inference.pipeline.reasoning import REASONING_PARSERS
 from inference.pipeline.tools import TOOL_PARSERS
 from inference.routing.load_report import GATEWAY_VERSION, LoadsReport
+from inference.routing.workers import Transport
 
 __all__ = ["SCHEMA_PATH", "ASYNC_VIEW_DECLARATIONS", "openapi_document", "openapi_view", "add_async_views"]
 
@@ -97,6 +98,8 @@ WORKER = {
     "required": ["id", "url", "status", "is_healthy", "load"],
     "properties": {
         **{name: spec_schema(_ECHOED, required=())["properties"][name] for name in _ECHOED},
+        "connection_mode": {"type": "string", "enum": [transport.value for transport in Transport],
+                            "description": "How the gateway talks to the worker: its URL's transport"},
         "id": {"type": "string", "format": "uuid"},
         "model_id": _STRING,
         "is_healthy": {"type": "boolean"},
@@ -114,6 +117,11 @@ WORKER_LIST = {
     "required": ["workers", "total", "stats"],
     "properties": {
         "workers": {"type": "array", "items": WORKER},
+        "registering": {
+            "type": "array", "items": WORKER,
+            "description": "Workers whose first registration runs (not up yet, being probed): not in workers, "
+                           "total or stats; status pending and job_status AddWorker",
+        },
         "total": {"type": "integer"},
         "stats": {
             "type": "object",

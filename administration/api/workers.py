@@ -29,6 +29,7 @@ from administration.workers import (
     JobStatus,
     job_of,
     list_workers,
+    registering_workers,
     remove_worker,
     replace_worker,
     update_worker,
@@ -124,14 +125,18 @@ class _ControlPlaneView(APIView):
 
 class WorkersView(_ControlPlaneView):
     def get(self, request: Request) -> HttpResponse:
-        workers = _listed(request.query_params.get("model") or None)
+        model = request.query_params.get("model") or None
+        workers = _listed(model)
         types = Counter(worker["worker_type"] for worker in workers)
         stats = {
             "prefill_count": types[WorkerType.PREFILL],
             "decode_count": types[WorkerType.DECODE],
             "regular_count": types[WorkerType.REGULAR],
         }
-        body = {"workers": workers, "total": len(workers), "stats": stats}
+        # The spec's list, total and stats leave out workers whose first registration runs; they are
+        # shown beside it (status pending, job_status AddWorker), as GET /workers/{id} shows them.
+        registering = [worker_object(worker) for worker in registering_workers(model)]
+        body = {"workers": workers, "total": len(workers), "stats": stats, "registering": registering}
         return HttpResponse(orjson.dumps(body), content_type="application/json")
 
     def post(self, request: Request) -> Response:
