@@ -126,7 +126,10 @@ class WorkerClients:
             transport = conn.transport
             if protocol is None or transport is None:
                 raise aiohttp.ServerDisconnectedError()
-            protocol.set_response_params(timer=_NO_TIMER, auto_decompress=False, read_bufsize=_READ_BUFSIZE)
+            # read_until_eof: an answer framed by neither a length nor chunks ends at the close (HTTP/1.1)
+            protocol.set_response_params(
+                timer=_NO_TIMER, auto_decompress=False, read_bufsize=_READ_BUFSIZE, read_until_eof=True
+            )
             transport.write(head)
             while True:
                 message, payload = await protocol.read()

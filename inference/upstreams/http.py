@@ -12,7 +12,9 @@ none of it (docs/DECISIONS.md D13). What the session gave and this module keeps:
   was not (a cancelled or failed relay never returns a half-read connection to the pool);
 - the connect timeout, and the total ``--request-timeout-secs`` deadline over the whole exchange, up
   to the last byte of the answer;
-- informational (1xx) answers skipped, chunked answers decoded by aiohttp's parser.
+- informational (1xx) answers skipped, chunked answers decoded by aiohttp's parser;
+- an answer with neither Content-Length nor chunked coding read to the connection's close, as
+  HTTP/1.1 says (aiohttp's parser defaults to an empty body there, which relayed a 200 with nothing).
 
 Cancelling the relaying task (the client went away) closes the upstream connection, which is how a
 client disconnect reaches the worker.
@@ -243,7 +245,7 @@ class HttpRelay(Relay):
             if protocol is None or transport is None:
                 raise aiohttp.ServerDisconnectedError()
             protocol.set_response_params(
-                timer=_NO_TIMER, auto_decompress=False, read_bufsize=_READ_BUFSIZE
+                timer=_NO_TIMER, auto_decompress=False, read_bufsize=_READ_BUFSIZE, read_until_eof=True
             )
             body = request.body
             if len(body) <= _ONE_WRITE_MAX:

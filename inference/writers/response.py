@@ -135,8 +135,11 @@ class ResponseWriter:
         await self._send({"type": "http.response.body", "body": final})
 
     async def break_stream(self, error: GatewayError) -> None:
-        """The stream failed after it started: the error in-band, then the closing event."""
+        """The stream failed after it started: the error in-band, then the closing event. An event
+        the upstream left unfinished is ended first, so the error arrives as an event of its own."""
         error_event = self.framing.error_event(error)
+        if self._tail and not self._tail.endswith((b"\n\n", b"\r\n\r\n")):
+            error_event = b"\n\n" + error_event
         await self._send({"type": "http.response.body", "body": error_event, "more_body": True})
         self._before_final()
         await self._send({"type": "http.response.body", "body": self.framing.closing})
