@@ -90,7 +90,7 @@ class WorkerAdmin(_WorkerModelAdmin):
         "model_column",
         "runtime_type",
         "worker_type",
-        "connection_mode",
+        "connection_mode_column",
         "source",
         "registered",
         "priority",
@@ -105,7 +105,7 @@ class WorkerAdmin(_WorkerModelAdmin):
     ]
     fieldsets = [
         (None, {"fields": ["worker_url", ("status_badge", "is_healthy"), "model_column", ("runtime_type", "worker_type"),
-                           ("connection_mode", "source"), "registered", ("priority", "cost")]}),
+                           ("connection_mode_column", "source"), "registered", ("priority", "cost")]}),
         ("Live state (this gateway process)", {"fields": [("load", "breaker")]}),
         ("Job", {"fields": ["job", "last_error"]}),
         ("Stored spec", {
@@ -152,6 +152,10 @@ class WorkerAdmin(_WorkerModelAdmin):
     @admin.display(description="DataPlane", ordering="runtime_type")
     def runtime(self, worker: Worker) -> SafeString:
         return format_html('<span title="{}">{}</span>', worker.get_runtime_type_display(), worker.runtime_type)
+
+    @admin.display(description="Connection mode")
+    def connection_mode_column(self, worker: Worker) -> str:
+        return worker.transport.value
 
     @admin.display(description="Type", ordering="worker_type")
     def type_column(self, worker: Worker) -> str:

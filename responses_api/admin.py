@@ -14,7 +14,8 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from responses_api.models import Conversation, ConversationItem, ResponseItem, StoredResponse
+from responses_api.models import Conversation, ConversationItem, ItemKind, ResponseItem, StoredResponse
+from responses_api.transcript import render_transcript, transcript
 
 __all__ = ["StoredResponseAdmin", "ConversationAdmin"]
 
@@ -33,6 +34,11 @@ else:  # generic only in django-stubs
 
 def _json(value: Any) -> SafeString:
     return format_html('<pre class="gw-spec">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _raw_json(value: Any) -> SafeString:
+    """The JSON a click away: folded in a <details> element."""
+    return format_html('<details class="gw-raw"><summary>Raw JSON</summary>{}</details>', _json(value))
 
 
 def _preview(body: Any) -> str:
@@ -75,7 +81,7 @@ class ResponseItemInline(ReadOnly, _ResponseItemInline):
 
     @admin.display(description="Item")
     def item_body(self, link: ResponseItem) -> SafeString:
-        return _json(link.item.body)
+        return _raw_json(link.item.body)
 
 
 @admin.register(StoredResponse)
@@ -88,14 +94,20 @@ class StoredResponseAdmin(ReadOnly, _ResponseModelAdmin):
     empty_value_display = _EMPTY
     show_full_result_count = False  # no COUNT(*) over the whole table on each page
     fields = ["id", "scope", ("model", "status"), ("background", "store"), "previous_response_id", "conversation_id",
-              ("created_at", "updated_at"), "response_object"]
+              ("created_at", "updated_at"), "conversation", "response_object"]
     readonly_fields = ["id", "scope", "model", "status", "background", "store", "previous_response_id",
-                       "conversation_id", "created_at", "updated_at", "response_object"]
+                       "conversation_id", "created_at", "updated_at", "conversation", "response_object"]
     inlines = [ResponseItemInline]
+
+    @admin.display(description="Conversation (instructions, input, then output)")
+    def conversation(self, row: StoredResponse) -> SafeString:
+        links = sorted(row.item_links.select_related("item"), key=lambda link: (link.kind != ItemKind.INPUT, link.position))
+        instructions = row.body.get("instructions") if isinstance(row.body, dict) else None
+        return render_transcript(transcript(((link.kind, link.item) for link in links), instructions))
 
     @admin.display(description="Response object (as stored; the status column is current)")
     def response_object(self, row: StoredResponse) -> SafeString:
-        return _json(row.body)
+        return _raw_json(row.body)
 
 
 class ConversationItemInline(ReadOnly, _ConversationItemInline):
@@ -136,9 +148,14 @@ class ConversationAdmin(ReadOnly, _ConversationModelAdmin):
     date_hierarchy = "created_at"
     empty_value_display = _EMPTY
     show_full_result_count = False
-    fields = ["id", "scope", ("created_at", "updated_at"), "metadata_json"]
-    readonly_fields = ["id", "scope", "created_at", "updated_at", "metadata_json"]
+    fields = ["id", "scope", ("created_at", "updated_at"), "metadata_json", "conversation"]
+    readonly_fields = ["id", "scope", "created_at", "updated_at", "metadata_json", "conversation"]
     inlines = [ConversationItemInline]
+
+    @admin.display(description="Conversation (its items in order; deleted ones are left out)")
+    def conversation(self, row: Conversation) -> SafeString:
+        members = row.memberships.filter(deleted=False).select_related("item").order_by("pk")
+        return render_transcript(transcript(("", member.item) for member in members))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Conversation]:
         items = Count("memberships", filter=Q(memberships__deleted=False))

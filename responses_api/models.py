@@ -23,6 +23,7 @@ __all__ = [
     "ResponseItem",
     "Conversation",
     "ConversationItem",
+    "item_label",
 ]
 
 
@@ -79,7 +80,13 @@ class Item(models.Model):
         constraints = [models.UniqueConstraint(fields=["scope", "item_id"], name="item_unique_in_scope")]
 
     def __str__(self) -> str:
-        return self.item_id
+        return item_label(self.type, self.role, self.item_id)
+
+
+def item_label(item_type: str, role: str, item_id: str) -> str:
+    """How the console names an item: its type, its role when it has one, and its id, such as
+    "message · user · msg_abc" or "function_call · fc_123"."""
+    return " · ".join(part for part in (item_type, role, item_id) if part)
 
 
 class ItemKind(models.TextChoices):
@@ -100,6 +107,9 @@ class ResponseItem(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["response", "kind", "position"], name="response_item_position")
         ]
+
+    def __str__(self) -> str:
+        return str(self.item)
 
 
 class Conversation(models.Model):
@@ -134,3 +144,6 @@ class ConversationItem(models.Model):
             models.UniqueConstraint(fields=["conversation", "item"], name="conversation_item_once")
         ]
         indexes = [models.Index(fields=["conversation", "deleted", "id"], name="conv_item_page")]
+
+    def __str__(self) -> str:
+        return f"{self.item} (deleted)" if self.deleted else str(self.item)

@@ -4,6 +4,7 @@ registration job as POST /workers), the actions and buttons, and the api_key nev
 from __future__ import annotations
 
 import enum
+import re
 import types
 import uuid
 from datetime import timedelta
@@ -18,6 +19,8 @@ from django.test import Client
 from django.utils import timezone
 
 from administration import console
+from administration.api.workers import worker_object
+from administration.console import stored_spec
 from administration.models import JobState, JobType, Worker, WorkerSource, WorkerStatus
 from inference.routing.registry import REGISTRY
 from inference.routing.workers import WorkerLoad, WorkerRecord
@@ -195,6 +198,23 @@ def test_detail_page_is_read_only_and_shows_the_spec_without_api_key(admin_clien
     for action in ("drain", "reregister", "remove"):
         assert f'formaction="{LIST}{worker.pk}/{action}/"' in page
     assert SECRET not in page and "api_key&quot;" not in page
+
+
+@pytest.mark.parametrize(
+    ("url", "connection_requested", "shown"),
+    [("grpc://10.0.0.7:30001", "http", "grpc"), ("grpcs://10.0.0.8:443", "http", "grpc"),
+     ("http://10.0.0.9:8000", "grpc", "http")],
+)
+def test_detail_page_shows_the_connection_mode_of_the_urls_transport(
+    admin_client: Client, url: str, connection_requested: str, shown: str
+) -> None:
+    """The mode is the one the gateway speaks (the URL's scheme), whatever the spec's older
+    connection_mode field said; the API shows the same."""
+    worker = make_worker(url, connection_mode=connection_requested)
+    page = admin_client.get(detail(worker)).content.decode()
+    assert re.search(rf"<label>Connection mode:</label>\s*<div class=\"readonly\">{shown}</div>", page), page
+    assert worker_object(worker)["connection_mode"] == shown
+    assert stored_spec(worker)["connection_mode"] == shown
 
 
 def test_a_viewer_without_change_permission_sees_no_buttons_and_cannot_act(client: Client) -> None:

@@ -12,7 +12,7 @@ from django.contrib.admin.utils import quote
 from django.contrib.auth.models import User
 from django.test import Client
 
-from responses_api.models import Conversation, StoredResponse
+from responses_api.models import Conversation, ConversationItem, Item, ResponseItem, StoredResponse
 from responses_api.storage.db import DatabaseHistoryStore
 from tests.responses_api.test_storage import message, response_object
 
@@ -115,3 +115,91 @@ def test_list_query_counts_do_not_grow_with_rows(admin_client: Client, django_as
     with django_assert_max_num_queries(len(few.captured_queries)):
         assert admin_client.get(RESPONSES).status_code == 200
         assert admin_client.get(CONVERSATIONS).status_code == 200
+
+
+# --- items labelled, a response shown as its conversation --------------------------------------------------
+
+
+def tool_exchange() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A second turn's response: the question, the model's reasoning and tool call, the tool's result
+    (its input), then the answer (its output)."""
+    question = message("What is the weather in Paris?", item_id="msg_question")
+    thought = {"id": "rs_thought", "type": "reasoning", "status": "completed",
+               "summary": [{"type": "summary_text", "text": "The user wants the weather; call the tool."}]}
+    call = {"id": "fc_weather", "type": "function_call", "call_id": "call_x", "name": "get_weather",
+            "arguments": '{"city": "Paris"}', "status": "completed"}
+    result = {"id": "fco_weather", "type": "function_call_output", "call_id": "call_x", "output": "18 degrees, sunny"}
+    answer = message("It is 18 degrees and sunny in Paris.", "assistant", item_id="msg_answer")
+    response = response_object([answer], instructions="Answer briefly.")
+    return response, [question, thought, call, result]
+
+
+def test_items_are_labelled_by_type_role_and_id(admin_client: Client) -> None:
+    response, inputs = tool_exchange()
+    async_to_sync(STORE.asave_response)("tenant:acme", response, inputs)
+    conversation = async_to_sync(STORE.acreate_conversation)("tenant:acme", {}, [message("hi", item_id="msg_hi")])
+    labels = {str(link) for link in ResponseItem.objects.filter(response_id=response["id"])}
+    assert labels == {"message · user · msg_question", "reasoning · rs_thought", "function_call · fc_weather",
+                      "function_call_output · fco_weather", "message · assistant · msg_answer"}
+    [member] = ConversationItem.objects.filter(conversation_id=conversation.id)
+    assert str(member) == "message · user · msg_hi"
+
+    pages = [admin_client.get(f"{RESPONSES}{quote(response['id'])}/change/").content.decode(),
+             admin_client.get(f"{CONVERSATIONS}{quote(conversation.id)}/change/").content.decode()]
+    assert "function_call · fc_weather" in pages[0] and "message · user · msg_hi" in pages[1]
+    assert not any("ResponseItem object" in page or "ConversationItem object" in page for page in pages)
+
+
+def test_a_stored_response_is_shown_as_its_conversation_with_the_raw_json_a_click_away(admin_client: Client) -> None:
+    response, inputs = tool_exchange()
+    async_to_sync(STORE.asave_response)("tenant:acme", response, inputs)
+    page = admin_client.get(f"{RESPONSES}{quote(response['id'])}/change/").content.decode()
+    start = page.index('<div class="gw-transcript">')
+    shown = page[start:page.index("Raw JSON</summary><pre", page.index("msg_answer", start))]
+    # In order: instructions, question, reasoning, tool call, its result, answer, each with its look.
+    steps = ['gw-turn-system', "Answer briefly.",
+             'gw-turn-user', "What is the weather in Paris?",
+             'gw-turn-reasoning', "The user wants the weather; call the tool.",
+             'gw-turn-tool-call', "tool call get_weather (call_x)", "&quot;city&quot;: &quot;Paris&quot;",
+             'gw-turn-tool-result', "tool result (call_x)", "18 degrees, sunny",
+             'gw-turn-assistant', "It is 18 degrees and sunny in Paris."]
+    at = [shown.find(step) for step in steps]
+    assert -1 not in at and at == sorted(at), list(zip(steps, at))
+    # Each item's JSON, and the whole response object, folded in a <details> element.
+    assert page.count("<details") >= len(inputs) + 2
+    assert '<details class="gw-raw"><summary>Raw JSON</summary><pre class="gw-spec">' in page
+    assert "&quot;object&quot;: &quot;response&quot;" in page
+
+
+def test_a_conversation_is_shown_in_order_without_its_deleted_items(admin_client: Client) -> None:
+    record = async_to_sync(STORE.acreate_conversation)(
+        "tenant:acme", {}, [message("first", item_id="msg_1"), message("second", "assistant", item_id="msg_2"),
+                            message("gone", item_id="msg_3")])
+    ConversationItem.objects.filter(conversation_id=record.id, item__item_id="msg_3").update(deleted=True)
+    page = admin_client.get(f"{CONVERSATIONS}{quote(record.id)}/change/").content.decode()
+    shown = page[page.index('<div class="gw-transcript">'):]
+    shown = shown[: shown.index("</fieldset>")]
+    assert shown.index("first") < shown.index("second") and "gone" not in shown
+    assert "message · user · msg_3 (deleted)" in page  # the items table still lists it, marked
+
+
+HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+
+
+def test_hostile_or_malformed_stored_content_is_escaped_and_still_shown(admin_client: Client) -> None:
+    response, inputs = tool_exchange()
+    inputs[0] = message(HOSTILE, item_id="msg_question")
+    inputs[2] = {**inputs[2], "name": HOSTILE, "arguments": HOSTILE}
+    response["instructions"] = HOSTILE
+    async_to_sync(STORE.asave_response)("tenant:acme", response, inputs)
+    # Bodies no API would write (a store written by another version, or by hand): read, never trusted.
+    Item.objects.filter(item_id="rs_thought").update(body={"type": "reasoning", "summary": [42, None, {"x": HOSTILE}]})
+    Item.objects.filter(item_id="fco_weather").update(body=["not", "an", "object", HOSTILE])
+    Item.objects.filter(item_id="msg_answer").update(
+        body={"type": "message", "role": HOSTILE, "content": {"text": HOSTILE}}, role="x" * 32)
+    answer = admin_client.get(f"{RESPONSES}{quote(response['id'])}/change/")
+    page = answer.content.decode()
+    assert answer.status_code == 200
+    assert '<script>alert("x")</script>' not in page and "<img src=x" not in page
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "tool call &lt;script&gt;" in page and "gw-turn-other" in page  # the odd role, shown plainly
