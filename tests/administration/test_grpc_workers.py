@@ -203,8 +203,10 @@ async def test_an_unknown_parser_name_fails_registration_before_the_worker_is_as
 
 
 async def test_an_unreachable_grpc_worker_is_probed_until_it_comes_up(
-    gateway: httpx.AsyncClient, fleet: RegistrySync, start_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+    gateway: httpx.AsyncClient, fleet: RegistrySync, start_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="administration.reachability")
     attempts = connect_spy(monkeypatch, registration)
     port = free_port()
     response = await gateway.post("/workers", json={"url": f"grpc://127.0.0.1:{port}"})
@@ -223,6 +225,13 @@ async def test_an_unreachable_grpc_worker_is_probed_until_it_comes_up(
     assert (await gateway.get(f"/workers/{worker_id}")).json()["runtime_type"] == "vllm"
     clients = [made for made in attempts if isinstance(made, EngineClient)]
     assert len(clients) == 1 and not clients[0].channel.is_open  # type: ignore[attr-defined]
+    # Why it could not be reached (its gRPC status) is logged once, not at each of the retries, and
+    # once that it answers.
+    logged = [r.getMessage() for r in caplog.records
+              if r.name == "administration.reachability" and "(registration)" in r.getMessage()]
+    assert len(logged) == 2 and len(attempts) > len(logged), logged
+    assert "cannot be reached (registration)" in logged[0] and "UNAVAILABLE" in logged[0]
+    assert "answers again (registration)" in logged[1]
 
 
 async def test_a_grpc_worker_that_never_answers_fails_registration(
