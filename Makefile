@@ -6,28 +6,36 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run run-grpc gateway test typecheck contracts protos bench install clean
 
+# The first run installs everything (a few minutes): pip's own lines show how far it is.
 $(STAMP): requirements.txt requirements-dev.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
-	touch $(STAMP)
+	@echo "== setting up $(VENV) (first run, or requirements changed): installing requirements-dev.txt"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar off -r requirements-dev.txt
+	@touch $(STAMP)
+	@echo "== $(VENV) ready: run manage.py commands as $(BIN)/python manage.py ..., or after . $(BIN)/activate"
 
 install: $(STAMP)
 
+# Ports of make run and make run-grpc (the README's examples use the defaults).
+GW_PORT ?= 30000
+WORKER_PORT ?= 30001
+ENGINE_PORT ?= 30002
+
 # The gateway on :30000 relaying to a mock worker on :30001 serving model "mock-model".
 run: $(STAMP)
-	@$(BIN)/python manage.py runmockworker --port 30001 --model mock-model & \
+	@$(BIN)/python manage.py runmockworker --port $(WORKER_PORT) --model mock-model & \
 	MOCK=$$!; trap 'kill $$MOCK 2>/dev/null' EXIT INT TERM; \
-	$(BIN)/python manage.py rungateway --worker-urls http://127.0.0.1:30001 $(ARGS)
+	$(BIN)/python manage.py rungateway --port $(GW_PORT) --worker-urls http://127.0.0.1:$(WORKER_PORT) $(ARGS)
 
 # The gRPC path: the gateway as the full server in front of the gRPC engine stand-in (SGLang's
 # service, driven by the Qwen3 fixture tokenizer) on :30002, serving "Qwen/Qwen3-8B".
 FIXTURE_MODELS ?= fixtures/models
 run-grpc: $(STAMP)
-	@$(BIN)/python manage.py runmockworker --grpc --runtime sglang --port 30002 --model Qwen/Qwen3-8B \
+	@$(BIN)/python manage.py runmockworker --grpc --runtime sglang --port $(ENGINE_PORT) --model Qwen/Qwen3-8B \
 	  --tokenizer $(FIXTURE_MODELS)/qwen3 & \
 	ENGINE=$$!; trap 'kill $$ENGINE 2>/dev/null' EXIT INT TERM; \
-	$(BIN)/python manage.py rungateway --worker-urls grpc://127.0.0.1:30002 $(ARGS)
+	$(BIN)/python manage.py rungateway --port $(GW_PORT) --worker-urls grpc://127.0.0.1:$(ENGINE_PORT) $(ARGS)
 
 # The gateway alone (pass flags with ARGS="--worker-urls http://host:port ...").
 gateway: $(STAMP)

@@ -81,7 +81,7 @@ class ServedChat(ServedSurface):
     def _whole_choice(self, target: EngineTarget, choice: ChoiceOutput, events: list[Event]) -> dict[str, Any]:
         content, reasoning, deltas = joined(events)
         finished = next((event for event in events if isinstance(event, Finished)), None)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
+        message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
         if reasoning:
             message["reasoning_content"] = reasoning
         calls: dict[int, dict[str, Any]] = {}

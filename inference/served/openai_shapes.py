@@ -37,7 +37,8 @@ def _entry(tokenizer: ModelTokenizer, token_id: int, logprob: float) -> dict[str
 
 
 def chat_logprobs(tokenizer: ModelTokenizer, logprobs: Sequence[TokenLogprobs]) -> dict[str, Any]:
-    """Chat's ``logprobs``: ``{content: [{token, logprob, bytes, top_logprobs: [...]}]}``."""
+    """Chat's ``logprobs``: ``{content: [{token, logprob, bytes, top_logprobs: [...]}], refusal: null}``
+    (the OpenAI description requires both keys)."""
     return {
         "content": [
             {
@@ -45,7 +46,8 @@ def chat_logprobs(tokenizer: ModelTokenizer, logprobs: Sequence[TokenLogprobs]) 
                 "top_logprobs": [_entry(tokenizer, token_id, logprob) for token_id, logprob in item.top],
             }
             for item in logprobs
-        ]
+        ],
+        "refusal": None,
     }
 
 

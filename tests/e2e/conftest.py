@@ -7,6 +7,7 @@ Postgres (DATABASE_URL), else an SQLite file that rungateway migrates itself.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,6 +35,7 @@ class Process:
     url: str
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    group: bool = False  # started as its own process group (``make``): signals go to the whole group
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -44,15 +46,24 @@ class Process:
 
     def terminate(self) -> None:
         if self.popen.poll() is None:
-            self.popen.terminate()
+            self._signal(signal.SIGTERM)
 
     def reap(self) -> None:
         """Wait for the exit :meth:`terminate` asked for (killed after 10 s)."""
         try:
             self.popen.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self.popen.kill()
+            self._signal(signal.SIGKILL)
             self.popen.wait(timeout=5)
+
+    def _signal(self, number: signal.Signals) -> None:
+        if not self.group:
+            self.popen.send_signal(number)
+            return
+        try:
+            os.killpg(self.popen.pid, number)
+        except ProcessLookupError:
+            pass
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str, process: Process | None = None) -> None:
@@ -129,8 +140,11 @@ def spawn(request: pytest.FixtureRequest, tmp_path: Path, e2e_database_url: str)
         wait: bool = True,
         env: dict[str, str] | None = None,
         argv: list[str] | None = None,
+        group: bool = False,
     ) -> Process:
-        """Start ``manage.py ARGS`` (or ``argv`` as given) with the suite's store; wait for ``ready_path``."""
+        """Start ``manage.py ARGS`` (or ``argv`` as given) with the suite's store; wait for ``ready_path``.
+        ``group`` starts it as a process group of its own, stopped as a whole (a ``make`` target and
+        the processes its recipe starts)."""
         log_path = tmp_path / f"{name}.log"
         extra = env or {}
         env = {
@@ -144,8 +158,10 @@ def spawn(request: pytest.FixtureRequest, tmp_path: Path, e2e_database_url: str)
         }
         command = argv or [sys.executable, "manage.py", *args]
         with open(log_path, "wb") as log:
-            popen = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        process = Process(name, popen, f"http://127.0.0.1:{port}", log_path, env)
+            popen = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=group
+            )
+        process = Process(name, popen, f"http://127.0.0.1:{port}", log_path, env, group)
         started.append(process)
         if wait and port is not None:
             wait_for(lambda: httpx.get(process.url + ready_path, timeout=2).status_code == 200, 60, ready_path, process)

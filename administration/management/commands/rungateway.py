@@ -10,6 +10,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 
 from administration.lifecycle import apply_log_level
 from administration.servers import run_daphne, run_uvicorn
@@ -45,7 +47,7 @@ class Command(BaseCommand):
         install_config(config)
         apply_log_level(config.log_level)
         if settings.EMBEDDED_DATABASE:
-            call_command("migrate", interactive=False, verbosity=0)
+            self._migrate_embedded_store()
         processes = f"{config.workers} processes" if config.workers > 1 else "1 process"
         self.stdout.write(
             f"gateway listening on http://{config.host}:{config.port} "
@@ -56,6 +58,17 @@ class Command(BaseCommand):
             manage_py = Path(settings.BASE_DIR) / "manage.py"
             raise SystemExit(Supervisor(config, manage_py, Path(settings.DATA_DIR)).run())
         self._serve(config, None)
+
+    def _migrate_embedded_store(self) -> None:
+        """Bring the embedded store up to date, saying so when there is work (a first run applies
+        every migration, which takes a while on a slow disk) and staying quiet when there is none."""
+        executor = MigrationExecutor(connection)
+        pending = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        if not pending:
+            return
+        self.stdout.write(f"applying {len(pending)} migration(s) to the embedded store {settings.DATABASES['default']['NAME']}")
+        self.stdout.flush()
+        call_command("migrate", interactive=False, verbosity=1)
 
     @staticmethod
     def _serve(config: GatewayConfig, sock: Any) -> None:
