@@ -32,6 +32,7 @@ __all__ = [
     "method_not_allowed",
     "upstream_unavailable",
     "upstream_timeout",
+    "worker_refused",
     "internal_error",
     "admission_queue_full",
     "admission_queue_timeout",
@@ -211,6 +212,12 @@ def upstream_unavailable(detail: str) -> GatewayError:
 
 def upstream_timeout(seconds: float) -> GatewayError:
     return GatewayError(504, ErrorCode.UPSTREAM_TIMEOUT, f"Worker did not answer within {seconds:g} seconds")
+
+
+def worker_refused(detail: str) -> GatewayError:
+    """400 when the worker refused the request as invalid (an engine's INVALID_ARGUMENT or
+    OUT_OF_RANGE): a validation failure, so code 400 (numeric), as the gateway's own checks answer."""
+    return GatewayError(400, 400, f"The worker refused the request as invalid: {detail}")
 
 
 def internal_error(message: str = "Internal server error") -> GatewayError:

@@ -6,6 +6,11 @@ the request and returns an :class:`Answer` once its status is known (nothing sen
 so it can still be dropped), and ``deliver(answer)`` hands the answer to the client, returning False
 when the upstream broke off after the response started. Each attempt's outcome is recorded once, on
 the worker's circuit breaker (which counts it in gw_worker_cb_outcomes_total itself).
+
+A client's bad request is never the worker's failure: a worker's 4xx answer is delivered as it is
+(not retried, not counted: :mod:`inference.routing.retry`, :mod:`inference.routing.breaker`), and an
+engine's refusal of the request as invalid (``UpstreamFailure.rejected``: INVALID_ARGUMENT,
+OUT_OF_RANGE) is answered 400 at once, counted as the answer it is, never as a failure.
 """
 
 from __future__ import annotations
@@ -99,6 +104,10 @@ async def run_attempts(
                 breaker.record(not clean or breaker.config.counts_as_failure(status))
                 return
             except UpstreamFailure as failure:
+                if failure.rejected:  # the client's error: any worker would refuse it; the worker is fine
+                    route.upstream_status(400)
+                    breaker.record(False)  # an answer, as a relayed 4xx is
+                    raise failure.to_error() from None
                 record = worker.record
                 telemetry.record_worker_error(record.worker_type, record.transport, failure.timed_out)
                 breaker.record(True)

@@ -17,7 +17,10 @@ from common.config import current_config
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.grpc.h2 import H2Channel
 
-__all__ = ["CHANNEL_OPTIONS", "WorkerChannel", "failure_from_rpc_error", "failure_from_status", "grpc_target"]
+__all__ = [
+    "CHANNEL_OPTIONS", "REJECTING_STATUSES", "WorkerChannel", "failure_from_rpc_error", "failure_from_status",
+    "grpc_target",
+]  # fmt: skip
 
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", 30_000),
@@ -40,9 +43,18 @@ def grpc_target(url: str) -> tuple[str, bool]:
     return parts.netloc, parts.scheme in ("grpcs", "https")
 
 
+REJECTING_STATUSES = frozenset({"INVALID_ARGUMENT", "OUT_OF_RANGE"})
+"""The statuses by which an engine says "this request is invalid": the client's error (400, not
+retried, not counted against the worker), never the worker's failure."""
+
+
 def failure_from_status(name: str, details: str, what: str) -> UpstreamFailure:
-    """The upstream failure a call's status stands for: unreachable, timed out, or broken off."""
+    """The upstream failure a call's status stands for: the request refused as invalid (the
+    client's error), or the worker unreachable, timed out, or broken off. The one mapping of gRPC
+    statuses, for the grpc.aio calls and the event-loop reader (:mod:`.h2`) alike."""
     detail = f"{what}: {name}: {details}".rstrip(": ")
+    if name in REJECTING_STATUSES:
+        return UpstreamFailure.refused(detail)
     if name == "UNAVAILABLE":
         return UpstreamFailure(FailureKind.CONNECT, detail)
     if name == "DEADLINE_EXCEEDED":

@@ -352,15 +352,11 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
             except grpc.aio.AioRpcError as error:
                 settled = True  # the call ended with a status: the engine is done with it
                 failure = failure_from_rpc_error(error, f"{self.runtime} Generate")
-                if yielded:
-                    failure.kind = FailureKind.BROKEN
-                raise failure from None
+                raise (failure.broke_off() if yielded else failure) from None
             except GrpcStatusError as error:
                 settled = True
                 failure = failure_from_status(error.name, error.details, f"{self.runtime} Generate")
-                if yielded:
-                    failure.kind = FailureKind.BROKEN
-                raise failure from None
+                raise (failure.broke_off() if yielded else failure) from None
             settled = True
             raise UpstreamFailure(
                 FailureKind.BROKEN, f"{self.runtime} Generate: the stream ended before every choice finished"

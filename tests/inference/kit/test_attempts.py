@@ -128,3 +128,25 @@ async def test_no_retry_when_retries_are_off() -> None:
     with pytest.raises(GatewayError) as raised:
         await run(dp, registry, upstream, a)
     assert raised.value.status == 502 and not upstream.opened
+
+
+async def test_a_request_the_worker_refuses_as_invalid_is_the_clients_400_on_the_first_worker() -> None:
+    """An engine's INVALID_ARGUMENT (``UpstreamFailure.rejected``): answered 400 at once, never tried
+    on the next worker, counted as the answer it is (never a failure), the slot given back."""
+    a, b = "fake://attempts-a6", "fake://attempts-b6"
+    dp, registry = data_plane_with(a, b)
+
+    class Refusing(FakeUpstream):
+        async def open_on(self, worker: WorkerHandle) -> FakeAnswer:
+            if worker.url == a:
+                raise UpstreamFailure.refused("sglang Generate: INVALID_ARGUMENT: input_ids must not be empty")
+            return await super().open_on(worker)
+
+    upstream = Refusing({b: 200})
+    with pytest.raises(GatewayError) as raised:
+        await run(dp, registry, upstream, a)
+    assert (raised.value.status, raised.value.code, raised.value.error_type) == (400, 400, "invalid_request_error")
+    assert "input_ids must not be empty" in raised.value.message
+    assert not upstream.opened and not upstream.delivered  # b never tried
+    assert (outcomes(a, "failure"), outcomes(a, "success"), outcomes(b, "success")) == (0, 1, 0)
+    assert all(h.load.breaker.failures == 0 and h.load.in_flight == 0 for h in registry.snapshot.workers)

@@ -7,7 +7,7 @@ import pytest
 
 from inference.routing.breaker import BreakerState, Resilience
 from inference.routing.registry import REGISTRY
-from tests.conftest import record_for
+from tests.conftest import GatewayFactory, WorkerFactory, record_for
 
 CHAT = {"model": "mock-model", "messages": [{"role": "user", "content": "hello"}]}
 FAST_RETRY = {"retry_initial_backoff_ms": 1, "retry_max_backoff_ms": 5}
@@ -51,6 +51,23 @@ async def test_client_errors_are_not_retried(make_gateway, start_worker) -> None
     assert response.status_code == 400
     assert len(first.requests()) + len(second.requests()) == 1
     assert all(h.load.breaker.failures == 0 for h in REGISTRY.snapshot.workers)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_flood_of_worker_4xx_leaves_the_breaker_closed(
+    make_gateway: GatewayFactory, start_worker: WorkerFactory, stream: bool
+) -> None:
+    """A worker's 4xx is the client's error (issue 22): relayed unchanged, never retried, never counted
+    against the worker, however many come: past the failure threshold the worker still serves."""
+    first, second = await start_worker(), await start_worker()
+    client = make_gateway([record_for(first), record_for(second)], cb_failure_threshold=2, **FAST_RETRY)
+    for status in (400, 404, 413, 422) * 3:
+        body = {**CHAT, "stream": stream, "mock": {"status": status}}
+        response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == status and "x-gw-error-code" not in response.headers  # the worker's own
+    assert len(first.requests()) + len(second.requests()) == 12  # each tried once
+    assert all(h.load.breaker.state is BreakerState.CLOSED and h.load.breaker.failures == 0 for h in REGISTRY.snapshot.workers)
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
 
 
 async def test_disabled_retries_relay_the_failure(make_gateway, start_worker) -> None:
