@@ -102,4 +102,6 @@ class EngineTurns:
         chat = chat_body(body, self.request.model or self.responses.model, messages, tools, self.names)
         request_id = self.response_id if not self._count else f"{self.response_id}-{self._count}"
         self._count += 1
-        return _EngineTurn(ChatTurn(self.request.dp, chat, self.request.model, request_id, stream=self.request.stream))
+        return _EngineTurn(
+            ChatTurn(self.request.dp, chat, self.request.model, request_id, stream=self.request.stream, prompt_param="input")
+        )

@@ -6,8 +6,9 @@
   resolved them;
 - :func:`tokenize` encodes it without adding special tokens the template already wrote (long
   prompts off the event loop);
-- :func:`check_context` refuses a prompt that leaves no room in the model's window (400
-  context_length_exceeded, param null).
+- :func:`check_prompt` refuses, before dispatch, a prompt the engines would refuse: one of no
+  token at all (400, code 400, the field it came from as param) or one that leaves no room in the
+  model's window (400 context_length_exceeded, param null).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from inference.pipeline.tokenizers import ModelTokenizer, off_loop
 from inference.pipeline.tool_choice import ToolChoice
 from inference.schemas.families import ModelFamily
 
-__all__ = ["render_chat", "tokenize", "check_context"]
+__all__ = ["render_chat", "tokenize", "check_prompt"]
 
 
 def render_chat(
@@ -67,7 +68,12 @@ async def tokenize(tokenizer: ModelTokenizer, text: str, *, add_special_tokens: 
         raise errors.tokenization_failed(str(error)) from None
 
 
-def check_context(prompt_tokens: int, context_length: int | None) -> None:
-    """400 context_length_exceeded when the prompt fills the window (no token left to generate)."""
+def check_prompt(prompt_tokens: int, context_length: int | None, param: str) -> None:
+    """400 for a prompt the engines refuse (their INVALID_ARGUMENT), before it reaches one: no token
+    at all (an empty string, or a text the tokenizer encodes to nothing; code 400, ``param`` the
+    request field it came from), or context_length_exceeded when it fills the window (no token left
+    to generate)."""
+    if not prompt_tokens:
+        raise errors.invalid_request(f"{param} must not be empty: it encodes to no tokens", param)
     if context_length is not None and prompt_tokens >= context_length:
         raise errors.context_length_exceeded(prompt_tokens, context_length)

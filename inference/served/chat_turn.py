@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from inference.pipeline.choices import CallParser, ChoiceOptions, ChoiceOutput
 from inference.pipeline.events import Event
-from inference.pipeline.prompt import check_context, render_chat, tokenize
+from inference.pipeline.prompt import check_prompt, render_chat, tokenize
 from inference.pipeline.reasoning import REASONING_PARSERS, ReasoningParser
 from inference.pipeline.sampling import chat_sampling
 from inference.pipeline.stops import StopTokens
@@ -74,8 +74,12 @@ async def turn_events(
 class ChatTurn:
     """One chat-shaped request's turn (see the module's docstring)."""
 
-    def __init__(self, dp: DataPlane, body: dict[str, Any], model: str, request_id: str, *, stream: bool) -> None:
+    def __init__(
+        self, dp: DataPlane, body: dict[str, Any], model: str, request_id: str, *, stream: bool,
+        prompt_param: str = "messages",
+    ) -> None:  # fmt: skip
         self.dp = dp
+        self.prompt_param = prompt_param  # the request field a prompt of no tokens is blamed on
         self.body = body
         self.model = model
         self.request_id = request_id
@@ -98,7 +102,7 @@ class ChatTurn:
         """Start the turn on ``worker``; return once the engine's first output arrived."""
         target = engine_target(self.dp, worker, self.model)
         prompt = await self._prompt(target)
-        check_context(len(prompt.ids), target.spec.context_length)
+        check_prompt(len(prompt.ids), target.spec.context_length, self.prompt_param)
         sampling = self.sampling
         engine_request = EngineRequest(
             request_id=self.request_id,

@@ -20,7 +20,7 @@ import orjson
 from inference import errors
 from inference.pipeline.choices import ChoiceOptions, ChoiceOutput, joined
 from inference.pipeline.events import Event, Finished, ReasoningDelta, TextDelta
-from inference.pipeline.prompt import check_context, tokenize
+from inference.pipeline.prompt import check_prompt, tokenize
 from inference.pipeline.sampling import completion_sampling
 from inference.pipeline.stops import StopTokens
 from inference.pipeline.usage import UsageTally
@@ -95,7 +95,7 @@ class ServedCompletion(ServedSurface):
         target = engine_target(self.request.dp, worker, self.request.model)
         prompts = await self._prompts_for(target)
         for prompt in prompts:
-            check_context(len(prompt.ids), target.spec.context_length)
+            check_prompt(len(prompt.ids), target.spec.context_length, "prompt")
         stream = self.request.stream or bool(self.sampling.stop)
         requests = [
             EngineRequest(

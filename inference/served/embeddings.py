@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from inference import errors
-from inference.pipeline.prompt import check_context, tokenize
+from inference.pipeline.prompt import check_prompt, tokenize
 from inference.routing.workers import WorkerHandle
 from inference.served.base import LocalAnswer, ServedRequest, ServedSurface, engine_target
 from inference.upstreams.engine import EmbedRequest, EmbedResult
@@ -77,7 +77,7 @@ class ServedEmbeddings(ServedSurface):
                 if any(token >= vocab for token in item):
                     raise errors.invalid_request(f"input token IDs must be below the vocabulary size {vocab}", "input")
                 ids = tuple(item)
-            check_context(len(ids), target.spec.context_length)
+            check_prompt(len(ids), target.spec.context_length, "input")
             requests.append(EmbedRequest(f"{self.id}-{index}", ids, item if isinstance(item, str) else None))
         results: list[EmbedResult] = list(await asyncio.gather(*(target.client.embed(r) for r in requests)))
         data = [

@@ -19,7 +19,7 @@ import orjson
 from inference import errors
 from inference.pipeline.choices import ChoiceOptions, ChoiceOutput
 from inference.pipeline.events import Event, Finished, ReasoningDelta, TextDelta
-from inference.pipeline.prompt import check_context, tokenize
+from inference.pipeline.prompt import check_prompt, tokenize
 from inference.pipeline.stops import StopTokens
 from inference.pipeline.usage import UsageTally
 from inference.routing.workers import WorkerHandle
@@ -131,8 +131,9 @@ class ServedGenerate(ServedSurface):
                 if any(token >= vocab for token in item):
                     raise errors.invalid_request(f"input_ids must be below the vocabulary size {vocab}", "input_ids")
                 prompts.append(_Prompt(target.tokenizer.decode(item, skip_special_tokens=False), tuple(item)))
+        param = "text" if isinstance(self.items[0], str) else "input_ids"
         for prompt in prompts:
-            check_context(len(prompt.ids), target.spec.context_length)
+            check_prompt(len(prompt.ids), target.spec.context_length, param)
         requests = [
             EngineRequest(
                 request_id=self.id if len(prompts) == 1 else f"{self.id}-{k}",
