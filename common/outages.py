@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Callable
 
 from common.urls import redact_credentials
 
@@ -34,7 +35,9 @@ def describe(exc: BaseException) -> str:
 class Outage:
     """Whether ``service`` is down as this process saw it last, and the two log lines of an outage."""
 
-    def __init__(self, service: str, meanwhile: str, retry_secs: float) -> None:
+    def __init__(
+        self, service: str, meanwhile: str, retry_secs: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.service = service
         self.meanwhile = meanwhile  # what the gateway does while the service is down
         self.retry_secs = retry_secs  # during an outage, how long callers wait before trying it again
@@ -42,6 +45,7 @@ class Outage:
         self._since: float | None = None  # monotonic start of the current outage
         self._last_failure = 0.0
         self._lock = threading.Lock()
+        self._clock = clock
 
     @property
     def down(self) -> bool:
@@ -49,7 +53,7 @@ class Outage:
 
     def failed(self, exc: BaseException) -> None:
         """A call to the service failed: the first failure of an outage logs it."""
-        now = time.monotonic()
+        now = self._clock()
         self._last_failure = now
         if self._since is not None:
             return
@@ -67,12 +71,23 @@ class Outage:
         with self._lock:
             since, self._since = self._since, None
         if since is not None:
-            log.warning("%s reachable again after %.1f s", self.service, time.monotonic() - since)
+            log.warning("%s reachable again after %.1f s", self.service, self._clock() - since)
 
     def retry_due(self) -> bool:
         """Whether to call the service now: always while it is up; during an outage once
-        ``retry_secs`` passed since the last failure (callers meanwhile take their fallback at once)."""
-        return self._since is None or time.monotonic() - self._last_failure >= self.retry_secs
+        ``retry_secs`` passed since the last failure, and then for one caller only (the next pause
+        starts as it is told yes), so a single call probes the service while the others take their
+        fallback at once instead of all waiting on a service that may not answer."""
+        if self._since is None:
+            return True
+        now = self._clock()
+        if now - self._last_failure < self.retry_secs:
+            return False
+        with self._lock:
+            if now - self._last_failure < self.retry_secs:
+                return False
+            self._last_failure = now
+        return True
 
 
 STORE = Outage(

@@ -9,8 +9,15 @@ counted in an in-process window as without Redis, so a tenant still meets its li
 process (at most limit x processes a minute across them) and no request is refused because Redis is
 down. Redis is an accelerator shared by the processes, not the record; refusing every limited
 tenant (failing closed) would turn its outage into an outage of the data plane. The outage is logged
-once when it starts and once when it ends (:data:`common.outages.REDIS`), and Redis is tried again
-``REDIS.retry_secs`` after each failure; the counts of the outage are not carried into Redis.
+once when it starts and once when it ends (:data:`common.outages.REDIS`).
+
+Coming back: ``REDIS.retry_secs`` after the last failure one request tries Redis again (the others
+keep counting here meanwhile), and once it answers every request counts in Redis again. A command
+that fails on a pooled connection is sent once more on a new one, so the connections Redis dropped
+as it restarted (every one the pool holds is stale then) are replaced instead of each reopening the
+outage for another pause. A tenant's count of the outage in the current window is added to the
+shared count with its first request that reaches Redis again, so the budget of that minute is the
+one budget again at once, not a fresh one beside what each process already let through.
 
 Where a tenant's limit comes from (:meth:`TenantLimits.combine`, the one place that decides): a row
 stored in the admin console (table ``administration_tenantratelimit``), else its
@@ -41,9 +48,11 @@ __all__ = [
 
 WINDOW_SECS = 60
 
+# ARGV[2]: this request plus what this process counted for the tenant in this window while Redis was
+# out of reach (usually 1). The key is new when the count is what was just added.
 _INCR_SCRIPT = """
-local n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+local n = redis.call('INCRBY', KEYS[1], ARGV[2])
+if n == tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 return n
 """
 
@@ -147,12 +156,19 @@ class WindowCounts:
     def __init__(self) -> None:
         self._windows: dict[str, list[int]] = {}  # tenant -> [window, count]
 
-    def count(self, tenant_id: str, window: int) -> int:
+    def count(self, tenant_id: str, window: int, requests: int = 1) -> int:
+        """Add ``requests`` to the tenant's count in ``window``; the count."""
         entry = self._windows.get(tenant_id)
         if entry is None or entry[0] != window:
             entry = self._windows[tenant_id] = [window, 0]
-        entry[1] += 1
+        entry[1] += requests
         return entry[1]
+
+    def take(self, tenant_id: str, window: int) -> int:
+        """Remove the tenant's count and return it if it is of ``window`` (else 0): it is to count
+        elsewhere now."""
+        entry = self._windows.pop(tenant_id, None)
+        return entry[1] if entry is not None and entry[0] == window else 0
 
 
 class LocalRateLimiter(RateLimiter):
@@ -170,6 +186,9 @@ class RedisRateLimiter(RateLimiter):
     """The counter shared through Redis: key ``<prefix><tenant>:<window>``, expiring after the window.
 
     Clients are per event loop (redis.asyncio connections are tied to the loop that made them).
+    A command is sent again once, on a new connection, when its connection fails (a connection Redis
+    closed as it restarted); a timeout is not sent again, so an unanswering Redis costs one
+    ``socket_timeout`` of the one request that tries it (:meth:`common.outages.Outage.retry_due`).
     """
 
     def __init__(self, limits: TenantLimits, url: str, prefix: str = "gw:rl:") -> None:
@@ -184,8 +203,14 @@ class RedisRateLimiter(RateLimiter):
         found = self._clients.get(loop)
         if found is None:
             import redis.asyncio as aredis
+            from redis.asyncio.retry import Retry
+            from redis.backoff import NoBackoff
+            from redis.exceptions import ConnectionError as RedisConnectionError
 
-            client = aredis.Redis.from_url(self.url, socket_connect_timeout=0.5, socket_timeout=0.5)
+            client = aredis.Redis.from_url(
+                self.url, socket_connect_timeout=0.5, socket_timeout=0.5,
+                retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            )
             found = self._clients[loop] = (client, client.register_script(_INCR_SCRIPT))
         return found[1]
 
@@ -193,11 +218,13 @@ class RedisRateLimiter(RateLimiter):
         if not REDIS.retry_due():
             return self._fallback.count(tenant_id, window)
         key = f"{self.prefix}{tenant_id}:{window}"
+        # What this process counted for the tenant during an outage goes to Redis with this request.
+        held = self._fallback.take(tenant_id, window)
         try:
-            count = await self._script()(keys=[key], args=[WINDOW_SECS * 1000 + 1000])
+            count = await self._script()(keys=[key], args=[WINDOW_SECS * 1000 + 1000, 1 + held])
         except Exception as exc:  # redis.RedisError, OSError, timeouts: count in this process
             REDIS.failed(exc)
-            return self._fallback.count(tenant_id, window)
+            return self._fallback.count(tenant_id, window, 1 + held)
         REDIS.recovered()
         return int(count)
 

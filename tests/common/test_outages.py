@@ -43,3 +43,23 @@ def test_credentials_in_an_error_are_hidden() -> None:
     error = OSError("cannot reach amqp://gateway:s3cret@broker:5672// (and redis://:pw@cache:6379/0)\nmore")
     assert describe(error) == "OSError: cannot reach amqp://***@broker:5672// (and redis://***@cache:6379/0)"
     assert describe(TimeoutError()) == "TimeoutError"
+
+
+def test_one_caller_at_a_time_tries_the_service_again() -> None:
+    now = [100.0]
+    outage = Outage("the thing", "nothing", retry_secs=1.0, clock=lambda: now[0])
+    outage.failed(OSError("down"))
+    assert not outage.retry_due()
+    now[0] += 1.0
+    assert outage.retry_due()  # this caller tries the service
+    assert not outage.retry_due() and not outage.retry_due()  # the others take their fallback meanwhile
+    now[0] += 0.5
+    outage.failed(OSError("still down"))  # its try failed: the next pause starts from there
+    now[0] += 0.9
+    assert not outage.retry_due()
+    now[0] += 0.1
+    assert outage.retry_due()  # a try that neither failed nor succeeded (its caller left) blocks no one
+    now[0] += 1.0
+    assert outage.retry_due()
+    outage.recovered()
+    assert all(outage.retry_due() for _ in range(3))  # up: everyone calls it

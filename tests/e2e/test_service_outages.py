@@ -30,6 +30,7 @@ from common.outages import BROKER
 from tests.e2e.conftest import ROOT, Process, free_port, wait_for
 from tests.e2e.test_fleet_processes import REDIS, needs_redis
 from tests.faults import FaultProxy
+from tests.redis_server import RedisServer, needs_redis_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # about 45 s; the same on either store: one CI pass
 
@@ -281,3 +282,52 @@ def test_redis_cut_keeps_limits_in_the_process(spawn, mock_worker_process) -> No
     assert traffic.statuses and set(traffic.statuses) == {200}, traffic.statuses
     assert _outage_lines(log, "Redis") == (1, 1), log
     assert "Traceback" not in log
+
+
+@needs_redis_server
+def test_redis_restart_gives_two_gateways_one_budget_again(
+    spawn: Callable[..., Process], mock_worker_process: Process
+) -> None:
+    """Two gateway processes over a Redis of the test's own, killed and started again on its port
+    (empty): once both have seen it back, a tenant's limit is one budget across them again (what each
+    let through during the outage included), not 10 per process."""
+    limit, key = 10, "sk-restart-limited"
+    headers = {"Authorization": f"Bearer {key}"}
+    with RedisServer() as redis_server:
+        flags = ("--worker-urls", mock_worker_process.url, "--tenant-rate-limit", f"limited={limit}",
+                 "--tenant-api-key", f"limited:{key}")
+        gateways = [_gateway(spawn, {"REDIS_URL": redis_server.url()}, *flags) for _ in range(2)]
+        for gateway in gateways:
+            wait_for(lambda: httpx.get(gateway.url + "/readiness").status_code == 200, RECOVERED_WITHIN, "ready",
+                     gateway)
+        with httpx.Client(timeout=30) as client:
+
+            def send(count: int) -> list[httpx.Response]:
+                return [client.post(gateways[index % 2].url + "/v1/chat/completions", json=CHAT, headers=headers)
+                        for index in range(count)]
+
+            before = send(2)  # each gateway now holds a pooled connection Redis will drop
+            redis_server.kill()
+            during = send(4)
+            redis_server.start()
+            for gateway in gateways:
+                wait_for(lambda: _outage_lines(gateway.log(), "Redis")[1] >= 1, RECOVERED_WITHIN, "Redis seen back",
+                         gateway)
+            after = send(2 * limit)
+        logs = [gateway.log() for gateway in gateways]
+
+    assert [r.headers["x-ratelimit-remaining"] for r in before] == ["9", "8"]  # one budget
+    assert [r.status_code for r in during] == [200] * 4  # each counted alone: open, not refused
+    decided = during + after
+    remaining = [int(r.headers["x-ratelimit-remaining"]) for r in after]
+    if len({r.headers["x-ratelimit-reset"] for r in decided}) == 1:  # the outage and after in one minute
+        # Redis came back empty; the 2 + 2 the gateways let through meanwhile are added to it.
+        assert [r.status_code for r in after] == [200] * (limit - 4) + [429] * (limit + 4)
+        assert remaining == [7, 4, 3, 2, 1, 0] + [0] * (limit + 4)
+    else:  # a new minute began on the way: it is counted once, by both
+        last = [int(r.headers["x-ratelimit-remaining"]) for r in after
+                if r.headers["x-ratelimit-reset"] == after[-1].headers["x-ratelimit-reset"]][:limit]
+        assert last == list(range(limit - 1, limit - 1 - len(last), -1))
+    for log in logs:
+        assert _outage_lines(log, "Redis") == (1, 1), log
+        assert "Traceback" not in log

@@ -22,7 +22,9 @@ from inference.admission.rate_limit import (
 )
 from common.config import GatewayConfig
 from inference.dataplane import DataPlane
+from tests.conftest import until
 from tests.faults import FaultProxy
+from tests.redis_server import RedisServer, needs_redis_server
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -145,6 +147,55 @@ async def test_redis_cut_counts_in_the_process_and_recovers(
     assert len(lines) == 2, lines
     assert lines[0].startswith("Redis unavailable (") and "counted in each process alone" in lines[0]
     assert lines[1].startswith("Redis reachable again after")
+
+
+@needs_redis_server
+async def test_two_limiters_share_one_budget_again_within_seconds_of_redis_return(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two limiters standing for two gateway processes (each its own connections and its own count of
+    an outage) over a Redis of the test's own, killed and started again on its port (empty: nothing
+    is saved). While it is gone each counts alone; within seconds of its return they count one budget
+    again, the first command on each limiter's pooled connection (which Redis dropped) included, and
+    what each let through during the outage is part of that minute's budget."""
+    caplog.set_level(logging.WARNING, logger="common.outages")
+    limits = TenantLimits(0, (("acme", "10"), ("probe", "1000000")))
+    with RedisServer() as server:
+        one = RedisRateLimiter(limits, server.url())
+        two = RedisRateLimiter(limits, server.url())
+        try:
+            before = [await limiter.hit("acme") for limiter in (one, two)]  # each holds a pooled connection
+            assert [d.remaining for d in before if d is not None] == [9, 8]  # shared
+            server.kill()
+            during = [await limiter.hit("acme") for limiter in (one, two, one, two)]
+            assert REDIS.down
+            server.start()
+
+            async def counting_in_redis() -> bool:
+                await one.hit("probe")
+                return not REDIS.down
+
+            await until(counting_in_redis, timeout=REDIS.retry_secs + 4.0)
+            after = [await limiter.hit("acme") for limiter in (one, two) * 6]
+        finally:
+            await one.aclose()
+            await two.aclose()
+            REDIS.recovered()  # whatever happened, later tests start with Redis up
+    assert all(d is not None for d in during + after)
+    decided = [d for d in during + after if d is not None]
+    assert [d.remaining for d in decided[:4]] == [9, 9, 8, 8]  # each counted alone, allowed: fail open
+    remaining = [d.remaining for d in decided[4:]]
+    allowed = [d.allowed for d in decided[4:]]
+    if len({d.reset_at for d in decided}) == 1:  # the outage and the return in one minute's window
+        # Redis came back empty: the 2 + 2 of the outage are added to it, then one count for both.
+        assert remaining == [7, 4, 3, 2, 1, 0] + [0] * 6
+        assert allowed == [True] * 6 + [False] * 6
+    else:  # a new minute began on the way: the new window is counted once, by both
+        last = [d for d in decided[4:] if d.reset_at == decided[-1].reset_at]
+        assert [d.remaining for d in last][:10] == list(range(9, 9 - len(last[:10]), -1))
+    lines = [r.getMessage() for r in caplog.records if r.name == "common.outages"]
+    assert len(lines) == 2, lines  # one outage: the dropped pooled connections did not open another
+    assert lines[0].startswith("Redis unavailable (") and lines[1].startswith("Redis reachable again after")
 
 
 def test_a_stored_row_overrides_the_flag_and_the_default_covers_the_rest() -> None:
