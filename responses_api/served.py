@@ -54,11 +54,24 @@ INTERNAL_TOOL_CALL_CAP = 10
 """Gateway-executed tool calls per response, whatever max_tool_calls says (spec 2, Limits)."""
 
 
+def _given(body: dict[str, Any], key: str, default: Any) -> Any:
+    """The request's ``key``, or ``default`` when it is absent or null (null asks for the default)."""
+    value = body.get(key)
+    return default if value is None else value
+
+
+def _text_config(text: dict[str, Any] | None) -> dict[str, Any]:
+    """The request's text settings, the default format (plain text) where it gave none."""
+    return {**(text or {}), "format": _given(text or {}, "format", {"type": "text"})}
+
+
 def response_shell(request: ResponsesRequest, response_id: str, created_at: int, status: str) -> dict[str, Any]:
-    """The response object before any output: the request's settings echoed (spec 2, Response object)."""
+    """The response object before any output: the request's settings echoed (spec 2, Response object),
+    a setting left out or sent as null echoed as its default, so every field the SDK's Response
+    requires non-null has a value; ``user`` appears only when given (the SDK's schema has no null)."""
     body = request.body
     tools = body.get("tools") or []
-    return {
+    shell: dict[str, Any] = {
         "id": response_id,
         "object": "response",
         "created_at": created_at,
@@ -71,20 +84,22 @@ def response_shell(request: ResponsesRequest, response_id: str, created_at: int,
         "max_tool_calls": body.get("max_tool_calls"),
         "model": request.model,
         "output": [],
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "parallel_tool_calls": _given(body, "parallel_tool_calls", True),
         "previous_response_id": request.previous_response_id,
         "reasoning": body.get("reasoning"),
         "store": request.store,
-        "temperature": body.get("temperature", 1.0),
-        "text": body.get("text") or {"format": {"type": "text"}},
-        "tool_choice": body.get("tool_choice", "auto" if tools else "none"),
+        "temperature": _given(body, "temperature", 1.0),
+        "text": _text_config(body.get("text")),
+        "tool_choice": _given(body, "tool_choice", "auto" if tools else "none"),
         "tools": tools,
-        "top_p": body.get("top_p", 1.0),
-        "truncation": body.get("truncation", "disabled"),
+        "top_p": _given(body, "top_p", 1.0),
+        "truncation": _given(body, "truncation", "disabled"),
         "usage": None,
-        "user": body.get("user"),
         "metadata": body.get("metadata") or {},
     }
+    if body.get("user") is not None:
+        shell["user"] = body["user"]
+    return shell
 
 
 def event_bytes(kind: str, sequence: int, fields: dict[str, Any]) -> bytes:
@@ -132,6 +147,9 @@ class ServedResponses(ServedSurface):
         # Per worker kind, its turns and the response's first turn over them (kept for retries).
         self._turns: dict[bool, tuple[ModelTurns, ModelTurn]] = {}
         self._worker: WorkerHandle | None = None  # the worker of the first turn: later turns run there
+        # The worker (or provider) failed the response, as against the request's own fault (a later
+        # turn refused as invalid, a tool-call limit): only the former counts against its breaker.
+        self._worker_failed = False
 
     def _turns_on(self, worker: WorkerHandle) -> tuple[ModelTurns, ModelTurn]:
         """The turns for ``worker``'s kind (the provider's /v1/responses on an external worker, the
@@ -316,10 +334,12 @@ class ServedResponses(ServedSurface):
             error = await self._tool_loop(builder, consume, flush, writer)
         except ProviderFailed as failed:  # the provider's own failed response: its code and message kept
             error = {"code": failed.code, "message": failed.detail}
+            self._worker_failed = True
         except UpstreamFailure as failure:
             if not stream and not builder.output:
                 raise  # nothing produced: the attempts loop may still retry elsewhere
             error = {"code": "stream_error", "message": failure.detail}
+            self._worker_failed = not failure.rejected
         cut = builder.finish is not None and builder.finish.reason == "length" and error is None
         builder.close_items(cut=cut, failed=error is not None)
         response["output"] = builder.output
@@ -338,11 +358,11 @@ class ServedResponses(ServedSurface):
         await self._save(response)  # before the answer: a GET right after it finds the response
         if not stream:
             await writer.whole(200, b"application/json", orjson.dumps(response))
-            return True
+            return not self._worker_failed
         builder.send(kind, response=response)
         await flush()
         await writer.end_stream()
-        return error is None
+        return not self._worker_failed
 
     async def _tool_loop(
         self, builder: OutputBuilder, consume: Any, flush: Any, writer: ResponseWriter
@@ -381,8 +401,13 @@ class ServedResponses(ServedSurface):
                 answer = await turns.prepare([*self.items, *produced]).open(worker, consume)
                 if answer.status != 200:
                     await answer.discard()
+                    self._worker_failed = not 400 <= answer.status < 500  # a provider's 4xx: the request's fault
                     return {"code": "server_error", "message": f"Upstream generation failed: HTTP {answer.status}"}
                 await answer.forward(writer)
             except (UpstreamFailure, GatewayError) as failure:
-                message = failure.detail if isinstance(failure, UpstreamFailure) else failure.message
+                if isinstance(failure, UpstreamFailure):
+                    message = failure.detail
+                    self._worker_failed = not failure.rejected
+                else:  # the gateway's own answer (a prompt refused before dispatch, ...): not the worker's
+                    message = failure.message
                 return {"code": "server_error", "message": f"Upstream generation failed: {message}"}

@@ -25,7 +25,9 @@ from inference.routing.breaker import BreakerState
 from inference.routing.registry import REGISTRY
 from inference.routing.workers import WorkerHandle
 from standins.grpc_engine import GrpcEngineConfig, GrpcEngineServer
+from tests.inference.mcp.servers import serving
 from tests.inference.served.conftest import QWEN, QWEN_MODEL, EngineGateway, Start, engine_record
+from tests.responses_api.test_responses_on_grpc import LOOPBACK, PARSERS, mcp_tool, sse_events, weather_server
 
 # A chat template that renders no text at all: every chat-shaped prompt then has no token.
 SILENT_TEMPLATE = "{% for message in messages %}{% endfor %}"
@@ -197,3 +199,28 @@ async def test_a_thousand_bad_requests_from_one_tenant_leave_the_model_serving_t
     )  # fmt: skip
     assert good.status_code == 200, good.text
     assert good.json()["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("refused_by", ["gateway", "engine"])
+async def test_a_later_responses_turn_refused_as_invalid_is_not_the_workers_failure(
+    start_engine_gateway: Start, refused_by: str, stream: bool
+) -> None:
+    """A Responses turn after an MCP call whose prompt no longer fits (the tool's long answer) fails
+    the response; refused by the gateway's context check or by the engine itself, it is the request's
+    fault: the breaker (here opened by one failure) stays closed."""
+    body: dict[str, Any] = {"model": QWEN_MODEL, "input": "[[mock:tool_call]] weather?", "reasoning": {"effort": "none"}}
+    with serving(weather_server("rain " * 200 + "[[mock:text]]")) as url:
+        body["tools"] = [mcp_tool(url)]
+        probe = await start_engine_gateway(**PARSERS, gateway=LOOPBACK)  # how long each turn's prompt is
+        assert (await probe.http.post("/v1/responses", json=body)).json()["status"] == "completed"
+        first, second = (len(r.input_ids) for r in probe.engine.state.requests)
+        limit = {"context_length" if refused_by == "gateway" else "max_context_length": (first + second) // 2}
+        gw = await start_engine_gateway(**PARSERS, **limit, gateway={**LOOPBACK, "cb_failure_threshold": 1})
+        response = await gw.http.post("/v1/responses", json={**body, "stream": stream})
+    assert response.status_code == 200
+    events = sse_events(response.content) if stream else [{"response": response.json()}]
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and [item["type"] for item in failed["output"]][:2] == ["mcp_list_tools", "mcp_call"]
+    assert ("context length" if refused_by == "gateway" else "INVALID_ARGUMENT") in failed["error"]["message"]
+    assert_worker_untouched(gw)
