@@ -7,7 +7,8 @@ of selection.
 
 What counts: a connection failure or timeout, and a response whose status is in the worker's
 retryable_status_codes but not in its capacity_status_codes. Client 4xx (other than those listed)
-and capacity answers never count.
+and capacity answers never count, nor does an engine's refusal of the request as invalid
+(INVALID_ARGUMENT, OUT_OF_RANGE: the client's error, recorded as an answer; D48).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 A request is retried only while its body is replayable (at most --max-buffered-request-bytes) and
 before any byte went to the client: after a connection failure or timeout, a worker that broke off
-before answering, or one of the retryable statuses below. Backoff grows from
+before answering, or one of the retryable statuses below. A request the worker refused as invalid
+(a 4xx, an engine's INVALID_ARGUMENT or OUT_OF_RANGE) is not: any worker would refuse it (D48). Backoff grows from
 --retry-initial-backoff-ms by --retry-backoff-multiplier up to --retry-max-backoff-ms, with
 --retry-jitter-factor of randomness. A worker's retryable_status_codes decide what its breaker
 counts, not what is retried.
