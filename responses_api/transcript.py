@@ -92,9 +92,8 @@ def _turn(body: Mapping[str, Any]) -> tuple[str, str, str]:
             text = "(encrypted)"
         return "reasoning", "reasoning", text
     if kind == "function_call":
-        return "tool-call", f"tool call {_string(body.get('name'))} ({_string(body.get('call_id'))})", _arguments(
-            body.get("arguments")
-        )
+        heading = f"tool call {_string(body.get('name'))} ({_string(body.get('call_id'))})"
+        return "tool-call", heading, _arguments(body.get("arguments"))
     if kind == "function_call_output":
         return "tool-result", f"tool result ({_string(body.get('call_id'))})", _text(body.get("output"))
     if kind == "mcp_call":
@@ -106,7 +105,8 @@ def _turn(body: Mapping[str, Any]) -> tuple[str, str, str]:
         return "tool-call", f"MCP call {name}", text
     if kind == "mcp_list_tools":
         tools = body.get("tools")
-        names = [_string(tool.get("name")) for tool in tools if isinstance(tool, Mapping)] if isinstance(tools, list) else []
+        listed: list[Any] = tools if isinstance(tools, list) else []
+        names = [_string(tool.get("name")) for tool in listed if isinstance(tool, Mapping)]
         return "other", f"MCP tools of {_string(body.get('server_label'))}", ", ".join(names)
     return "other", kind, ""
 

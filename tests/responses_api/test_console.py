@@ -14,6 +14,7 @@ from django.test import Client
 
 from responses_api.models import Conversation, ConversationItem, Item, ResponseItem, StoredResponse
 from responses_api.storage.db import DatabaseHistoryStore
+from responses_api.transcript import transcript
 from tests.responses_api.test_storage import message, response_object
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -203,3 +204,27 @@ def test_hostile_or_malformed_stored_content_is_escaped_and_still_shown(admin_cl
     assert '<script>alert("x")</script>' not in page and "<img src=x" not in page
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;" in page
     assert "tool call &lt;script&gt;" in page and "gw-turn-other" in page  # the odd role, shown plainly
+
+
+def test_mcp_items_and_unknown_types_read_as_turns() -> None:
+    def item(body: Any, item_type: str = "") -> Item:
+        kind = item_type or body["type"]
+        return Item(scope="tenant:acme", item_id=f"{kind}_1", type=kind, body=body)
+
+    turns = transcript([
+        ("output", item({"type": "mcp_list_tools", "server_label": "docs", "tools": [{"name": "search"}, "odd"]})),
+        ("output", item({"type": "mcp_call", "server_label": "docs", "name": "search", "arguments": '{"q": "x"}',
+                         "output": "found it"})),
+        ("output", item({"type": "mcp_call", "server_label": "docs", "name": "search", "arguments": "not json",
+                         "error": {"message": "boom"}})),
+        ("output", item({"type": "image_generation_call", "result": "..."})),
+        ("input", item(["a", "list"], "message")),
+    ])
+    assert [(t.css, t.heading) for t in turns] == [
+        ("other", "MCP tools of docs"), ("tool-call", "MCP call docs.search"), ("tool-call", "MCP call docs.search"),
+        ("other", "image_generation_call"), ("other", "message"),
+    ]
+    assert turns[0].text == "search"
+    assert turns[1].text == '{\n  "q": "x"\n}\n\n→ found it'
+    assert turns[2].text.startswith("not json\n\n→ {") and "boom" in turns[2].text
+    assert turns[4].text == "a\n\nlist" and turns[4].label == "message · message_1"
