@@ -109,6 +109,8 @@ def _check_flags(body: Mapping[str, Any]) -> None:
             raise invalid_request(f"{key} must be a string", key)
     if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
         raise invalid_request("stream_options must be an object", "stream_options")
+    if body.get("truncation") not in (None, "auto", "disabled"):  # echoed in the response object
+        raise invalid_request("truncation must be auto or disabled", "truncation")
 
 
 def _check_metadata(metadata: Any) -> None:
