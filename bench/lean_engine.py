@@ -9,7 +9,8 @@ engine milliseconds per long prompt and would make the engine, not the gateway, 
 - the simulated prefix cache (a token-by-token compare against 64 earlier prompts; ``cached_tokens``
   is 0);
 - decoding the prompt ids back to text for the request record (the record keeps an empty text, so
-  the ``[[mock:KIND]]`` markers are not seen: every reply is the default one);
+  the ``[[mock:KIND]]`` markers and the thinking state are not seen in a prompt longer than 64
+  tokens: its reply is the default one, without reasoning);
 - the id range check, done with ``max`` instead of a generator over every id;
 - the copy of each request as a dict for the record (``MessageToDict`` over every prompt id).
 """

@@ -15,9 +15,16 @@ What it does, as the engines' own servicers do:
   vocabulary, or a prompt at or past the context length, fail with INVALID_ARGUMENT.
 - It answers with a scripted reply, tokenized with the same tokenizer and ended by the model's EOS
   token (``matched_token_id``, finish ``stop``): plain text; a tool call in the model family's
-  format (Qwen ``<tool_call>{...}</tool_call>``, Llama 3 JSON); or ``<think>`` reasoning then an
-  answer. The reply is the config's, or chosen per request by a marker in the prompt:
-  ``[[mock:tool_call]]``, ``[[mock:reasoning]]``, ``[[mock:text]]``.
+  format (Qwen ``<tool_call>{...}</tool_call>``, Llama 3 JSON, Mistral ``[TOOL_CALLS]``, DeepSeek's
+  own tokens); or ``<think>`` reasoning then an answer. The reply is the config's, or chosen per
+  request by a marker in the prompt: ``[[mock:tool_call]]``, ``[[mock:reasoning]]``,
+  ``[[mock:text]]``.
+- It answers as a thinking model does, read from the decoded prompt's tail (:class:`Thinking`): after
+  a thinking model's open assistant turn (Qwen3 with thinking on, DeepSeek R1) it writes
+  ``<think>`` reasoning ``</think>`` then the reply (text or tool call); after a block the template
+  opened, the reasoning and ``</think>`` then the reply; after one the template closed (thinking
+  off), the reply alone. Anything else (a raw completion prompt, a model that does not think) gets
+  the reply alone, with a ``<think>`` block only for ``[[mock:reasoning]]``.
 - Streaming: chunks of ``chunk_tokens`` new tokens (optional delay before each), then one
   ``complete`` per choice whose ``output_ids`` repeat the last chunk's tokens (TensorRT-LLM's: the
   whole choice). SGLang's, TokenSpeed's and TensorRT-LLM's counts are cumulative, vLLM's and MLX's
@@ -58,6 +65,7 @@ from standins.scripted_engine import (
     GrpcEngineState,
     ScriptedEngine,
     ServedRequest,
+    Thinking,
     embedding_for,
 )
 
@@ -73,6 +81,7 @@ __all__ = [
     "GrpcEngineServer",
     "GrpcEngineState",
     "ServedRequest",
+    "Thinking",
     "embedding_for",
     "run_grpc_engine",
 ]

@@ -17,6 +17,7 @@ import time
 import zipfile
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,15 @@ from tokenizers import Tokenizer
 from protos import common_pb2
 
 __all__ = [
+    "DEFAULT_TEXT",
     "EMBEDDING_DIM",
     "MOCK_ENGINE_VERSION",
+    "REASONING",
     "REPLIES",
     "RUNTIMES",
     "TOOL_CALL",
+    "TOOL_REASONING",
+    "Thinking",
     "AbortRecord",
     "EmbedRecord",
     "GrpcEngineConfig",
@@ -54,11 +59,32 @@ REQUEST_LOG_SIZE = 1000
 EMBEDDING_DIM = 8
 _PREFIX_CACHE_SIZE = 64
 _EOS_CANDIDATES = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<|endoftext|>", "<｜end▁of▁sentence｜>")
-_ARCHITECTURES = {"qwen": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+_ARCHITECTURES = {
+    "qwen": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+    "deepseek": "DeepseekV3ForCausalLM",
+}  # fmt: skip
+# The family by a special token only its vocabulary has (the first that matches).
+_FAMILY_TOKENS = (("<tool_call>", "qwen"), ("<|python_tag|>", "llama"), ("[TOOL_CALLS]", "mistral"),
+                  ("<｜tool▁calls▁begin｜>", "deepseek"))  # fmt: skip
+THINK_START, THINK_END = "<think>", "</think>"
+# How an assistant turn the template opened for generation ends, in the families that think: a
+# thinking model writes its own <think> right after it (Qwen3 with thinking on, DeepSeek R1).
+_ASSISTANT_TURNS = ("<|im_start|>assistant\n", "<｜Assistant｜>")
 
 DEFAULT_TEXT = "Hello! I am a stand-in engine. How can I help you today?"
 TOOL_CALL = {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
 REASONING = "The user wants a short answer; a friendly greeting is enough."
+TOOL_REASONING = "The user asks about the weather in Paris; get_weather can tell."
+
+
+class Thinking(StrEnum):
+    """Where the rendered prompt leaves the model's reasoning block, read from its tail the way a
+    thinking model's generation continues it (:meth:`ScriptedModel.thinking_of`)."""
+
+    NONE = "none"  # not a thinking model's open assistant turn: a block only for [[mock:reasoning]]
+    MODEL = "model"  # a thinking model's turn is open: it writes <think>, reasons, closes, answers
+    OPENED = "opened"  # the template opened the block (R1-Distill, V3.1 thinking): reason, </think>, answer
+    CLOSED = "closed"  # the template closed an empty block (Qwen3 or V3.1, thinking off): the answer only
 
 
 @dataclass(frozen=True)
@@ -98,6 +124,7 @@ class ServedRequest:
     stream: bool
     n: int
     reply: str
+    thinking: Thinking = Thinking.NONE  # how the prompt left the reasoning block
     outputs: dict[int, list[int]] = field(default_factory=dict)  # choice index → token ids sent
     finish_reasons: dict[int, str] = field(default_factory=dict)
     cancelled: bool = False  # the client cancelled the RPC before it ended
@@ -197,9 +224,10 @@ class ScriptedModel:
         self.bos_token_id = self._special_id(settings.get("bos_token"), ())
         self.pad_token_id = self._special_id(settings.get("pad_token"), ())
         vocab = self.tokenizer.get_vocab(with_added_tokens=True)
-        self.family = "qwen" if "<tool_call>" in vocab else "llama" if "<|python_tag|>" in vocab else "other"
+        self.family = next((family for token, family in _FAMILY_TOKENS if token in vocab), "other")
         self.architecture = _ARCHITECTURES.get(self.family, "MockForCausalLM")
-        self._replies = {kind: self.encode(self.reply_text(kind)) for kind in REPLIES}
+        self.thinks = THINK_START in vocab and THINK_END in vocab  # Qwen3, DeepSeek R1
+        self._replies: dict[tuple[str, Thinking], tuple[int, ...]] = {}
 
     def _tokenizer_config(self) -> dict[str, Any]:
         path = self.config.tokenizer_file.with_name("tokenizer_config.json")
@@ -224,16 +252,54 @@ class ScriptedModel:
     def decode(self, ids: list[int] | tuple[int, ...]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
-    def reply_text(self, kind: str) -> str:
-        text = self.config.text
-        if kind == "reasoning":
-            return f"<think>\n{REASONING}\n</think>\n\n{text}"
-        if kind == "tool_call":
-            if self.family == "llama":
-                call = {"name": TOOL_CALL["name"], "parameters": TOOL_CALL["arguments"]}
-                return json.dumps(call)
-            return f"<tool_call>\n{json.dumps(TOOL_CALL)}\n</tool_call>"
-        return text
+    def thinking_of(self, prompt_text: str) -> Thinking:
+        """How the prompt leaves the reasoning block: closed or opened by the template at its end,
+        else open for a thinking model's own block when it ends with an assistant turn."""
+        tail = prompt_text.rstrip()
+        if tail.endswith(THINK_END):
+            return Thinking.CLOSED
+        if tail.endswith(THINK_START):
+            return Thinking.OPENED
+        if self.thinks and prompt_text.endswith(_ASSISTANT_TURNS):
+            return Thinking.MODEL
+        return Thinking.NONE
+
+    def reply_text(self, kind: str, thinking: Thinking = Thinking.NONE) -> str:
+        """The reply of ``kind`` as the model writes it after a prompt that leaves the reasoning
+        block as ``thinking`` says: a thinking model reasons first (then answers text or a tool
+        call), a closed block leaves just the answer, and [[mock:reasoning]] makes a model that
+        does not think write a block anyway."""
+        answer = self._tool_call_text() if kind == "tool_call" else self.config.text
+        reasoning = TOOL_REASONING if kind == "tool_call" else REASONING
+        if thinking is Thinking.CLOSED:
+            return answer
+        if thinking is Thinking.OPENED:
+            return f"{reasoning}\n{THINK_END}\n\n{answer}"
+        if thinking is Thinking.MODEL or kind == "reasoning":
+            return f"{THINK_START}\n{reasoning}\n{THINK_END}\n\n{answer}"
+        return answer
+
+    def _tool_call_text(self) -> str:
+        """:data:`TOOL_CALL` in the family's own format."""
+        name, arguments = TOOL_CALL["name"], TOOL_CALL["arguments"]
+        if self.family == "llama":
+            return json.dumps({"name": name, "parameters": arguments})
+        if self.family == "mistral":
+            return f"[TOOL_CALLS] {json.dumps([TOOL_CALL])}"
+        if self.family == "deepseek":
+            return (
+                f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n"
+                f"{json.dumps(arguments)}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+            )
+        return f"<tool_call>\n{json.dumps(TOOL_CALL)}\n</tool_call>"
+
+    def reply_ids(self, kind: str, thinking: Thinking) -> tuple[int, ...]:
+        """:meth:`reply_text` as token ids (each reply encoded once)."""
+        key = (kind, thinking)
+        ids = self._replies.get(key)
+        if ids is None:
+            ids = self._replies[key] = self.encode(self.reply_text(kind, thinking))
+        return ids
 
     def reply_for(self, prompt_text: str) -> str:
         for kind in REPLIES:
@@ -241,14 +307,15 @@ class ScriptedModel:
                 return kind
         return self.config.reply
 
-    def choice(self, kind: str, sampling: Sampling) -> ScriptedChoice:
-        script = list(self._replies[kind])
+    def choice(self, kind: str, thinking: Thinking, sampling: Sampling) -> ScriptedChoice:
+        reply = self.reply_ids(kind, thinking)
+        script = list(reply)
         if not sampling.ignore_eos and self.eos_token_id is not None:
             script.append(self.eos_token_id)
         limit = sampling.max_new_tokens
         if sampling.ignore_eos and limit is not None:
             while len(script) < limit:  # keep going past the end of the reply
-                script.extend(self._replies[kind] or (0,))
+                script.extend(reply or (0,))
         tokens: list[int] = []
         for token in script:
             if limit is not None and len(tokens) >= limit:
@@ -300,6 +367,7 @@ class ScriptedEngine:
         await self.check_prompt(ids, context)
         prompt_text = self.model.decode(ids)
         kind = self.model.reply_for(prompt_text)
+        thinking = self.model.thinking_of(prompt_text)
         served = ServedRequest(
             request_id=request_id,
             input_ids=ids,
@@ -309,12 +377,13 @@ class ScriptedEngine:
             stream=sampling.stream,
             n=sampling.n,
             reply=kind,
+            thinking=thinking,
         )
         self.state.requests.append(served)
         del self.state.requests[:-REQUEST_LOG_SIZE]
         aborted = asyncio.Event()
         self.state.running[request_id] = aborted
-        choices = [self.model.choice(kind, sampling) for _ in range(sampling.n)]
+        choices = [self.model.choice(kind, thinking, sampling) for _ in range(sampling.n)]
         for index in range(sampling.n):
             served.outputs[index] = []
         try:

@@ -97,7 +97,8 @@ async def test_stream_events_in_order(start_engine_gateway: Start) -> None:
 
 async def test_max_output_tokens_is_incomplete(start_engine_gateway: Start) -> None:
     gw = await start_engine_gateway()
-    body = {"model": QWEN_MODEL, "input": "hi", "max_output_tokens": 16, "stream": True}
+    # Thinking off: the cut falls in the message (with thinking on it falls in the reasoning).
+    body = {"model": QWEN_MODEL, "input": "hi", "max_output_tokens": 16, "stream": True, "reasoning": {"effort": "none"}}
     events = sse_events((await gw.http.post("/v1/responses", json=body)).content)
     assert events[-1]["type"] == "response.incomplete"
     assert events[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
@@ -270,8 +271,9 @@ async def test_a_conversation_collects_the_items(start_engine_gateway: Start, ba
     gw = await start_engine_gateway(gateway={"history_backend": backend})
     sdk = gw.sdk()
     conversation = await sdk.conversations.create()
-    await sdk.responses.create(model=QWEN_MODEL, input="first", conversation=conversation.id)
-    await sdk.responses.create(model=QWEN_MODEL, input="second", conversation=conversation.id)
+    # Thinking off: each turn is one message each way (with thinking on a reasoning item comes first).
+    await sdk.responses.create(model=QWEN_MODEL, input="first", conversation=conversation.id, reasoning={"effort": "none"})
+    await sdk.responses.create(model=QWEN_MODEL, input="second", conversation=conversation.id, reasoning={"effort": "none"})
     prompt = gw.engine.state.requests[-1].prompt_text
     assert prompt.index("first") < prompt.index("second")
     items = await sdk.conversations.items.list(conversation.id, order="asc")

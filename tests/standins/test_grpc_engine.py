@@ -21,11 +21,17 @@ from protos import sglang_scheduler_pb2 as sg
 from protos import sglang_scheduler_pb2_grpc as sg_rpc
 from protos import vllm_engine_pb2 as vl
 from protos import vllm_engine_pb2_grpc as vl_rpc
-from standins.grpc_engine import TOOL_CALL, GrpcEngineConfig, GrpcEngineServer
+from inference.pipeline.reasoning import REASONING_PARSERS
+from inference.pipeline.tools import TOOL_PARSERS
+from standins.grpc_engine import TOOL_CALL, GrpcEngineConfig, GrpcEngineServer, Thinking
 from standins.fixtures import FIXTURE_MODELS as FIXTURES
+from standins.scripted_engine import DEFAULT_TEXT, REASONING, TOOL_REASONING, ScriptedModel
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN, LLAMA = str(FIXTURES / "qwen3"), str(FIXTURES / "llama3")
+MISTRAL, DEEPSEEK = str(FIXTURES / "mistral"), str(FIXTURES / "deepseek-r1")
+QWEN_TURN = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"  # Qwen3's template, thinking on
+DEEPSEEK_TURN = "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜>"  # DeepSeek R1's template
 
 
 async def _server(runtime: str, tokenizer: str = QWEN, **options: Any) -> GrpcEngineServer:
@@ -69,7 +75,7 @@ async def test_sglang_stream_shape(sglang: GrpcEngineServer) -> None:
     assert {r.request_id for r in responses} == {"r1"}
     chunks = [r.chunk for r in responses[:-1]]
     streamed = [t for c in chunks for t in c.token_ids]
-    assert streamed == [*model.encode(model.reply_text("text")), 151645]
+    assert streamed == [*model.encode(model.reply_text("text", Thinking.MODEL)), 151645]
     assert [c.completion_tokens for c in chunks] == [sum(len(x.token_ids) for x in chunks[: i + 1]) for i in range(len(chunks))]
     complete = responses[-1].complete
     assert list(complete.output_ids) == list(chunks[-1].token_ids)  # the last batch again
@@ -93,7 +99,8 @@ async def test_vllm_stream_shape_counts_per_chunk(vllm: GrpcEngineServer) -> Non
 
 async def test_prompt_marker_picks_a_qwen_tool_call_and_the_prompt_is_recorded(sglang: GrpcEngineServer) -> None:
     model = sglang.engine.model
-    text = "<|im_start|>user\nWeather? [[mock:tool_call]]<|im_end|>\n<|im_start|>assistant\n"
+    # Thinking off (the template closed an empty block): the answer is the call alone.
+    text = "<|im_start|>user\nWeather? [[mock:tool_call]]<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     request = sg.GenerateRequest(
         request_id="t1",
         tokenized=sg.TokenizedInput(input_ids=model.encode(text), original_text="something else"),
@@ -108,8 +115,67 @@ async def test_prompt_marker_picks_a_qwen_tool_call_and_the_prompt_is_recorded(s
     assert decoded.startswith("<tool_call>\n") and decoded.endswith("\n</tool_call>")
     assert json.loads(decoded[len("<tool_call>\n") : -len("\n</tool_call>")]) == TOOL_CALL
     served = sglang.state.request("t1")
-    assert served.reply == "tool_call" and served.prompt_text == text
+    assert served.reply == "tool_call" and served.prompt_text == text and served.thinking is Thinking.CLOSED
     assert not served.prompt_matches  # the ids do not decode to the text the client claimed
+
+
+async def test_with_thinking_on_a_qwen_tool_call_follows_closed_reasoning(sglang: GrpcEngineServer) -> None:
+    model = sglang.engine.model
+    text = "<|im_start|>user\nWeather? [[mock:tool_call]]<|im_end|>\n<|im_start|>assistant\n"
+    request = sg.GenerateRequest(request_id="t2", tokenized=sg.TokenizedInput(input_ids=model.encode(text)))
+    async with grpc.aio.insecure_channel(_target(sglang)) as channel:
+        [response] = [r async for r in sg_rpc.SglangSchedulerStub(channel).Generate(request)]
+    output = list(response.complete.output_ids)
+    assert output[0] == 151667 and output[-1] == 151645  # <think> ... <|im_end|>
+    assert model.decode(output[:-1]) == (
+        f"<think>\n{TOOL_REASONING}\n</think>\n\n<tool_call>\n{json.dumps(TOOL_CALL)}\n</tool_call>"
+    )
+    assert sglang.state.request("t2").thinking is Thinking.MODEL
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "prompt", "thinking", "parsers"),
+    [
+        pytest.param(QWEN, QWEN_TURN, Thinking.MODEL, ("qwen3", "qwen"), id="qwen3-thinking-on"),
+        pytest.param(QWEN, QWEN_TURN + "<think>\n\n</think>\n\n", Thinking.CLOSED, ("qwen3", "qwen"), id="qwen3-thinking-off"),
+        # A raw completion prompt (no reasoning parsing there): the model just continues.
+        pytest.param(QWEN, "Once upon a time", Thinking.NONE, (None, "qwen"), id="qwen3-raw-prompt"),
+        pytest.param(
+            LLAMA, "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+            Thinking.NONE, (None, "llama"), id="llama3",
+        ),
+        pytest.param(MISTRAL, "<s>[INST] Hi[/INST]", Thinking.NONE, (None, "mistral"), id="mistral"),
+        pytest.param(DEEPSEEK, DEEPSEEK_TURN, Thinking.MODEL, ("deepseek_r1", "deepseek"), id="deepseek-r1"),
+        pytest.param(DEEPSEEK, DEEPSEEK_TURN + "<think>\n", Thinking.OPENED, ("deepseek_r1", "deepseek"), id="r1-distill"),
+        pytest.param(DEEPSEEK, DEEPSEEK_TURN + "</think>", Thinking.CLOSED, ("deepseek_v3", "deepseek"), id="v3.1-no-thinking"),
+    ],
+)  # fmt: skip
+def test_each_family_answers_as_its_model_and_the_gateway_parsers_read_it(
+    tokenizer: str, prompt: str, thinking: Thinking, parsers: tuple[str | None, str]
+) -> None:
+    """A reply decoded with special tokens kept, read by the family's own parsers after that
+    prompt: a thinking model's reasoning, then its text or its call in the family's format."""
+    model = ScriptedModel(GrpcEngineConfig(runtime="sglang", tokenizer=tokenizer))
+    assert model.thinking_of(prompt) is thinking
+    reasoning_name, tool_name = parsers
+    thinks = thinking in (Thinking.MODEL, Thinking.OPENED)
+    for kind, reasoning, answer in (("text", REASONING, DEFAULT_TEXT), ("tool_call", TOOL_REASONING, "")):
+        output = model.decode(model.reply_ids(kind, thinking))
+        if reasoning_name is not None:
+            parsed = REASONING_PARSERS.get(reasoning_name).for_prompt(prompt)
+            events = [*parsed.feed(output), *parsed.finish()]
+            said = "".join(e.text for e in events if type(e).__name__ == "ReasoningDelta")
+            output = "".join(e.text for e in events if type(e).__name__ == "TextDelta")
+            assert said == (reasoning if thinks else "")
+        else:
+            assert "<think>" not in output
+        tools = TOOL_PARSERS.get(tool_name).parse(output)
+        assert tools.content.strip() == answer
+        if kind == "tool_call":
+            (call,) = tools.tool_calls
+            assert (call.name, json.loads(call.arguments)) == (TOOL_CALL["name"], TOOL_CALL["arguments"])
+        else:
+            assert tools.tool_calls == ()
 
 
 async def test_llama_tool_call_and_reasoning_replies() -> None:

@@ -24,7 +24,7 @@ from protos import trtllm_service_pb2 as tr
 from protos import trtllm_service_pb2_grpc as tr_rpc
 from protos import vllm_engine_pb2 as vl
 from protos import vllm_engine_pb2_grpc as vl_rpc
-from standins.grpc_engine import EMBEDDING_DIM, RUNTIMES, GrpcEngineConfig, GrpcEngineServer, embedding_for
+from standins.grpc_engine import EMBEDDING_DIM, RUNTIMES, GrpcEngineConfig, GrpcEngineServer, Thinking, embedding_for
 from standins.grpc_services import SERVICES
 from standins.management.commands import runmockworker
 from standins.fixtures import FIXTURE_MODELS as FIXTURES
@@ -74,7 +74,7 @@ async def test_trtllm_stream_shape(channel_to: Any) -> None:
     )
     responses = [r async for r in tr_rpc.TrtllmServiceStub(channel).Generate(request)]
     assert {r.request_id for r in responses} == {"t1"}
-    reply = [*model.encode(model.reply_text("text")), 151645]
+    reply = [*model.encode(model.reply_text("text", Thinking.MODEL)), 151645]
     for index in (0, 1):
         chunks = [r.chunk for r in responses if r.WhichOneof("response") == "chunk" and r.chunk.sequence_index == index]
         streamed = [t for c in chunks for t in c.token_ids]

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from gateway_project.asgi import application
+from inference.pipeline.parsers import choose_parsers
 from inference.pipeline.tokenizer_registry import TOKENIZERS
 from inference.routing.workers import EngineSpec, WorkerRecord
 from standins.grpc_engine import GrpcEngineConfig, GrpcEngineServer
@@ -43,7 +44,10 @@ Start = Callable[..., Awaitable[EngineGateway]]
 
 
 def engine_record(engine: GrpcEngineServer, model: str, tokenizer: str, **spec: object) -> WorkerRecord:
-    facts = {"tokenizer": tokenizer, **spec}
+    """The record registration would give the engine: its tokenizer, and the parsers of the model's
+    family (Qwen3's qwen and qwen3 for the default model) unless the test names others."""
+    family = choose_parsers(model)
+    facts = {"tokenizer": tokenizer, "tool_parser": family.tool_parser, "reasoning_parser": family.reasoning_parser, **spec}
     return WorkerRecord(
         id=str(uuid.uuid4()), url=engine.url, model_id=model, runtime_type=engine.config.runtime, status="ready",  # type: ignore[arg-type]
         engine=EngineSpec(**facts),  # type: ignore[arg-type]

@@ -30,8 +30,8 @@ WEATHER_TOOL = {
     },
 }
 PARSERS = {"tool_parser": "qwen", "reasoning_parser": "qwen3"}
-# Qwen3 opens <think> itself when thinking is on (its parser reads an unopened reply as reasoning);
-# the stand-in's scripted tool call has no reasoning block, as Qwen3 answers with thinking off.
+# Thinking off: the answer is the call or text alone (with thinking on the stand-in reasons first, as
+# Qwen3 does; tests/inference/served/test_thinking.py covers both modes).
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
@@ -244,8 +244,9 @@ async def test_max_tokens_ends_with_length(start_engine_gateway: Start) -> None:
 
 async def test_logprobs(start_engine_gateway: Start) -> None:
     gw = await start_engine_gateway()
-    answer = await gw.sdk().chat.completions.create(
-        model=QWEN_MODEL, messages=user("hi"), logprobs=True, top_logprobs=2, max_completion_tokens=4
+    answer = await gw.sdk().chat.completions.create(  # thinking off: the 4 tokens are all content
+        model=QWEN_MODEL, messages=user("hi"), logprobs=True, top_logprobs=2, max_completion_tokens=4,
+        extra_body=NO_THINKING,
     )
     logprobs = answer.choices[0].logprobs
     assert logprobs is not None and logprobs.content is not None and len(logprobs.content) == 4

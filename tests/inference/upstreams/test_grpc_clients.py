@@ -23,7 +23,7 @@ from inference.upstreams.engine import (
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.grpc import SglangClient, VllmClient, WorkerChannel, connect, detect_runtime
 from inference.upstreams.grpc.client import GrpcEngineClient
-from standins.grpc_engine import GrpcEngineConfig, GrpcEngineServer
+from standins.grpc_engine import GrpcEngineConfig, GrpcEngineServer, Thinking
 from tests.conftest import free_port, until
 from standins.fixtures import FIXTURE_MODELS as FIXTURES
 
@@ -69,7 +69,7 @@ async def _collect(client: GrpcEngineClient[object], request: EngineRequest) -> 
 def _reply(server: GrpcEngineServer) -> list[int]:
     model = server.engine.model
     assert model.eos_token_id is not None
-    return [*model.encode(model.reply_text("text")), model.eos_token_id]
+    return [*model.encode(model.reply_text("text", Thinking.MODEL)), model.eos_token_id]
 
 
 async def test_generate_streams_the_scripted_tokens_with_finish_and_usage(

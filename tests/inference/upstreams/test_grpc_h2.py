@@ -16,7 +16,7 @@ from inference.upstreams.failures import UpstreamFailure
 from inference.upstreams.grpc import SglangClient, VllmClient
 from inference.upstreams.grpc.client import GrpcEngineClient
 from inference.upstreams.grpc.h2 import H2Channel
-from standins.grpc_engine import GrpcEngineConfig, GrpcEngineServer
+from standins.grpc_engine import GrpcEngineConfig, GrpcEngineServer, Thinking
 from standins.fixtures import FIXTURE_MODELS as FIXTURES
 
 QWEN = str(FIXTURES / "qwen3")
@@ -56,7 +56,7 @@ async def test_both_readers_give_the_same_tokens(reader: str, runtime: str) -> N
         assert (client.channel.native is not None) is (reader == "native")
         outputs = await collect(client, request(server))
         model = server.engine.model
-        assert [t for o in outputs for t in o.token_ids] == [*model.encode(model.reply_text("text")), model.eos_token_id]
+        assert [t for o in outputs for t in o.token_ids] == [*model.encode(model.reply_text("text", Thinking.MODEL)), model.eos_token_id]
         assert outputs[-1].finished and outputs[-1].completion_tokens == sum(len(o.token_ids) for o in outputs)
         big = await collect(client, request(server, "big", stream=False, ignore_eos=True, max_new_tokens=6000, logprobs=True))
         assert sum(len(o.token_ids) for o in big) == 6000 and len(big[-1].logprobs or ()) == 6000  # > one 16 KiB frame
