@@ -45,6 +45,7 @@ from inference.dataplane import data_plane
 from inference.pipeline.tokenizer_registry import TOKENIZERS, TokenizerEntry
 from inference.routing.registry import REGISTRY, RegistrySnapshot
 from inference.routing.workers import RuntimeType, Transport, WorkerRecord, transport_of
+from inference.served.base import tokenizer_ready
 
 __all__ = [
     "RegistrySync", "FleetState", "WorkerState", "load_fleet_state", "load_worker_states", "fleet_aliases",
@@ -68,6 +69,15 @@ BEHIND_SECS = CHANGE_RETENTION.total_seconds() / 2  # no read of the log for thi
 # health checks and the load monitor use the process's engine clients (their gRPC channels belong
 # to it). None before the sync starts and after it stops.
 _serving_loop: asyncio.AbstractEventLoop | None = None
+
+
+def load_tokenizers_of(records: Iterable[WorkerRecord]) -> None:
+    """Start loading the tokenizers of these workers that are ready and served by the gateway (not
+    loaded or loading yet), in every process: a request, or a /readiness any process may answer,
+    then finds them loaded instead of starting the load itself."""
+    for record in records:
+        if record.status == WorkerStatus.READY:
+            tokenizer_ready(record)
 
 
 def on_serving_loop() -> bool:
@@ -303,6 +313,7 @@ class RegistrySync:
         data_plane().install_tenant_limits(state.tenant_limits)
         data_plane().engines.retain(self._states)
         TOKENIZERS.publish(state.tokenizers)
+        load_tokenizers_of(state.records)
         if self.leading:
             self.health.reconcile(state.health)
             self.loads.reconcile(state.loads)
@@ -351,6 +362,7 @@ class RegistrySync:
             fleet_aliases(self.config, self._states.values()),
         )
         data_plane().engines.retain(self._states)
+        load_tokenizers_of(found[worker_id].record for worker_id in worker_ids if worker_id in found)
         if self.leading:
             for worker_id in worker_ids:
                 state = found.get(worker_id)
@@ -370,7 +382,9 @@ class RegistrySync:
     async def _status_changed(self, worker_id: str, status: WorkerStatus) -> None:
         """A health check here moved a worker: route by it at once; the change it recorded in the
         store brings the rest (its load target) with the next read of the log."""
-        REGISTRY.publish_status(worker_id, status)
+        snapshot = REGISTRY.publish_status(worker_id, status)
+        if snapshot is not None:
+            load_tokenizers_of(handle.record for handle in snapshot.routable if handle.id == worker_id)
         self._schedule_sync()
 
     def notify(self) -> None:

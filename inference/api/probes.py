@@ -1,11 +1,15 @@
 """Probes (spec 3, Probes and metrics): /health and /liveness say the process is alive; /readiness
-says it can take traffic (at least one routable worker, and not shutting down)."""
+says it can take traffic: at least one routable worker, not shutting down, and a request for each
+ready model would be served (the tokenizer of every ready engine worker loaded; relayed HTTP workers
+need none). Readiness reads in-process state only (the registry snapshot, the tokenizer cache); a
+tokenizer not loaded yet starts loading on its thread, and the answer is 503 until it is."""
 
 from __future__ import annotations
 
 from inference import errors
 from inference.asgi_io import Receive, Scope, Send, send_error, send_json
 from inference.dataplane import data_plane
+from inference.served.base import models_without_tokenizer
 
 __all__ = ["liveness", "readiness"]
 
@@ -28,6 +32,9 @@ async def readiness(scope: Scope, receive: Receive, send: Send) -> None:
     dp = data_plane()
     snapshot = dp.registry.snapshot
     ready = len(snapshot.routable)
-    status = "draining" if dp.draining else "ready" if ready else "not_ready"
-    body = {"status": status, "workers": {"ready": ready, "total": len(snapshot.workers)}}
+    waiting = models_without_tokenizer(snapshot) if ready and not dp.draining else ()
+    status = "draining" if dp.draining else "ready" if ready and not waiting else "not_ready"
+    body: dict[str, object] = {"status": status, "workers": {"ready": ready, "total": len(snapshot.workers)}}
+    if waiting:
+        body["models_without_tokenizer"] = list(waiting)
     await send_json(send, 200 if status == "ready" else 503, body)

@@ -97,6 +97,7 @@ class TokenizerResolver:
         self.directory = TokenizerDirectory()
         self.cache = TokenizerCache(cache_size, resolve=self._resolve)
         self._failed: dict[CacheKey, tuple[float, str]] = {}
+        self._ever_loaded: set[CacheKey] = set()  # loaded once in this process (readiness)
         self._lock = threading.Lock()
 
     @staticmethod
@@ -153,10 +154,36 @@ class TokenizerResolver:
             pending.add_done_callback(lambda done: self._loaded(key, done))
         raise errors.tokenizer_not_ready(model)
 
+    def ready(
+        self,
+        model: str,
+        *,
+        location: str | None = None,
+        chat_template: str | None = None,
+        fallback: str | None = None,
+    ) -> bool:
+        """Whether a request for ``model`` finds its tokenizer (readiness): it is loaded, or was
+        loaded once in this process and only dropped since to make room (more tokenizers than the
+        cache holds: the next request reloads it). Otherwise its load starts as a request's would,
+        and the answer is False until it ends well. Never blocks; no I/O on the caller's thread."""
+        chosen = self._choose(model, location, chat_template, fallback)
+        if chosen is None:
+            return False
+        key = TokenizerCache.key(*chosen)
+        if key in self._ever_loaded:
+            return True
+        try:
+            self.tokenizer_for(model, location=location, chat_template=chat_template, fallback=fallback)
+        except errors.GatewayError:
+            return False
+        self._ever_loaded.add(key)
+        return True
+
     def _loaded(self, key: CacheKey, done: Future[ModelTokenizer]) -> None:
         error = done.exception()
         if error is None:
             log.info("tokenizer %s loaded", key[0])
+            self._ever_loaded.add(key)
             return
         log.warning("tokenizer %s could not be loaded: %s", key[0], error)
         with self._lock:
@@ -167,6 +194,7 @@ class TokenizerResolver:
         self.cache.clear()
         with self._lock:
             self._failed.clear()
+            self._ever_loaded.clear()
 
 
 TOKENIZERS = TokenizerResolver()

@@ -10,14 +10,18 @@ from typing import Any, Protocol
 
 from inference.auth import Identity
 from inference.dataplane import DataPlane
-from inference.pipeline.tokenizer_registry import tokenizer_for
+from inference.pipeline.tokenizer_registry import TOKENIZERS, tokenizer_for
 from inference.pipeline.tokenizers import ModelTokenizer
-from inference.routing.workers import EngineSpec, WorkerHandle
+from inference.routing.registry import RegistrySnapshot
+from inference.routing.workers import EngineSpec, WorkerHandle, WorkerRecord
 from inference.schemas.families import ModelFamily, detect_family
 from inference.upstreams.engine import EngineClient
 from inference.writers import ResponseWriter
 
-__all__ = ["EngineTarget", "LocalAnswer", "ServedAnswer", "ServedRequest", "ServedSurface", "engine_target"]
+__all__ = [
+    "EngineTarget", "LocalAnswer", "ServedAnswer", "ServedRequest", "ServedSurface", "engine_target",
+    "models_without_tokenizer", "tokenizer_ready",
+]  # fmt: skip
 
 
 class ServedAnswer(Protocol):
@@ -60,15 +64,39 @@ class EngineTarget:
     model: str
 
 
+def _tokenizer_source(record: WorkerRecord, spec: EngineSpec) -> dict[str, str | None]:
+    """Where an engine worker's tokenizer comes from (the registry's steps 1 and 4)."""
+    return {"location": spec.tokenizer, "chat_template": spec.chat_template, "fallback": record.url}
+
+
 def engine_target(dp: DataPlane, worker: WorkerHandle, model: str) -> EngineTarget:
     """The client, tokenizer and family of ``worker`` for ``model``. Raises GatewayError 503
     tokenizer_not_ready / 500 tokenizer_not_found, or UpstreamFailure for a runtime without a client."""
     record = worker.record
     spec = record.engine or EngineSpec()
     model = model or record.model_id or ""
-    tokenizer = tokenizer_for(model, location=spec.tokenizer, chat_template=spec.chat_template, fallback=record.url)
+    tokenizer = tokenizer_for(model, **_tokenizer_source(record, spec))
     family = detect_family(model, architectures=spec.architectures, model_type=spec.model_type or None)
     return EngineTarget(worker, dp.engines.client(record), tokenizer, spec, family, model)
+
+
+def tokenizer_ready(record: WorkerRecord) -> bool:
+    """Whether a request for the worker's model would find its tokenizer (always, for a worker the
+    gateway relays to); starts the load when none is under way. In-process state only: never blocks."""
+    if record.engine is None:
+        return True
+    return TOKENIZERS.ready(record.model_id or "", **_tokenizer_source(record, record.engine))
+
+
+def models_without_tokenizer(snapshot: RegistrySnapshot) -> tuple[str, ...]:
+    """The models of ready workers whose tokenizer a request would not find yet (each once; a
+    worker that serves any model is named by its URL), their loads started (:func:`tokenizer_ready`)."""
+    waiting: dict[str, None] = {}
+    for handle in snapshot.routable:
+        record = handle.record
+        if not tokenizer_ready(record):
+            waiting[record.model_id or record.url] = None
+    return tuple(waiting)
 
 
 class ServedSurface(ABC):
