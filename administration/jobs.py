@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
-from administration.registration import JOB_FUNCTIONS, run_job
+from administration.job_runner import JOBS, run_job
 from administration.tasks import run_job_task
 from common.outages import BROKER
 
@@ -43,7 +43,7 @@ def enqueue(name: str, *args: Any, local: bool = False) -> None:
     ``local`` runs it in this process even when a broker is configured (the gateway's own
     --worker-urls, which must come up without a Celery worker).
     """
-    if name not in JOB_FUNCTIONS:
+    if name not in JOBS:
         raise ValueError(f"unknown job {name!r}")
 
     def submit() -> None:

@@ -10,12 +10,16 @@ their own (``asyncio.run`` in the job's thread), closed before the job goes on.
 Every job carries the worker's ``job_generation`` from when it was queued. Each write is a
 conditional UPDATE on that generation, so a job for a worker deleted or replaced since it was queued
 fails instead of overwriting newer state.
+
+The jobs run inside administration/job_runner.py's wrapper: whatever fails in any step ends the job
+as failed through :func:`fail_registration` or :func:`fail_worker_job`. The spec's rules that the
+body alone decides were checked at the request (administration/worker_spec.py); a job checks only
+what needs the worker.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 import uuid
@@ -25,17 +29,13 @@ import httpx
 from django.db import close_old_connections
 from django.utils import timezone
 
-from administration.db import STORE_ERRORS
 from administration.discovery import Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker, discover_provider
-from administration.engine_facts import labels_from_model_info, parser_choice
+from administration.engine_facts import labels_from_model_info
 from administration.models import JobState, JobType, Worker, WorkerStatus
 from administration.notices import publish_registry_changed
 from administration.reachability import Reachability
-from administration.tokenizer_jobs import run_tokenizer_load
 from common.config import current_config
 from common.http_clients import tls_context
-from common.outages import STORE
-from inference.pipeline.parsers import UnknownParser
 from common.ssrf import SsrfPolicy
 from inference.routing.workers import RuntimeType, Transport, provider_of, transport_of
 from inference.upstreams.failures import FailureKind, UpstreamFailure
@@ -43,13 +43,13 @@ from inference.upstreams.grpc import connect
 from inference.upstreams.registry import UnknownUpstream
 
 __all__ = [
-    "run_registration", "run_update", "run_removal", "RegistrationFailed", "JOB_FUNCTIONS", "run_job",
+    "run_registration", "run_update", "run_removal", "RegistrationFailed", "fail_registration", "fail_worker_job",
     "JOB_STORE_PATIENCE_SECS",
 ]
 
 log = logging.getLogger(__name__)
 
-JOB_STORE_PATIENCE_SECS = 600.0  # how long a job waits out an outage of the store before it is given up
+JOB_STORE_PATIENCE_SECS = 600.0  # how long a job waits out an outage of the store before it is given up (job_runner)
 _PROBE_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 _GRPC_PROBE_TIMEOUT_SECS = 10.0  # one gRPC probe: runtime detection and GetModelInfo together
 _FIRST_RETRY_SECS = 0.5
@@ -76,31 +76,9 @@ def _set_job(worker_id: uuid.UUID | str, generation: int, state: str, message: s
 
 
 def _check_spec(worker: Worker) -> None:
-    """Rules the spec checks in the background job, after 202."""
-    overload = worker.setting("overload", {})
-    waiting = overload.get("waiting_requests")
-    if waiting is not None and waiting < 1:
-        raise RegistrationFailed("overload.waiting_requests must be at least 1")
-    usage = overload.get("token_usage")
-    if usage is not None and not 0.0 < usage <= 1.0:
-        raise RegistrationFailed("overload.token_usage must be in (0.0, 1.0]")
+    """What registration refuses of a spec the request accepted: a transport it cannot reach yet."""
     if transport_of(worker.url) is Transport.ZMQ:
         raise RegistrationFailed("ZMQ (ipc://) workers are not supported by this gateway yet")
-    if worker.runtime_type == RuntimeType.EXTERNAL and transport_of(worker.url) is not Transport.HTTP:
-        raise RegistrationFailed("an external provider is reached over http:// or https://")
-    if worker.setting("http_pool", {}).get("http2") is True:
-        raise RegistrationFailed("http_pool.http2 true: this gateway speaks HTTP/1.1 to workers")
-    _check_parsers(worker)
-
-
-def _check_parsers(worker: Worker) -> None:
-    """An unknown tool_parser or reasoning_parser (first model card, labels, flags) fails the job.
-    The operator's names are all there is to check: an engine's report names no parser."""
-    card = worker.model_cards[0] if worker.model_cards else {}
-    try:
-        parser_choice(_model_id(worker, None), card, worker.labels, current_config())
-    except UnknownParser as exc:
-        raise RegistrationFailed(str(exc)) from None
 
 
 def _discover(worker: Worker, generation: int) -> Discovery:
@@ -214,14 +192,9 @@ def run_registration(worker_id: str, generation: int) -> None:
         log.info("registration of %s skipped: superseded", worker_id)
         return
     _set_job(worker_id, generation, JobState.PROCESSING)
-    first_registration = not worker.registered
-    try:
-        _check_spec(worker)
-        external = worker.runtime_type == RuntimeType.EXTERNAL
-        discovery = _discover_provider(worker) if external else _discover(worker, generation)
-    except RegistrationFailed as exc:
-        _fail_registration(worker, generation, str(exc), first_registration)
-        return
+    _check_spec(worker)
+    external = worker.runtime_type == RuntimeType.EXTERNAL
+    discovery = _discover_provider(worker) if external else _discover(worker, generation)
     labels = {**discovery.labels, **worker.labels}
     runtime_type = discovery.runtime_type
     worker.labels = labels
@@ -245,14 +218,26 @@ def _health_disabled(worker: Worker) -> bool:
     return bool(current_config().disable_health_check if given is None else given)
 
 
-def _fail_registration(worker: Worker, generation: int, message: str, first_registration: bool) -> None:
+def fail_registration(worker_id: uuid.UUID | str, generation: int, message: str) -> None:
+    """End a registration as failed (whatever failed in it): a first registration releases the
+    reserved id and its URL (GET answers 404; the reason is in the log); a registered worker's keeps
+    the worker with a failed job_status. Nothing when a newer job has replaced this one."""
+    worker = _current(worker_id, generation)
+    if worker is None:
+        log.info("registration of %s failed after the worker changed (%s); result dropped", worker_id, message)
+        return
     log.error("registration of worker %s failed: %s", worker.url, message)
-    if first_registration:
-        # The reserved id is released: GET answers 404; the reason is in the log.
+    if not worker.registered:
         Worker.objects.filter(pk=worker.pk, job_generation=generation).delete()
         publish_registry_changed(worker.pk)
     else:
         _set_job(worker.pk, generation, JobState.FAILED, message, last_error=message)  # publishes the change
+
+
+def fail_worker_job(worker_id: uuid.UUID | str, generation: int, message: str) -> None:
+    """End an update or a removal as failed: the worker stays, with a failed job_status."""
+    log.error("job of worker %s failed: %s", worker_id, message)
+    _set_job(worker_id, generation, JobState.FAILED, message)
 
 
 def run_update(worker_id: str, generation: int, changes: dict[str, Any]) -> None:
@@ -261,11 +246,7 @@ def run_update(worker_id: str, generation: int, changes: dict[str, Any]) -> None
     if worker is None:
         return
     _set_job(worker_id, generation, JobState.PROCESSING)
-    try:
-        fields = _update_fields(worker, changes)
-    except RegistrationFailed as exc:
-        _set_job(worker_id, generation, JobState.FAILED, str(exc))
-        return
+    fields = _update_fields(worker, changes)
     if _set_job(worker_id, generation, JobState.NONE, **fields):
         publish_registry_changed(worker_id)
 
@@ -294,12 +275,6 @@ def _update_fields(worker: Worker, changes: dict[str, Any]) -> dict[str, Any]:
         elif key in _BLOCKS:
             settings[key] = {**settings.get(key, {}), **value}
     fields["settings"] = settings
-    if "labels" in fields or "model_cards" in fields:  # parser names are checked as at registration
-        changed = copy.copy(worker)  # the worker as the change would leave it (not saved)
-        for name in ("labels", "model_cards", "model_id"):
-            if name in fields:
-                setattr(changed, name, fields[name])
-        _check_parsers(changed)
     return fields
 
 
@@ -323,41 +298,3 @@ def run_removal(worker_id: str, generation: int) -> None:
 
 
 JOB_TYPES = {"register": JobType.ADD, "update": JobType.UPDATE, "remove": JobType.REMOVE}
-
-
-# The jobs by name: what jobs.enqueue queues and run_job runs (in a Celery task or a local thread).
-JOB_FUNCTIONS: dict[str, Callable[..., None]] = {
-    "register": run_registration,
-    "update": run_update,
-    "remove": run_removal,
-    "load_tokenizer": run_tokenizer_load,  # administration/tokenizer_jobs.py
-}
-
-
-def run_job(name: str, *args: Any) -> None:
-    """Run one job in this thread (Celery task bodies and local threads both come here).
-
-    A job the store fails (an outage, logged once) runs again from its start once the store is back,
-    for up to JOB_STORE_PATIENCE_SECS: every job is safe to repeat, since each of its writes is
-    conditional on the job's generation. A job given up then leaves its worker's row as it was; a
-    first registration's row is released by the next POST of its URL (administration/workers.py)."""
-    deadline = time.monotonic() + JOB_STORE_PATIENCE_SECS
-    while True:
-        close_old_connections()
-        try:
-            JOB_FUNCTIONS[name](*args)
-        except STORE_ERRORS as exc:
-            STORE.failed(exc)
-            if time.monotonic() + STORE.retry_secs > deadline:
-                log.error("job %s%s given up: the store was unavailable for %g s", name, args[:1],
-                          JOB_STORE_PATIENCE_SECS)
-                return
-        except Exception:
-            log.exception("job %s%s failed", name, args[:1])
-            return
-        else:
-            STORE.recovered()
-            return
-        finally:
-            close_old_connections()
-        time.sleep(STORE.retry_secs)

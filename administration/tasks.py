@@ -1,4 +1,4 @@
-"""Celery tasks: thin adapters over the job functions in administration/registration.py."""
+"""Celery tasks: thin adapters over the job runner (administration/job_runner.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
-from administration.registration import run_job
+from administration.job_runner import run_job
 
 __all__ = ["run_job_task"]
 

@@ -8,6 +8,10 @@ where it loaded from and its vocabulary size. A completed load is recorded as a 
 that is not one worker's (administration/notices.py), so every gateway process reloads its registry
 snapshot, tokenizers included (:func:`tokenizer_entries`), within about a second; each then loads
 the tokenizer itself when a request first needs it.
+
+Whatever fails in a load, in any step, ends it as failed (:func:`fail_tokenizer_load`, called by
+administration/job_runner.py's wrapper), which frees the name; a source the job could never use (a
+path component no file system holds) is refused at the request instead (administration/api/tokenizers.py).
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from administration.models import RegisteredTokenizer, TokenizerStatus, Worker
 from administration.notices import publish_registry_changed
 from inference.pipeline.tokenizer_registry import TokenizerEntry, tokenizer_work_dir
 from inference.pipeline.tokenizer_sources import SourceKind, resolve_tokenizer_source, source_kind
-from inference.pipeline.tokenizers import load_tokenizer
+from inference.pipeline.tokenizers import TokenizerLoadError, load_tokenizer
 
-__all__ = ["FAILED_RETENTION", "clock", "run_tokenizer_load", "tokenizer_entries", "expiry_horizon"]
+__all__ = [
+    "FAILED_RETENTION", "clock", "run_tokenizer_load", "fail_tokenizer_load", "tokenizer_entries", "expiry_horizon",
+]
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +69,10 @@ def run_tokenizer_load(tokenizer_id: str) -> None:
     try:
         location = resolve_tokenizer_source(row.source, work_dir=tokenizer_work_dir(), api_key=api_key)
         loaded = load_tokenizer(location, chat_template=row.chat_template_path or None)
-    except Exception as error:  # TokenizerLoadError, and whatever a fetch or the files raise
-        message = str(error) or type(error).__name__
-        log.warning("tokenizer %r from %s failed to load: %s", row.name, row.source, message)
-        RegisteredTokenizer.objects.filter(pk=tokenizer_id, status=TokenizerStatus.PROCESSING).update(
-            status=TokenizerStatus.FAILED, message=f"Failed to load the tokenizer: {message}", updated_at=clock()
-        )
-        return
+    except TokenizerLoadError:
+        raise
+    except Exception as error:  # whatever a fetch or the files raise: the source did not load
+        raise TokenizerLoadError(str(error) or type(error).__name__) from error
     completed = RegisteredTokenizer.objects.filter(pk=tokenizer_id, status=TokenizerStatus.PROCESSING).update(
         status=TokenizerStatus.COMPLETED,
         message=f"Tokenizer loaded ({loaded.vocab_size} tokens)",
@@ -80,6 +83,16 @@ def run_tokenizer_load(tokenizer_id: str) -> None:
     if completed:
         log.info("tokenizer %r loaded from %s (%d tokens)", row.name, row.source, loaded.vocab_size)
         publish_registry_changed(None)
+
+
+def fail_tokenizer_load(tokenizer_id: str, message: str) -> None:
+    """End a load as failed (its status kept for FAILED_RETENTION; the name is free at once). A row
+    removed or finished meanwhile is left alone."""
+    failed = RegisteredTokenizer.objects.filter(
+        pk=tokenizer_id, status__in=[TokenizerStatus.PENDING, TokenizerStatus.PROCESSING]
+    ).update(status=TokenizerStatus.FAILED, message=f"Failed to load the tokenizer: {message}", updated_at=clock())
+    if failed:
+        log.warning("tokenizer load %s failed: %s", tokenizer_id, message)
 
 
 def tokenizer_entries() -> list[TokenizerEntry]:

@@ -4,8 +4,14 @@ failure.
 - :class:`SpecTypeError`: a known field with the wrong type or an unknown enum value, an integer
   past the range of the store column that holds it, or no url. Answered 422 in plain text, before
   any other check (the spec's deserialisation failure).
-- :class:`SpecRuleError`: a well-typed value the rules refuse (the URL's scheme, host or path).
-  Answered 400 BAD_REQUEST.
+- :class:`SpecRuleError`: a well-typed value the rules refuse (the URL's scheme, host or path; an
+  api_key that cannot be sent as a header; overload values out of range; an unknown parser name;
+  http_pool.http2 true; an external provider off HTTP). Answered 400 BAD_REQUEST, at the request:
+  every rule the body alone decides is checked here, once all fields are typed, so no job starts
+  for a spec it would refuse (docs/DECISIONS.md D49). The job checks only what needs the worker.
+
+Each reader carries the rules of its value and their JSON Schema with its type's, so the published
+OpenAPI description marks what the request is refused for (a generated client makes valid requests).
 
 Unknown fields are ignored. Nested blocks are partial: omitted fields keep gateway defaults, which
 are applied where the block is used (health checks, breakers), so a stored block holds only what
@@ -17,13 +23,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
-from urllib.parse import urlsplit
 
 from django.db import models
 
 from administration.models import Worker
 from administration.store_ranges import column_range
-from common.urls import url_has_credentials
+from common.urls import WORKER_URL_MAX_LENGTH, WorkerUrlRefused, check_worker_url
+from inference.pipeline.parsers import UnknownParser, check_parser_names
+from inference.pipeline.reasoning import REASONING_PARSERS
+from inference.pipeline.tools import TOOL_PARSERS
 from inference.routing.workers import (
     RUNTIME_NAMES,
     RuntimeType,
@@ -44,6 +52,8 @@ __all__ = [
     "MODEL_TYPES",
     "PATCH_FIELDS",
     "spec_schema",
+    "URL_PATTERN",
+    "check_url",
 ]
 
 WORKER_TYPES = tuple(WorkerType.values)
@@ -53,7 +63,6 @@ MODEL_TYPES = (
     "reasoning", "image_gen", "audio", "moderation",
 )
 DEFAULT_MODEL_TYPES = ["chat", "completions", "responses", "tools"]
-_SCHEMES = ("http://", "https://", "grpc://", "grpcs://", "ipc://")
 
 
 class SpecTypeError(ValueError):
@@ -66,18 +75,29 @@ class SpecRuleError(ValueError):
 
 # --- typed readers --------------------------------------------------------------------------------
 #
-# Each reader checks one value (raising SpecTypeError) and carries the JSON Schema of what it accepts:
-# the published OpenAPI description of the control plane (administration/api/openapi.py) is built
-# from these, so the spec's fields, types and ranges are declared once.
+# Each reader checks one value's type (raising SpecTypeError), then, once every field is typed, its
+# rules (``check``, raising SpecRuleError), and carries the JSON Schema of what it accepts: the
+# published OpenAPI description of the control plane (administration/api/openapi.py) is built from
+# these, so the spec's fields, types, ranges and rules are declared once.
+
+
+def _no_rule(value: Any, name: str) -> None:
+    return None
 
 
 @dataclass(frozen=True, slots=True)
 class Reader:
     read: Callable[[Any, str], Any]
     schema: Mapping[str, Any]
+    check: Callable[[Any, str], None] = _no_rule  # the rules of a typed value (SpecRuleError)
 
     def __call__(self, value: Any, name: str) -> Any:
         return self.read(value, name)
+
+
+def _ruled(reader: Reader, rule: Callable[[Any, str], None], schema: Mapping[str, Any]) -> Reader:
+    """``reader`` with a rule of its value, and the rule's JSON Schema over its type's."""
+    return Reader(reader.read, {**reader.schema, **schema}, rule)
 
 
 def _read_string(value: Any, name: str) -> str:
@@ -143,7 +163,11 @@ def _list_of(reader: Reader) -> Reader:
             raise SpecTypeError(f"{name}: invalid type, expected an array")
         return [reader(item, f"{name}[{i}]") for i, item in enumerate(value)]
 
-    return Reader(read, {"type": "array", "items": dict(reader.schema)})
+    def check(value: list[Any], name: str) -> None:
+        for i, item in enumerate(value):
+            reader.check(item, f"{name}[{i}]")
+
+    return Reader(read, {"type": "array", "items": dict(reader.schema)}, check)
 
 
 def _enum(options: tuple[str, ...]) -> Reader:
@@ -171,12 +195,30 @@ def _optional(reader: Reader) -> Reader:
     def read(value: Any, name: str) -> Any:
         return None if value is None else reader(value, name)
 
-    return Reader(read, {**reader.schema, "nullable": True})
+    def check(value: Any, name: str) -> None:
+        if value is not None:
+            reader.check(value, name)
+
+    return Reader(read, _null_allowed(reader.schema), check)
+
+
+def _null_allowed(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` that also allows null (an enum names it: OpenAPI 3.0.3's reading of nullable)."""
+    allowed = {**schema, "nullable": True}
+    if "enum" in schema:
+        allowed["enum"] = [*schema["enum"], None]
+    return allowed
 
 
 def _nullable(readers: Mapping[str, Reader]) -> dict[str, Any]:
     """The properties of an object whose fields may each be null (null means "not given")."""
-    return {key: {**reader.schema, "nullable": True} for key, reader in readers.items()}
+    return {key: _null_allowed(reader.schema) for key, reader in readers.items()}
+
+
+def _check_each(readers: Mapping[str, Reader], value: Mapping[str, Any], name: str) -> None:
+    for key, item in value.items():
+        if key in readers:
+            readers[key].check(item, f"{name}.{key}")
 
 
 def _block(readers: Mapping[str, Reader]) -> Reader:
@@ -184,7 +226,78 @@ def _block(readers: Mapping[str, Reader]) -> Reader:
         given = _read_object(value, name)
         return {key: readers[key](item, f"{name}.{key}") for key, item in given.items() if key in readers and item is not None}
 
-    return Reader(read, {"type": "object", "properties": _nullable(readers)})
+    def check(value: dict[str, Any], name: str) -> None:
+        _check_each(readers, value, name)
+
+    return Reader(read, {"type": "object", "properties": _nullable(readers)}, check)
+
+
+# --- rules -----------------------------------------------------------------------------------------
+
+
+def _parser_name(kind: str, names: tuple[str, ...]) -> Reader:
+    """A tool-call or reasoning parser name the gateway knows (case and - / _ ignored)."""
+
+    def check(value: str, name: str) -> None:
+        try:
+            check_parser_names(**{kind: value})
+        except UnknownParser as unknown:
+            raise SpecRuleError(f"{name}: {unknown}") from None
+
+    return _ruled(_string, check, {"enum": list(names)})
+
+
+_tool_parser = _parser_name("tool_parser", TOOL_PARSERS.names())
+_reasoning_parser = _parser_name("reasoning_parser", REASONING_PARSERS.names())
+_PARSER_LABELS = {"tool_parser": _tool_parser, "reasoning_parser": _reasoning_parser}
+
+
+def _check_labels(value: dict[str, str], name: str) -> None:
+    _check_each(_PARSER_LABELS, value, name)
+
+
+# Labels are any strings; the ones naming a parser must name one the gateway has.
+_labels = Reader(
+    _read_string_map,
+    {
+        "type": "object",
+        "properties": {key: dict(reader.schema) for key, reader in _PARSER_LABELS.items()},
+        "additionalProperties": {"type": "string"},
+    },
+    _check_labels,
+)
+
+_API_KEY_LENGTH = Worker._meta.get_field("api_key").max_length or 0
+
+
+def _check_api_key(value: str, name: str) -> None:
+    """The key is sent to the worker as an HTTP header value (Bearer, x-api-key) or gRPC metadata:
+    visible ASCII only (no space, no line break, nothing the header encoders refuse). The message
+    never repeats the key."""
+    if len(value) > _API_KEY_LENGTH:
+        raise SpecRuleError(f"{name} is longer than {_API_KEY_LENGTH} characters")
+    if not all("!" <= char <= "~" for char in value):
+        raise SpecRuleError(
+            f"{name} must be printable ASCII without spaces: it is sent to the worker as a header value"
+        )
+
+
+_api_key = _ruled(_string, _check_api_key, {"pattern": "^[!-~]*$", "maxLength": _API_KEY_LENGTH})
+
+
+def _check_waiting_requests(value: int, name: str) -> None:
+    if value < 1:
+        raise SpecRuleError(f"{name} must be at least 1")
+
+
+def _check_token_usage(value: float, name: str) -> None:
+    if not 0.0 < value <= 1.0:
+        raise SpecRuleError(f"{name} must be in (0.0, 1.0]")
+
+
+def _check_http2(value: bool, name: str) -> None:
+    if value:
+        raise SpecRuleError(f"{name} true: this gateway speaks HTTP/1.1 to workers")
 
 
 _CARD_FIELDS: dict[str, Reader] = {
@@ -193,8 +306,8 @@ _CARD_FIELDS: dict[str, Reader] = {
     "model_type": _list_of(_enum(MODEL_TYPES)),
     "context_length": _unsigned,
     "chat_template": _string,
-    "tool_parser": _string,
-    "reasoning_parser": _string,
+    "tool_parser": _tool_parser,
+    "reasoning_parser": _reasoning_parser,
     "display_name": _string,
     "hf_model_type": _string,
     "architectures": _list_of(_string),
@@ -216,9 +329,14 @@ def _read_model_card(value: Any, name: str) -> dict[str, Any]:
     return card
 
 
+def _check_model_card(value: dict[str, Any], name: str) -> None:
+    _check_each(_CARD_FIELDS, value, name)
+
+
 _model_card = Reader(
     _read_model_card,
     {"type": "object", "required": ["id"], "properties": {**_nullable(_CARD_FIELDS), "id": dict(_string.schema)}},
+    _check_model_card,
 )
 
 HEALTH_FIELDS: dict[str, Reader] = {
@@ -229,9 +347,12 @@ HEALTH_FIELDS: dict[str, Reader] = {
     "disable_health_check": _boolean,
     "drain_settle_secs": _unsigned,
 }
-OVERLOAD_FIELDS: dict[str, Reader] = {"waiting_requests": _unsigned, "token_usage": _number}
+OVERLOAD_FIELDS: dict[str, Reader] = {
+    "waiting_requests": _ruled(_unsigned, _check_waiting_requests, {"minimum": 1}),
+    "token_usage": _ruled(_number, _check_token_usage, {"minimum": 0, "exclusiveMinimum": True, "maximum": 1}),
+}
 HTTP_POOL_FIELDS: dict[str, Reader] = {
-    "http2": _boolean,
+    "http2": _ruled(_boolean, _check_http2, {"enum": [False], "description": "true is refused: HTTP/1.1 only"}),
     "pool_max_idle_per_host": _unsigned,
     "pool_idle_timeout_secs": _unsigned,
     "timeout_secs": _unsigned,
@@ -246,15 +367,32 @@ RESILIENCE_FIELDS: dict[str, Reader] = {
     "capacity_status_codes": _list_of(_unsigned),
 }
 
+_H16 = "[0-9A-Fa-f]{1,4}"
+_IPV6 = "|".join([
+    f"(?:{_H16}:){{7}}{_H16}",
+    f"(?:{_H16}:){{1,7}}:",
+    *(f"(?:{_H16}:){{1,{7 - n}}}(?::{_H16}){{1,{n}}}" for n in range(1, 7)),
+    f":(?:(?::{_H16}){{1,7}}|:)",
+])  # without zone ids or an embedded IPv4 address
+_PORT = "6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}"
+URL_PATTERN = (
+    rf"^(?:(?:https?|grpcs?)://(?:\[(?:{_IPV6})\]|[A-Za-z0-9._~!$&'()*+,;=%-]+)(?::(?:{_PORT}))?(?:[/?#][!-~]*)?"
+    r"|ipc://[!-~]+)$"
+)
+"""What :func:`check_url` accepts, as a regular expression (a subset of it: printable ASCII, no IPv6
+zone), published in the OpenAPI description so a generated client sends URLs the gateway takes."""
+
+_url = Reader(_read_string, {"type": "string", "minLength": 1, "maxLength": WORKER_URL_MAX_LENGTH, "pattern": URL_PATTERN})
+
 # Every known top-level field and how it reads (runtime is an alias of runtime_type).
 _FIELDS: dict[str, Reader] = {
-    "url": _string,
+    "url": _url,
     "runtime_type": _runtime,
     "worker_type": _enum(WORKER_TYPES),
     "connection_mode": _enum(CONNECTION_MODES),
-    "api_key": _optional(_string),
+    "api_key": _optional(_api_key),
     "models": _list_of(_model_card),
-    "labels": _string_map,
+    "labels": _labels,
     "priority": _integer,
     "cost": _number,
     "dp_size": _optional(_unsigned),
@@ -315,6 +453,7 @@ class WorkerSpec:
 
 
 def _read_fields(body: Any) -> dict[str, Any]:
+    """Every known field typed (SpecTypeError), before any rule is looked at."""
     if not isinstance(body, dict):
         raise SpecTypeError("invalid type: expected a JSON object")
     values: dict[str, Any] = {}
@@ -328,44 +467,29 @@ def _read_fields(body: Any) -> dict[str, Any]:
     return values
 
 
-CREDENTIALS_REFUSED = (
-    "url must not carry credentials (user:password@host); give the worker's key as api_key, which is never shown"
-)
+def _check_rules(values: Mapping[str, Any]) -> None:
+    """The rules of every typed field (SpecRuleError); the url's are :func:`check_url`'s."""
+    for name, value in values.items():
+        if name != "url":
+            _FIELDS[name].check(value, name)
 
 
 def check_url(url: str) -> str:
-    """The URL rules (400): a lowercase scheme we know, a host, no credentials, and a path for
-    ipc://. A URL with credentials is refused before anything could echo it (docs/DECISIONS.md D25)."""
-    if not url:
-        raise SpecRuleError("url must not be empty")
-    if url_has_credentials(url):
-        raise SpecRuleError(CREDENTIALS_REFUSED)
-    if not url.startswith(_SCHEMES):
-        raise SpecRuleError(
-            "url must start with a lowercase http://, https://, grpc://, grpcs:// or ipc:// scheme"
-        )
-    if url.startswith("ipc://"):
-        if len(url) <= len("ipc://") or url[len("ipc://"):].strip() == "":
-            raise SpecRuleError("an ipc:// url needs a socket path")
-        return url
+    """The URL rules (common/urls.py, shared with --worker-urls) as the spec's 400."""
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a malformed port
-    except ValueError:
-        raise SpecRuleError(f"url is invalid: {url}") from None
-    if not parts.hostname:
-        raise SpecRuleError("url has no host")
-    if any(ch.isspace() for ch in url):
-        raise SpecRuleError(f"url is invalid: {url}")
-    return url.rstrip("/")
+        return check_worker_url(url)
+    except WorkerUrlRefused as refused:
+        raise SpecRuleError(str(refused)) from None
 
 
 def parse_worker_spec(body: Any) -> WorkerSpec:
-    """A full spec (POST, PUT). Raises SpecTypeError (422) or SpecRuleError (400)."""
+    """A full spec (POST, PUT, the console, add_worker, --worker-urls). Raises SpecTypeError (422) or
+    SpecRuleError (400)."""
     values = _read_fields(body)
     if "url" not in values:
         raise SpecTypeError("missing field `url`")
     values["url"] = check_url(values["url"])
+    _check_rules(values)
     if "models" in values:
         values["models"] = tuple(values["models"])
     transport = transport_of(values["url"])
@@ -374,15 +498,18 @@ def parse_worker_spec(body: Any) -> WorkerSpec:
     spec = WorkerSpec(**values)
     if spec.provider is not None and spec.runtime_type in (RuntimeType.UNSPECIFIED, RuntimeType.EXTERNAL):
         spec = replace(spec, runtime_type=RuntimeType.EXTERNAL)
+    if spec.runtime_type == RuntimeType.EXTERNAL and spec.transport is not Transport.HTTP:
+        raise SpecRuleError("an external provider is reached over http:// or https://")
     return spec
 
 
 def parse_worker_patch(body: Any) -> dict[str, Any]:
     """The fields a PATCH names, typed like a spec. url may be given only unchanged (checked by the
-    caller); overload cannot be changed by PATCH."""
+    caller); overload cannot be changed by PATCH. The named fields' rules are a spec's."""
     values = _read_fields(body)
     if "url" in values:
         values["url"] = check_url(values["url"])
+    _check_rules(values)
     if "overload" in values:
         raise SpecRuleError("PATCH cannot change the overload block; replace the worker with PUT")
     if "models" in values:

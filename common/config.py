@@ -20,7 +20,7 @@ from typing import Any, Callable, NoReturn, Sequence
 import orjson
 
 from common.ssrf import parse_allowed_host
-from common.urls import url_has_credentials
+from common.urls import WorkerUrlRefused, check_worker_url, url_has_credentials
 
 __all__ = [
     "GatewayConfig",
@@ -296,18 +296,19 @@ def _bool(text: str) -> bool:
 
 
 def _worker_url(text: str) -> str:
+    """A --worker-urls entry: the worker URL rules of every entry point (common/urls.py), but ZMQ."""
     if url_has_credentials(text):
         raise argparse.ArgumentTypeError(
             "a worker URL must not carry credentials (user:password@host); give the key with --api-key"
         )
-    scheme = text.split("://", 1)[0] if "://" in text else ""
-    if scheme not in ("http", "https", "grpc", "grpcs"):
+    if text.startswith("ipc://"):
         raise argparse.ArgumentTypeError(
             f"worker URL must start with http://, https://, grpc:// or grpcs:// (ZMQ workers come later), got {text!r}"
         )
-    if len(text) <= len(scheme) + 3:
-        raise argparse.ArgumentTypeError(f"worker URL has no host: {text!r}")
-    return text.rstrip("/")
+    try:
+        return check_worker_url(text)
+    except WorkerUrlRefused as refused:
+        raise argparse.ArgumentTypeError(f"{refused}, got {text!r}") from None
 
 
 def _issuer_url(text: str) -> str:

@@ -4,8 +4,54 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
-__all__ = ["url_has_credentials", "redact_credentials"]
+__all__ = [
+    "url_has_credentials", "redact_credentials", "WorkerUrlRefused", "check_worker_url", "WORKER_URL_MAX_LENGTH",
+    "WORKER_SCHEMES", "CREDENTIALS_REFUSED",
+]  # fmt: skip
+
+WORKER_SCHEMES = ("http://", "https://", "grpc://", "grpcs://", "ipc://")
+WORKER_URL_MAX_LENGTH = 2048
+"""The longest worker URL: the length of the store's column (administration/models.py; a test holds
+the two equal)."""
+CREDENTIALS_REFUSED = (
+    "url must not carry credentials (user:password@host); give the worker's key as api_key, which is never shown"
+)
+
+
+class WorkerUrlRefused(ValueError):
+    """A worker URL the rules refuse (the reason is the message)."""
+
+
+def check_worker_url(url: str) -> str:
+    """A worker URL by the rules of every entry point (POST and PUT /workers, the console, add_worker,
+    --worker-urls): a lowercase scheme we know, a host and a valid port, no credentials (refused
+    before anything could echo them, docs/DECISIONS.md D25), no whitespace, and a path for ipc://;
+    at most WORKER_URL_MAX_LENGTH characters. The URL without a trailing "/" (an ipc:// one as
+    given). Raises :class:`WorkerUrlRefused`."""
+    if not url:
+        raise WorkerUrlRefused("url must not be empty")
+    if len(url) > WORKER_URL_MAX_LENGTH:
+        raise WorkerUrlRefused(f"url is longer than {WORKER_URL_MAX_LENGTH} characters")
+    if url_has_credentials(url):
+        raise WorkerUrlRefused(CREDENTIALS_REFUSED)
+    if not url.startswith(WORKER_SCHEMES):
+        raise WorkerUrlRefused("url must start with a lowercase http://, https://, grpc://, grpcs:// or ipc:// scheme")
+    if url.startswith("ipc://"):
+        if url[len("ipc://"):].strip() == "":
+            raise WorkerUrlRefused("an ipc:// url needs a socket path")
+        return url
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a malformed port
+    except ValueError:
+        raise WorkerUrlRefused(f"url is invalid: {url}") from None
+    if not parts.hostname:
+        raise WorkerUrlRefused("url has no host")
+    if any(ch.isspace() for ch in url):
+        raise WorkerUrlRefused(f"url is invalid: {url}")
+    return url.rstrip("/")
 
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]*@")
 

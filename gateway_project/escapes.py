@@ -13,6 +13,7 @@ import logging
 
 from django.http import HttpRequest, HttpResponse
 
+from administration.api.envelope import envelope_response
 from inference import errors
 from inference.asgi_io import new_request_id, sane_request_id
 from inference.escapes import log_escape
@@ -34,16 +35,6 @@ def request_id_of(request: HttpRequest) -> str:
 def server_error(request: HttpRequest) -> HttpResponse:
     """handler500: the 500 envelope, carrying the request id the log record names."""
     return envelope_response(errors.internal_error(), request_id_of(request))
-
-
-def envelope_response(error: errors.GatewayError, request_id: str | None = None) -> HttpResponse:
-    """A :class:`~inference.errors.GatewayError` as a Django response (Django's own error handlers:
-    unknown route, refused request, escaped exception): the data plane's envelope and headers."""
-    headers, body = errors.render_json(error, request_id.encode("latin-1") if request_id else None)
-    response = HttpResponse(body, status=error.status)
-    for name, value in headers:
-        response[name.decode("latin-1")] = value.decode("latin-1")
-    return response
 
 
 class OneEscapeRecord(logging.Filter):

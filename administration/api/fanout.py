@@ -27,10 +27,9 @@ import httpx
 import orjson
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
 
 from administration.api.errors import ErrorType, error_body
+from administration.api.methods import control_route
 from administration.control_auth import ControlPlaneDenied, control_plane_auth
 from administration.registry_sync import on_serving_loop
 from common.http_clients import http_client
@@ -275,8 +274,7 @@ def _json_options(request: HttpRequest) -> dict[str, Any] | HttpResponse:
     return value
 
 
-@csrf_exempt
-@require_POST
+@control_route("POST")
 async def flush_cache_view(request: HttpRequest) -> HttpResponse:
     if (denied := await _denied(request)) is not None:
         return denied
@@ -284,7 +282,7 @@ async def flush_cache_view(request: HttpRequest) -> HttpResponse:
     return JsonResponse(body, status=status)
 
 
-@require_GET
+@control_route("GET")
 async def get_loads_view(request: HttpRequest) -> HttpResponse:
     if (denied := await _denied(request)) is not None:
         return denied
@@ -305,13 +303,11 @@ async def _profile(request: HttpRequest, action: str) -> HttpResponse:
     return JsonResponse(body, status=status)
 
 
-@csrf_exempt
-@require_POST
+@control_route("POST")
 async def start_profile_view(request: HttpRequest) -> HttpResponse:
     return await _profile(request, "start_profile")
 
 
-@csrf_exempt
-@require_POST
+@control_route("POST")
 async def stop_profile_view(request: HttpRequest) -> HttpResponse:
     return await _profile(request, "stop_profile")

@@ -19,7 +19,6 @@ from typing import Any, Callable, NotRequired, get_origin, get_type_hints
 import orjson
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, get_resolver
-from django.views.decorators.http import require_GET
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.plumbing import resolve_type_hint
@@ -27,7 +26,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework.views import APIView
 
-from administration.api.auth import ControlPlaneAuthentication, IsControlPlaneAdmin
+from administration.api.auth import ControlPlaneAuthentication
 from administration.api.fanout import (
     PROFILE_FIELDS,
     flush_cache_view,
@@ -35,8 +34,9 @@ from administration.api.fanout import (
     start_profile_view,
     stop_profile_view,
 )
+from administration.api.methods import ControlPlaneView, control_route
 from administration.api.parse import FunctionCallView, ParsedFunctionCalls, ReasoningView, SeparatedReasoning
-from administration.api.tokenizers import TokenizersView, TokenizerStatusView, TokenizerView
+from administration.api.tokenizers import NAME_MAX, TokenizersView, TokenizerStatusView, TokenizerView
 from administration.api.workers import WorkersView, WorkerView
 from administration.models import JobState, JobType, TokenizerStatus, WorkerStatus
 from administration.worker_spec import PATCH_FIELDS, spec_schema
@@ -291,9 +291,11 @@ ADD_TOKENIZER = {
     "properties": {
         "name": {"type": "string", "minLength": 1, "maxLength": 255, "description": "Unique"},
         "source": {"type": "string", "minLength": 1, "maxLength": 2048,
-                   "description": "Model hub id, local path (directory or tokenizer.json), or grpc://worker"},
+                   "description": "Model hub id, local path (directory or tokenizer.json), or grpc://worker; "
+                                  f"no \"/\"-separated part longer than {NAME_MAX} bytes"},
         "chat_template_path": {"type": "string", "nullable": True, "maxLength": 2048,
-                               "description": "A Jinja2 chat template file over the model's own"},
+                               "description": "A Jinja2 chat template file over the model's own; "
+                                              f"no \"/\"-separated part longer than {NAME_MAX} bytes"},
     },
 }
 TOKENIZER_ACCEPTED = {
@@ -379,9 +381,9 @@ PARSE_TOOL = {
 }
 
 
-def _parser_names(kind: str, names: tuple[str, ...]) -> dict[str, str]:
-    known = ", ".join(names)
-    return {"type": "string", "description": f"A {kind} name, ignoring case and - / _ (unknown: 400): {known}"}
+def _parser_names(kind: str, names: tuple[str, ...]) -> dict[str, Any]:
+    return {"type": "string", "enum": list(names),
+            "description": f"A {kind} name (case and - / _ are ignored; an unknown one is 400)"}
 
 
 PARSE_FUNCTION_CALL = {
@@ -433,10 +435,8 @@ extend_schema_view(
 
 
 # What an async control-plane view answers, for the description only (never routed).
-class _AsyncViewDeclaration(APIView):
-
-    authentication_classes = [ControlPlaneAuthentication]
-    permission_classes = [IsControlPlaneAdmin]
+class _AsyncViewDeclaration(ControlPlaneView):
+    pass
 
 
 class FlushCacheDeclaration(_AsyncViewDeclaration):
@@ -505,15 +505,28 @@ class AuthenticationScheme(OpenApiAuthenticationExtension):
 
 # --- the published document ----------------------------------------------------------------------------
 
+OPTIONAL_BODIES = ("start_profile", "stop_profile")
+"""The operations whose body may be left out (no body: every worker). Every other operation's body
+is required: its view refuses an empty one."""
+
+
+def _mark_required_bodies(document: dict[str, Any]) -> None:
+    """drf-spectacular leaves a body given as a plain schema optional; say which ones are not."""
+    for item in document["paths"].values():
+        for operation in item.values():
+            if isinstance(operation, dict) and "requestBody" in operation:
+                operation["requestBody"]["required"] = operation["operationId"] not in OPTIONAL_BODIES
+
 
 @functools.cache
 def openapi_document() -> bytes:
     """The description, generated once per process (it only changes with the code)."""
     document = SchemaGenerator().get_schema(request=None, public=True)
     document["info"].update(title="Inference gateway control plane", version=GATEWAY_VERSION)
+    _mark_required_bodies(document)
     return orjson.dumps(document)
 
 
-@require_GET
+@control_route("GET")
 def openapi_view(request: HttpRequest) -> HttpResponse:
     return HttpResponse(openapi_document(), content_type="application/json")

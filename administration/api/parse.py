@@ -30,12 +30,12 @@ import logging
 from typing import Any, Literal, Mapping, TypedDict
 
 import orjson
+from django.http import HttpResponse
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from administration.api.auth import ControlPlaneAuthentication, IsControlPlaneAdmin
 from administration.api.errors import ErrorType, error_body
+from administration.api.methods import ControlPlaneView
 from inference.pipeline.parsers import UnknownParser, reasoning_parser_class, tool_parser_class
 from inference.pipeline.tools import ToolSchemas
 
@@ -182,14 +182,11 @@ def separate_reasoning(raw: bytes) -> SeparatedReasoning:
 # --- views ----------------------------------------------------------------------------------------------
 
 
-class _ParseView(APIView):
-    authentication_classes = [ControlPlaneAuthentication]
-    permission_classes = [IsControlPlaneAdmin]
-
-    def handle_exception(self, exc: Exception) -> Response:
+class _ParseView(ControlPlaneView):
+    def handle_exception(self, exc: Exception) -> Response | HttpResponse:  # type: ignore[override]  # 405 envelope
         if isinstance(exc, ParseBodyError):
             return Response(error_body(str(exc), ErrorType.BAD_REQUEST), status=400)
-        response: Response = super().handle_exception(exc)
+        response: Response | HttpResponse = super().handle_exception(exc)
         return response
 
 

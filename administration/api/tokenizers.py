@@ -14,12 +14,12 @@ from typing import Any, TypedDict
 
 import orjson
 from django.db import models
+from django.http import HttpResponse
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from administration.api.auth import ControlPlaneAuthentication, IsControlPlaneAdmin
 from administration.api.errors import ErrorType, error_body
+from administration.api.methods import ControlPlaneView
 from administration.models import RegisteredTokenizer, TokenizerStatus
 from administration.tokenizers import (
     TokenizerConflict,
@@ -36,6 +36,10 @@ __all__ = [
 ]  # fmt: skip
 
 TOKENIZER_NOT_FOUND = "tokenizer_not_found"  # the record route's 404 type (spec 3, Errors)
+NAME_MAX = 255
+"""The longest file name (one path component, in bytes) the usual file systems hold: a source or
+template path with a longer part can name no file, and the load would fail on it, so it is refused
+at the request."""
 
 
 def _column_length(name: str) -> int:
@@ -77,7 +81,13 @@ def tokenizer_status(row: RegisteredTokenizer) -> TokenizerStatusBody:
     return body
 
 
-def _text_field(body: dict[str, Any], name: str, *, required: bool) -> str | None:
+def _check_path_parts(value: str, name: str) -> None:
+    """Every "/"-separated part of a path (or hub id, or URL) fits a file name."""
+    if any(len(part.encode("utf-8", "surrogatepass")) > NAME_MAX for part in value.split("/")):
+        raise BodyError(f"'{name}' has a path component longer than {NAME_MAX} bytes")
+
+
+def _text_field(body: dict[str, Any], name: str, *, required: bool, path: bool = False) -> str | None:
     value = body.get(name)
     if value is None:
         if required:
@@ -92,6 +102,8 @@ def _text_field(body: dict[str, Any], name: str, *, required: bool) -> str | Non
         raise BodyError(f"'{name}' is longer than {limit} characters")
     if "\x00" in value:
         raise BodyError(f"'{name}' must not contain NUL characters")
+    if path:
+        _check_path_parts(value, name)
     return value
 
 
@@ -104,19 +116,16 @@ def parse_add_request(raw: bytes) -> tuple[str, str, str | None]:
     if not isinstance(body, dict):
         raise BodyError("The body must be a JSON object")
     name = _text_field(body, "name", required=True)
-    source = _text_field(body, "source", required=True)
+    source = _text_field(body, "source", required=True, path=True)
     assert name is not None and source is not None
-    return name, source, _text_field(body, "chat_template_path", required=False) or None
+    return name, source, _text_field(body, "chat_template_path", required=False, path=True) or None
 
 
-class _TokenizerView(APIView):
-    authentication_classes = [ControlPlaneAuthentication]
-    permission_classes = [IsControlPlaneAdmin]
-
-    def handle_exception(self, exc: Exception) -> Response:
+class _TokenizerView(ControlPlaneView):
+    def handle_exception(self, exc: Exception) -> Response | HttpResponse:  # type: ignore[override]  # 405 envelope
         if isinstance(exc, BodyError):
             return Response(error_body(str(exc), ErrorType.BAD_REQUEST), status=400)
-        response: Response = super().handle_exception(exc)
+        response: Response | HttpResponse = super().handle_exception(exc)
         return response
 
 

@@ -15,10 +15,9 @@ import orjson
 from django.http import HttpResponse
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from administration.api.auth import ControlPlaneAuthentication, IsControlPlaneAdmin
 from administration.api.errors import worker_error_body
+from administration.api.methods import ControlPlaneView
 from administration.lifecycle import LIFECYCLE
 from administration.models import Worker, WorkerType
 from administration.worker_spec import SpecRuleError, SpecTypeError, parse_worker_patch, parse_worker_spec
@@ -107,10 +106,7 @@ def _listed(model: str | None) -> list[dict[str, Any]]:
     ]
 
 
-class _ControlPlaneView(APIView):
-    authentication_classes = [ControlPlaneAuthentication]
-    permission_classes = [IsControlPlaneAdmin]
-
+class _ControlPlaneView(ControlPlaneView):
     def handle_exception(self, exc: Exception) -> Response | HttpResponse:  # type: ignore[override]  # plain-text answers
         if isinstance(exc, BodyError):
             return _plain(exc.status, exc.text)

@@ -1,7 +1,7 @@
 """The control plane of gRPC workers, against real gRPC engine stand-ins on loopback and the whole
 ASGI application with its real fleet loop: registration (runtime detection by HealthCheck, the
-engine's GetModelInfo as labels, retries while unreachable), the parser-name check of every
-registration, health checks by HealthCheck, load polls by GetLoads, the /flush_cache and profiling
+engine's GetModelInfo as labels, retries while unreachable), the parser-name check at the request
+(before any registration), health checks by HealthCheck, load polls by GetLoads, the /flush_cache and profiling
 fan-outs, the 501 of the worker-information routes in gRPC-only fleets, and the engine client's
 channel closed when its worker leaves."""
 
@@ -182,24 +182,25 @@ async def test_a_given_runtime_type_is_used_as_is(
 
 
 @pytest.mark.parametrize("transport", ["http", "grpc"])
-async def test_an_unknown_parser_name_fails_registration_before_the_worker_is_asked(
+async def test_an_unknown_parser_name_is_refused_before_the_worker_is_asked(
     gateway: httpx.AsyncClient,
     fleet: RegistrySync,
     start_engine: EngineFactory,
     start_worker: WorkerFactory,
-    caplog: pytest.LogCaptureFixture,
     transport: str,
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="administration.registration")
+    # Refused at the request (400), so no registration job starts (docs/DECISIONS.md D49).
     if transport == "http":
         worker = await start_worker()
-        await released(gateway, {"url": worker.url, "models": [{"id": "m", "tool_parser": "no_such_parser"}]})
+        response = await gateway.post("/workers", json={"url": worker.url, "models": [{"id": "m", "tool_parser": "no_such_parser"}]})
         assert worker.requests() == []
     else:
         engine = await start_engine("sglang")
-        await released(gateway, {"url": engine.url, "labels": {"reasoning_parser": "no_such_parser"}})
+        response = await gateway.post("/workers", json={"url": engine.url, "labels": {"reasoning_parser": "no_such_parser"}})
         assert engine.state.health_checks == 0
-    assert any("'no_such_parser'" in record.getMessage() for record in caplog.records)
+    assert response.status_code == 400 and response.json()["code"] == "BAD_REQUEST"
+    assert "'no_such_parser'" in response.json()["error"]
+    assert (await gateway.get("/workers")).json()["total"] == 0
 
 
 async def test_an_unreachable_grpc_worker_is_probed_until_it_comes_up(

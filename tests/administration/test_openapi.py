@@ -18,7 +18,11 @@ from administration.control_auth import reset_control_plane_auth
 from administration.api.openapi import ASYNC_VIEW_DECLARATIONS, SCHEMA_PATH
 from administration.models import Worker
 from administration.store_ranges import column_range
+from administration.worker_spec import URL_PATTERN
 from common.config import GatewayConfig, install_config
+from common.urls import WORKER_URL_MAX_LENGTH
+from inference.pipeline.reasoning import REASONING_PARSERS
+from inference.pipeline.tools import TOOL_PARSERS
 
 # Not described: the console (HTML pages) and the description itself.
 UNDESCRIBED = ("admin/", SCHEMA_PATH.lstrip("/"))
@@ -97,3 +101,38 @@ def test_the_description_is_public_under_control_plane_auth(client: Client) -> N
     finally:
         install_config(GatewayConfig(), export=False)
         reset_control_plane_auth()
+
+
+def test_required_bodies_url_rules_and_parser_names_are_marked(document: dict[str, Any]) -> None:
+    """What the views refuse is in the description (issue 22, item 6): a generated client sends a
+    body where one is required, URLs of the pattern the rules accept, known parser names."""
+    paths = document["paths"]
+    bodies = {
+        (path, method): operation["requestBody"]
+        for path, item in paths.items() for method, operation in item.items()
+        if isinstance(operation, dict) and "requestBody" in operation
+    }
+    optional = {("/start_profile", "post"), ("/stop_profile", "post")}
+    assert {("/workers", "post"), ("/workers/{worker_id}", "patch"), ("/workers/{worker_id}", "put"),
+            ("/v1/tokenizers", "post"), ("/parse/function_call", "post"), ("/parse/reasoning", "post")} <= set(bodies)
+    for key, body in bodies.items():
+        assert body.get("required") is (key not in optional), key
+
+    for method, path in (("post", "/workers"), ("put", "/workers/{worker_id}"), ("patch", "/workers/{worker_id}")):
+        spec = paths[path][method]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+        assert spec["url"]["pattern"] == URL_PATTERN and spec["url"]["maxLength"] == WORKER_URL_MAX_LENGTH
+        assert spec["api_key"]["pattern"] == "^[!-~]*$"
+        card = spec["models"]["items"]["properties"]
+        assert card["tool_parser"]["enum"] == [*TOOL_PARSERS.names(), None]  # a card's null is "not given"
+        assert card["reasoning_parser"]["enum"] == [*REASONING_PARSERS.names(), None]
+        assert spec["labels"]["properties"]["tool_parser"]["enum"] == list(TOOL_PARSERS.names())
+        assert spec["labels"]["additionalProperties"] == {"type": "string"}
+    overload = paths["/workers"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]["overload"]
+    assert overload["properties"]["waiting_requests"]["minimum"] == 1
+    assert overload["properties"]["token_usage"] | {"nullable": True} == {
+        "type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1, "nullable": True
+    }
+    function_call = paths["/parse/function_call"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert function_call["properties"]["tool_call_parser"]["enum"] == list(TOOL_PARSERS.names())
+    reasoning = paths["/parse/reasoning"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert reasoning["properties"]["reasoning_parser"]["enum"] == list(REASONING_PARSERS.names())
