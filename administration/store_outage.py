@@ -33,7 +33,9 @@ STORE_UNAVAILABLE_CODE = "SERVICE_UNAVAILABLE"  # the worker endpoints' code (th
 RETRY_AFTER_SECS = 5
 MESSAGE = "The gateway's store is unavailable; try again shortly"
 # Route prefixes whose every request reads or writes the store (the fan-out routes and the data
-# plane work from the registry snapshot and keep answering).
+# plane work from the registry snapshot and keep answering). The history store's client routes
+# (/v1/conversations..., /v1/responses/{id}...) are refused by responses_api/api/admission.py, which
+# knows whether the history is kept in the store, and answers in their own formats.
 STORE_ROUTES = ("/workers", "/admin/", "/v1/tokenizers")
 
 _Response = Callable[[HttpRequest], HttpResponse]

@@ -60,6 +60,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # The history store's client routes: the tenant rate limit and the store-outage answer, before the view.
+    "responses_api.api.admission.ClientStoreAdmission",
     # Innermost, so the first to see a view's exception: a store outage is a 503, never a 500.
     "administration.store_outage.StoreOutageMiddleware",
 ]

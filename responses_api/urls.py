@@ -5,10 +5,15 @@ from __future__ import annotations
 
 from django.urls import path
 
+from responses_api.api.admission import CLIENT_STORE_ROUTES
 from responses_api.api.responses_views import ResponseCancelView, ResponseInputItemsView, ResponseView
 from responses_api.api.views import ConversationItemsView, ConversationItemView, ConversationsView, ConversationView
 
-__all__ = ["urlpatterns"]
+__all__ = ["urlpatterns", "app_name"]
+
+# Every route here reads or writes the history store: the namespace puts each under the tenant rate
+# limit and the store-outage answer (responses_api/api/admission.py), with nothing to add per route.
+app_name = CLIENT_STORE_ROUTES
 
 urlpatterns = [
     path("conversations", ConversationsView.as_view()),

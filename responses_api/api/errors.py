@@ -2,16 +2,21 @@
 status, except two structured errors, item_already_in_conversation and invalid_value
 (``{"error": {message, type, param, code}}``). A missing or unknown key is 401 with an empty body; a
 store outage is 503 with Retry-After. Anything else escapes to the gateway's 500 handler.
+
+The gateway's own refusals on the store's client routes (a store outage, a tenant over its rate
+limit) are :class:`~inference.errors.GatewayError` answered by :func:`refusal` in the route family's
+format: the conversation routes' message body, the stored responses' standard envelope.
 """
 
 from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from django.http import HttpResponse
+from django.http import HttpResponse, JsonResponse
 from rest_framework import exceptions
 from rest_framework.response import Response
 
+from inference.errors import GatewayError
 from responses_api.conversations import InvalidInclude, RequestError
 from responses_api.storage.base import (
     ConversationNotFound,
@@ -31,10 +36,13 @@ __all__ = [
     "exception_handler",
     "STORE_UNAVAILABLE",
     "RETRY_AFTER_SECS",
+    "refusal",
+    "store_unavailable",
 ]
 
 STORE_UNAVAILABLE = "The gateway's store is unavailable; try again shortly"
 RETRY_AFTER_SECS = 5
+CONVERSATION_ROUTES = "/v1/conversations"  # the routes whose errors are {"error": <message string>}
 
 
 class StructuredFields(TypedDict):
@@ -57,6 +65,27 @@ def structured_error(status: int, message: str, param: str | None, code: str) ->
         "error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}
     }
     return Response(body, status=status)
+
+
+def store_unavailable() -> GatewayError:
+    """503 while the store cannot be reached (spec 2 gives the type and no code: the code is the type)."""
+    return GatewayError(503, "service_unavailable", STORE_UNAVAILABLE,
+                        headers=((b"retry-after", str(RETRY_AFTER_SECS).encode()),))  # fmt: skip
+
+
+def refusal(path: str, error: GatewayError) -> HttpResponse:
+    """``error`` answered in the format of ``path``'s route family, with its headers: a conversation
+    route's ``{"error": <message>}``, else the standard envelope with X-GW-Error-Code. Not logged by
+    Django (a client's limit is not the gateway's warning; an outage is logged once by common.outages)."""
+    if path.startswith(CONVERSATION_ROUTES):
+        response = JsonResponse({"error": error.message}, status=error.status)
+    else:
+        response = JsonResponse(error.to_dict(), status=error.status)
+        response["X-GW-Error-Code"] = str(error.code)
+    for name, value in error.headers:
+        response[name.decode("latin-1")] = value.decode("latin-1")
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
 
 
 def unauthorized() -> HttpResponse:
@@ -96,9 +125,7 @@ def _answer(exc: Exception, context: dict[str, Any]) -> Response | HttpResponse 
     if isinstance(exc, InvalidInclude):
         return structured_error(400, str(exc), "include", "invalid_value")
     if isinstance(exc, STORE_ERRORS):  # reported to common.outages.STORE by the store
-        response = message_error(503, STORE_UNAVAILABLE)
-        response["Retry-After"] = str(RETRY_AFTER_SECS)
-        return response
+        return refusal(context["request"].path, store_unavailable())
     if isinstance(exc, exceptions.MethodNotAllowed):
         return message_error(405, f"Method {context['request'].method} not allowed")
     if isinstance(exc, exceptions.APIException):

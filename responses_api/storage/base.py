@@ -214,6 +214,9 @@ class HistoryStore(abc.ABC):
     keeps_records: bool = True
     """False for a store that writes nothing (a response it does not find was never there, not
     deleted or cancelled)."""
+    in_database: bool = False
+    """True for a store in the gateway's database: its routes answer 503 at once while the database
+    is known down (responses_api/api/admission.py)."""
 
     # --- responses ---
 

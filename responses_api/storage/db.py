@@ -480,6 +480,7 @@ def _append_items(scope: str, conversation_id: str, items: Sequence[Mapping[str,
 
 class DatabaseHistoryStore(HistoryStore):
     name = "db"
+    in_database = True
 
     async def asave_response(
         self,
