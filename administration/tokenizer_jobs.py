@@ -29,13 +29,20 @@ from inference.pipeline.tokenizer_sources import SourceKind, resolve_tokenizer_s
 from inference.pipeline.tokenizers import TokenizerLoadError, load_tokenizer
 
 __all__ = [
-    "FAILED_RETENTION", "clock", "run_tokenizer_load", "fail_tokenizer_load", "tokenizer_entries", "expiry_horizon",
+    "FAILED_RETENTION", "ABANDONED_AFTER", "clock", "run_tokenizer_load", "fail_tokenizer_load", "tokenizer_entries",
+    "expiry_horizon", "abandoned_horizon",
 ]
 
 log = logging.getLogger(__name__)
 
 FAILED_RETENTION = timedelta(minutes=5)
 """A failed load's status is kept this long (spec 3: about five minutes), then lookups give 404."""
+
+
+ABANDONED_AFTER = timedelta(hours=1)
+"""A load queued or running this long since its row last moved has no job left to end it (its
+process died, the broker lost it): it is then failed, which frees its name. Far past what a load
+takes (a worker's archive within 120 s, a store outage waited out within 10 min)."""
 
 
 def clock() -> datetime:
@@ -46,6 +53,11 @@ def clock() -> datetime:
 def expiry_horizon() -> datetime:
     """Failed rows last written before this are gone."""
     return clock() - FAILED_RETENTION
+
+
+def abandoned_horizon() -> datetime:
+    """Pending or processing rows last written before this have no job left."""
+    return clock() - ABANDONED_AFTER
 
 
 def _worker_key(source: str) -> str | None:

@@ -5,7 +5,8 @@ pending row and queues its load job (administration/tokenizer_jobs.py) once the 
 name is held by a pending, processing or completed row: adding it again is a conflict naming that
 row. Lookups by name see completed tokenizers only; a queued, loading or failed job is found by its
 id. A failed row is kept for its status about five minutes (``FAILED_RETENTION``), then it is gone:
-every call here first deletes the expired ones (one indexed DELETE).
+every call here first deletes the expired ones (one indexed DELETE), after failing the loads whose
+job is gone (``ABANDONED_AFTER`` without a write), so no name is held by a load nothing will end.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from django.db.models import Q
 from administration.jobs import enqueue
 from administration.models import RegisteredTokenizer, TokenizerStatus
 from administration.notices import publish_registry_changed
-from administration.tokenizer_jobs import clock, expiry_horizon
+from administration.tokenizer_jobs import ABANDONED_AFTER, abandoned_horizon, clock, expiry_horizon
 
 __all__ = [
     "TokenizerConflict", "add_tokenizer", "find_tokenizer", "find_tokenizer_job", "list_tokenizers",
@@ -43,8 +44,17 @@ def _as_uuid(key: str) -> uuid.UUID | None:
         return None
 
 
+_ABANDONED_MINUTES = int(ABANDONED_AFTER.total_seconds() // 60)
+
+
 def purge_expired_tokenizers() -> int:
-    """Delete the failed rows older than the retention; how many went."""
+    """Fail the abandoned loads, delete the failed rows older than the retention; how many went."""
+    RegisteredTokenizer.objects.filter(
+        status__in=[TokenizerStatus.PENDING, TokenizerStatus.PROCESSING], updated_at__lt=abandoned_horizon()
+    ).update(
+        status=TokenizerStatus.FAILED, updated_at=clock(),
+        message=f"Failed to load the tokenizer: its job ended without a result (no progress for {_ABANDONED_MINUTES} min)",
+    )
     deleted, _ = RegisteredTokenizer.objects.filter(status=TokenizerStatus.FAILED, updated_at__lt=expiry_horizon()).delete()
     return deleted
 

@@ -11,6 +11,7 @@ an update whose changes are not what the API sends (TypeError)."""
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Iterator
 
 import pytest
@@ -20,7 +21,7 @@ from django.utils import timezone
 from administration.job_runner import JOBS, run_job
 from administration.jobs import wait_for_local_jobs
 from administration.models import JobState, JobType, RegisteredTokenizer, TokenizerStatus, Worker, WorkerStatus
-from administration.tokenizer_jobs import clock
+from administration.tokenizer_jobs import ABANDONED_AFTER, clock
 from common.config import GatewayConfig, install_config
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -98,3 +99,19 @@ def test_a_tokenizer_load_that_fails_keeps_its_reason() -> None:
     run_job("load_tokenizer", str(row.pk))
     row.refresh_from_db()
     assert row.status == TokenizerStatus.FAILED and "no tokenizer.json" in row.message
+
+
+def test_a_tokenizer_load_whose_job_is_gone_is_failed_and_frees_the_name(client: Client) -> None:
+    """A load whose process died holds no name for ever: past ABANDONED_AFTER without progress it is failed."""
+    busy = RegisteredTokenizer.objects.create(
+        name="busy", source="/x", status=TokenizerStatus.PROCESSING, updated_at=clock() - ABANDONED_AFTER / 2
+    )
+    gone = RegisteredTokenizer.objects.create(
+        name="gone", source="/x", status=TokenizerStatus.PROCESSING, updated_at=clock() - ABANDONED_AFTER - timedelta(seconds=1)
+    )
+    held = client.post("/v1/tokenizers", {"name": "busy", "source": "/nonexistent/a"}, content_type="application/json")
+    assert held.status_code == 409 and held.json()["id"] == str(busy.pk)  # its job may still be loading
+    freed = client.post("/v1/tokenizers", {"name": "gone", "source": "/nonexistent/a"}, content_type="application/json")
+    assert freed.status_code == 202, freed.content
+    status = client.get(f"/v1/tokenizers/{gone.pk}/status").json()
+    assert status["status"] == "failed" and "ended without a result" in status["message"]
