@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from daphne.http_protocol import HTTPFactory
+from daphne.http_protocol import HTTPFactory, WebRequest
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
@@ -21,7 +21,7 @@ from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
 from administration.receipt import BODY, DONE, HEAD, IDLE, ReceiptLimits, rejection
 from inference import errors
 
-__all__ = ["BoundedChannel", "bounded_factory"]
+__all__ = ["BoundedChannel", "GatewayRequest", "bounded_factory"]
 
 
 class BoundedChannel(HTTPChannel):
@@ -117,6 +117,22 @@ class BoundedChannel(HTTPChannel):
         self._reject(errors.request_head_too_large(self.limits.max_head_bytes, self.limits.max_headers))
 
 
+class GatewayRequest(WebRequest):
+    """daphne's request, ending the connection when the application raised after its response
+    started (a relayed body broken off upstream, :class:`~inference.asgi_io.ResponseAborted`, or an
+    escaped bug). daphne answers such an exception with a 500 page, which cannot start twice: the
+    ValueError that raises stops its application checker for good, and the client waits on a
+    response that never ends. Closed instead, the client sees the body cut short."""
+
+    def handle_exception(self, exception: BaseException) -> None:
+        if self._response_started:
+            transport: Any = self.channel.transport if self.channel is not None else None
+            if transport is not None:
+                transport.loseConnection()
+            return
+        super().handle_exception(exception)
+
+
 def bounded_factory(limits: ReceiptLimits) -> type[HTTPFactory]:
     """daphne's HTTP factory building :class:`BoundedChannel` connections with ``limits``."""
     channel = type(
@@ -129,5 +145,11 @@ def bounded_factory(limits: ReceiptLimits) -> type[HTTPFactory]:
     class GatewayHttpFactory(HTTPFactory):
         def protocol(self) -> _GenericHTTPChannelProtocol:
             return _GenericHTTPChannelProtocol(channel())
+
+        def buildProtocol(self, addr: Any) -> Any:
+            built = super().buildProtocol(addr)
+            if built is not None:
+                built.requestFactory = GatewayRequest
+            return built
 
     return GatewayHttpFactory

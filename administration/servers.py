@@ -25,8 +25,9 @@ from administration.lifecycle import LIFECYCLE
 from administration.receipt import ReceiptLimits, bounded_protocol
 from administration.receipt_twisted import bounded_factory  # Twisted's web module, not its reactor
 from common.config import GatewayConfig
+from inference.asgi_io import ResponseAborted
 
-__all__ = ["run_uvicorn", "run_daphne"]
+__all__ = ["AbortedResponses", "run_uvicorn", "run_daphne"]
 
 log = logging.getLogger("administration.lifecycle")
 
@@ -39,6 +40,14 @@ class _DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         LIFECYCLE.begin_drain()
         super().handle_exit(sig, frame)
+
+
+class AbortedResponses(logging.Filter):
+    """On a server's logger: its record of a :class:`~inference.asgi_io.ResponseAborted` is dropped
+    (the gateway logged why it ended the response; the server only closed the connection, as asked)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], ResponseAborted))
 
 
 def run_uvicorn(config: GatewayConfig, sock: socket.socket | None = None) -> None:
@@ -57,6 +66,7 @@ def run_uvicorn(config: GatewayConfig, sock: socket.socket | None = None) -> Non
             server_header=False,
         )
     )
+    logging.getLogger("uvicorn.error").addFilter(AbortedResponses())
     server.run(sockets=[sock] if sock is not None else None)
 
 
@@ -69,6 +79,7 @@ def run_daphne(config: GatewayConfig, fd: int | None = None) -> None:
 
     # daphne builds its HTTP factory by this name in Server.run: ours bounds request receipt (D30).
     daphne.server.HTTPFactory = bounded_factory(ReceiptLimits.of(config))
+    logging.getLogger("daphne.server").addFilter(AbortedResponses())
     cli = CommandLineInterface()
     _tie_lifecycle_to_twisted(cli, config.shutdown_grace_period_secs)
     verbosity = "2" if config.log_level == "debug" else "1"

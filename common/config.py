@@ -109,7 +109,9 @@ class GatewayConfig:
     request_timeout_secs: float = 1800.0
     max_payload_size: int = DEFAULT_MAX_PAYLOAD
     max_buffered_request_bytes: int = 16 * 1024 * 1024
-    max_buffered_response_bytes: int = 256 * 1024 * 1024  # a non-streamed worker answer held whole
+    # The most of an upstream answer held for one request where it must be read whole (a provider's
+    # Responses event or object; a relayed answer is held up to 256 KiB, then relayed through): D45.
+    max_buffered_response_bytes: int = 4 * 1024 * 1024
     max_worker_answer_bytes: int = 16 * 1024 * 1024  # health and load answers read into memory
     # Health checks (defaults of every worker's health block)
     health_check_timeout_secs: float = 5.0
@@ -439,7 +441,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("max_payload_size", _positive_int, "largest accepted request body (bytes)"),
     Flag("max_buffered_request_bytes", _count, "largest body kept replayable for retries (bytes)"),
     Flag("max_buffered_response_bytes", _positive_int,
-         "largest non-streamed worker answer held in memory (bytes; a larger one fails the attempt with 502)"),
+         "most of an upstream answer held in memory where it must be read whole (bytes; a provider's "
+         "Responses event or object larger fails with 502); relayed answers are not held"),
     Flag("max_worker_answer_bytes", _positive_int,
          "largest answer read from a worker's health or load route (bytes; longer counts as a failure)"),
     Flag("health_check_timeout_secs", _positive_float, "health probe timeout"),

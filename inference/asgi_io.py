@@ -19,6 +19,7 @@ __all__ = [
     "Receive",
     "Send",
     "ClientDisconnected",
+    "ResponseAborted",
     "header",
     "request_id_for",
     "sane_request_id",
@@ -48,6 +49,14 @@ _JSON = (b"content-type", b"application/json")
 
 class ClientDisconnected(Exception):
     """The client went away before the gateway finished."""
+
+
+class ResponseAborted(Exception):
+    """A response that started cannot be finished truthfully (a whole body relayed as it arrived was
+    broken off upstream): raised out of the application so the server closes the connection without
+    the body's end, and the client's copy cannot pass for complete. ASGI has no other way to say
+    so. Logged by whoever raised it; the servers' own record of it is dropped
+    (:class:`administration.servers.AbortedResponses`)."""
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:

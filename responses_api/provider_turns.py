@@ -132,6 +132,8 @@ async def sse_events(chunks: AsyncIterator[bytes], max_event_bytes: int) -> Asyn
         if len(buffer) > max_event_bytes and b"\n\n" not in buffer:
             raise UpstreamFailure(FailureKind.BROKEN, f"a provider event is larger than {max_event_bytes} bytes")
         while (end := buffer.find(b"\n\n")) >= 0:
+            if end > max_event_bytes:
+                raise UpstreamFailure(FailureKind.BROKEN, f"a provider event is larger than {max_event_bytes} bytes")
             block, buffer = buffer[:end], buffer[end + 2 :]
             data = b"\n".join(line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:"))
             if not data or data == b"[DONE]":

@@ -6,7 +6,7 @@ It answers what an OpenAI-compatible worker would: POST /v1/chat/completions (a 
 or server-sent events when the request asks to stream), POST /v1/responses (a provider's Responses
 events), GET /v1/models, GET /health and GET /get_load. ``endless`` makes every body go on until the peer closes
 (the server writes as fast as the peer reads, never faster: it awaits ``drain``); ``cut`` makes it
-close halfway through a body. Every request arrives on its own connection when the framing is
+close halfway through a POST's answer. Every request arrives on its own connection when the framing is
 ``close``; it counts connections and the body bytes it wrote, and ``peer_closed`` is set when a
 peer hung up on an endless body.
 """
@@ -121,7 +121,8 @@ async def _serve(worker: FramedWorker, reader: asyncio.StreamReader, writer: asy
             if worker.framing == "close":
                 head.append(b"Connection: close")
             writer.write(b"\r\n".join(head) + b"\r\n\r\n")
-            if worker.cut:
+            cut = worker.cut and line.startswith(b"POST ")
+            if cut:
                 parts = [parts[0][: max(1, len(parts[0]) // 2)]]
             while True:
                 for part in parts:
@@ -130,7 +131,7 @@ async def _serve(worker: FramedWorker, reader: asyncio.StreamReader, writer: asy
                     await writer.drain()
                 if not worker.endless:
                     break
-            if worker.cut or worker.framing == "close":
+            if cut or worker.framing == "close":
                 break
             if worker.framing == "chunked":
                 writer.write(b"0\r\n\r\n")

@@ -42,7 +42,7 @@ from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.writers import ResponseWriter
 
-__all__ = ["HttpRelay", "KEEPALIVE_SECS"]
+__all__ = ["HOLD_BYTES", "HttpRelay", "KEEPALIVE_SECS"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,9 @@ _CONNECT_TIMEOUT_SECS = 10.0
 # connection the worker is closing at that moment is lost (502). Staying under it avoids the race.
 KEEPALIVE_SECS = 4.0
 _READ_BUFSIZE = 2**16
+# The most of a non-streamed answer held before it is relayed (docs/DECISIONS.md D45): answers up to
+# this size keep a retry on another worker (or a clean 502) when their worker breaks off in them.
+HOLD_BYTES = 256 * 1024
 _ONE_WRITE_MAX = 2**16  # bodies up to this size go out in the same write as the head
 _NO_TIMER = TimerNoop()
 _BREAKS = frozenset(b"\r\n\x00")
@@ -144,7 +147,9 @@ class HttpRelay(Relay):
         self, request_timeout_secs: float, keepalive_secs: float = KEEPALIVE_SECS, max_answer_bytes: int = 2**28
     ) -> None:
         self._keepalive_secs = keepalive_secs
-        self.max_answer_bytes = max_answer_bytes  # a non-streamed answer is held whole up to this size
+        self.max_answer_bytes = max_answer_bytes
+        # A non-streamed answer up to this size is read whole before it is relayed; longer, through.
+        self.hold_bytes = min(max_answer_bytes, HOLD_BYTES)
         self._timeout = aiohttp.ClientTimeout(
             total=request_timeout_secs, connect=_CONNECT_TIMEOUT_SECS, sock_connect=_CONNECT_TIMEOUT_SECS
         )
@@ -334,42 +339,52 @@ class _HttpAnswer(RelayAnswer):
                 exchange.close()
 
     async def _relay_whole(self, writer: ResponseWriter) -> None:
-        """Read the answer whole, at most ``--max-buffered-response-bytes`` of it: a worker that
-        declares or sends more fails the attempt (502, or another worker) and loses the connection."""
+        """A non-streamed answer. One of up to ``hold_bytes`` is read whole before anything goes to
+        the client: a worker that breaks off in it fails the attempt (502, or another worker). A
+        longer one (declared, or found so while reading) is relayed through as it arrives, never
+        held whole (D45): memory stays at one read per request whatever the worker sends."""
         exchange = self._exchange
-        limit = self._relay.max_answer_bytes
-        declared = self._declared
+        payload = exchange.payload
+        window = self._relay.hold_bytes
+        declared = int(self._declared) if self._declared is not None and self._declared.isdigit() else None
         reading = perf_counter()
+        held: list[bytes] = []
+        size = 0
         try:
-            if declared is not None and declared.isdigit():
-                if int(declared) > limit:
-                    raise self._too_large(limit)
-                body = await exchange.payload.read()  # the parser stops at the declared length
-            else:
-                body = await self._read_bounded(limit)
+            if declared is None or declared <= window:
+                while chunk := await payload.readany():
+                    held.append(chunk)
+                    size += len(chunk)
+                    if size > window:
+                        break
         except asyncio.CancelledError:
             if exchange.deadline.absorb():
                 raise self._relay._timed_out() from None
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise self._relay._failure(exc) from None
-        await writer.whole(self.status, self.content_type.encode("latin-1"), body, perf_counter() - reading)
-
-    async def _read_bounded(self, limit: int) -> bytes:
-        """An answer of unknown length (chunked, or up to the close), refused past ``limit`` bytes."""
-        payload = self._exchange.payload
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := await payload.readany():
-            size += len(chunk)
-            if size > limit:
-                raise self._too_large(limit)
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    def _too_large(self, limit: int) -> UpstreamFailure:
-        log.warning("worker %s answered more than --max-buffered-response-bytes (%d)", self._request.worker.url, limit)
-        return UpstreamFailure(FailureKind.BROKEN, f"the answer is larger than {limit} bytes")
+        content_type = self.content_type.encode("latin-1")
+        if size <= window and (declared is None or declared <= window):
+            await writer.whole(self.status, content_type, b"".join(held), perf_counter() - reading)
+            return
+        await writer.open_whole(self.status, content_type, declared, perf_counter() - reading)
+        for chunk in held:
+            await writer.part(chunk)
+        del held
+        try:
+            while chunk := await payload.readany():
+                await writer.part(chunk)
+        except asyncio.CancelledError:
+            if not exchange.deadline.absorb():
+                raise
+            failure = self._relay._timed_out()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            failure = self._relay._failure(exc)
+        else:
+            await writer.end_whole()
+            return
+        log.warning("answer from %s broke off after the response started: %s", self._request.worker.url, failure.detail)
+        writer.abort(failure.detail)
 
     async def _relay_stream(self, writer: ResponseWriter) -> bool:
         exchange = self._exchange

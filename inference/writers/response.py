@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 from time import perf_counter
-from typing import Protocol
+from typing import NoReturn, Protocol
 
-from inference.asgi_io import SSE_HEADERS, DisconnectWatch, Receive, Send, send_error
+from inference.asgi_io import SSE_HEADERS, DisconnectWatch, Receive, ResponseAborted, Send, send_error
 from inference.errors import GatewayError
 from inference.writers.framing import Framing
 
@@ -103,6 +103,32 @@ class ResponseWriter:
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
         self._before_final()
         await self._send({"type": "http.response.body", "body": body})
+
+    # --- whole bodies relayed as they arrive (too long to hold) ----------------------------------------
+    async def open_whole(self, status: int, content_type: bytes, length: int | None, upstream_secs: float = 0.0) -> None:
+        """The head of a whole body that follows in :meth:`part`\s: with the upstream's length when it
+        declared one, else the server frames it (chunked)."""
+        headers = [(b"x-request-id", self.request_id)]
+        if length is not None:
+            headers.append((b"content-length", b"%d" % length))
+        if content_type:
+            headers.append((b"content-type", content_type))
+        self.clock.stamp(headers, upstream_secs)
+        self.started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def part(self, data: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end_whole(self) -> None:
+        self._before_final()
+        await self._send({"type": "http.response.body", "body": b""})
+
+    def abort(self, reason: str) -> NoReturn:
+        """The body begun with :meth:`open_whole` cannot be finished: the connection is closed without
+        its end (see :class:`~inference.asgi_io.ResponseAborted`)."""
+        self._before_final()
+        raise ResponseAborted(reason)
 
     # --- streams ----------------------------------------------------------------------------------
     async def open_stream(self) -> None:
