@@ -1,6 +1,6 @@
 """The Responses API's data-plane routes, composed into the gateway's router by gateway_project:
-POST /v1/responses is one :class:`~inference.api.relay.RelayRoute` (validated here; relayed to an
-HTTP worker's own /v1/responses, served by :class:`~responses_api.served.ServedResponses` on gRPC
+POST /v1/responses is one :class:`~inference.api.surface.Surface` (validated here; relayed to an
+HTTP worker's own /v1/responses, served by :class:`~responses_api.served.ServedResponses` on engine
 workers and on external providers, whose turns it drives), framed as Responses events (no [DONE])."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from typing import Any
 
 from django.urls import URLPattern
 
-from inference.api.relay import RelayRoute
+from inference.api.relay import SurfaceRoute
 from inference.api.routes import asgi_route
+from inference.api.surface import Serve, Surface
 from inference.schemas.base import ValidatedRequest
 from inference.writers import RESPONSES_SSE
 from responses_api.request import validate_response_request
@@ -24,9 +25,12 @@ def validate_responses(body: dict[str, Any]) -> ValidatedRequest:
     return ValidatedRequest(body=body, model=checked.model, stream=checked.stream, modified=False, parsed=checked)
 
 
+RESPONSES = Surface(
+    "/v1/responses", validate_responses, RESPONSES_SSE, engine=Serve(ServedResponses), external=Serve(ServedResponses)
+)
+
+
 def responses_routes() -> list[URLPattern]:
     return [
-        asgi_route("v1/responses", RelayRoute(
-            "/v1/responses", validate_responses, RESPONSES_SSE, served=ServedResponses, served_external=True
-        )),
+        asgi_route("v1/responses", SurfaceRoute(RESPONSES)),
     ]

@@ -1,7 +1,8 @@
-"""The relayed POST routes (chat, completions, embeddings, rerank, generate, ...): a thin surface over
-the request kit. Each is one :class:`RelayRoute` differing in its worker path, its validator and its
-framing; the request goes to the same path on the chosen worker and the answer comes back through the
-surface's response writer.
+"""The data plane's POST routes: a thin handler over the request kit that runs any
+:class:`~inference.api.surface.Surface`. The request is validated by the surface's validator, admitted,
+routed to a worker, and handled as the surface says for that worker's kind: relayed to the same path
+(HTTP workers, providers), served by the gateway (engine workers), or refused with 501; the answer
+comes back through the surface's response writer.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import asyncio
 import logging
 import re
 from time import perf_counter
-from typing import Any, Awaitable
+from typing import Awaitable
 
 import orjson
 
@@ -18,46 +19,35 @@ from common import telemetry
 from common.secrets import bearer_token
 from inference import errors
 from inference.admission import Admission
+from inference.api.surface import OPENAI_HEADERS, HeaderSet, Relay, Serve, Surface, kind_of
 from inference.asgi_io import ClientDisconnected, Receive, Scope, Send, header, request_id_for
 from inference.auth import Identity, IdentityKind
 from inference.dataplane import DataPlane, data_plane
 from inference.errors import GatewayError
-from inference.kit import Passed, RoutePlan, Validator, pass_gate, run_attempts
+from inference.kit import Passed, RoutePlan, pass_gate, run_attempts
 from inference.routing.selection import select_worker
 from inference.routing.workers import WorkerHandle
-from inference.schemas.base import ValidatedRequest
 from inference.served import ServedAnswer, ServedRequest, ServedSurface
 from inference.upstreams import RelayAnswer, RelayRequest
 from inference.upstreams.provider import EXTERNAL
-from inference.writers import OPENAI_SSE, Framing, ResponseClock, ResponseWriter
+from inference.writers import ResponseClock, ResponseWriter
 
-__all__ = ["RelayRoute", "caller_key", "forwarded_headers"]
+__all__ = ["SurfaceRoute", "caller_key", "forwarded_headers"]
 
 log = logging.getLogger(__name__)
-
-# Client headers passed on to HTTP workers (tracing and routing); X-Request-ID is always set.
-_FORWARDED = (b"x-correlation-id", b"traceparent", b"tracestate", b"x-gw-routing-key")
-
 
 # A value a worker's HTTP parser would refuse (a control character other than tab): not passed on.
 # Servers refuse such heads before they reach us; this keeps any other way in from writing one.
 _UNSENDABLE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
-def forwarded_headers(scope: Scope) -> tuple[tuple[str, str], ...]:
+def forwarded_headers(scope: Scope, passed: HeaderSet = OPENAI_HEADERS) -> tuple[tuple[str, str], ...]:
+    """The client's headers that ``passed`` lets through, less any a worker's parser would refuse."""
     found = []
     for key, value in scope["headers"]:
-        if (key in _FORWARDED or key.startswith(b"x-request-id-")) and not _UNSENDABLE.search(value):
+        if passed.passes(key) and not _UNSENDABLE.search(value):
             found.append((key.decode("latin-1"), value.decode("latin-1")))
     return tuple(found)
-
-
-def _model_and_stream(body: dict[str, Any]) -> ValidatedRequest:
-    """For routes without a schema: an optional string model, and stream when exactly true."""
-    model = body.get("model")
-    if model is not None and (not isinstance(model, str) or not model):
-        raise errors.invalid_request("model must be a non-empty string", param="model")
-    return ValidatedRequest(body=body, model=model or "", stream=body.get("stream") is True, modified=False)
 
 
 def caller_key(scope: Scope, identity: Identity) -> str | None:
@@ -70,26 +60,14 @@ def caller_key(scope: Scope, identity: Identity) -> str | None:
     return token.decode("latin-1") if token is not None else None
 
 
-class RelayRoute:
-    """A POST route relayed to the same path on the chosen worker, or served by the gateway itself
-    (``served``) when the chosen worker is an engine (gRPC), and on external providers too when
-    ``served_external`` (the surface then drives the provider itself); without ``served``, an engine
-    worker answers 501."""
+class SurfaceRoute:
+    """The ASGI handler of one :class:`~inference.api.surface.Surface` (see the module's docstring)."""
 
-    def __init__(
-        self,
-        upstream_path: str,
-        validate: Validator | None = None,
-        framing: Framing = OPENAI_SSE,
-        served: type[ServedSurface] | None = None,
-        *,
-        served_external: bool = False,
-    ) -> None:
-        self.upstream_path = upstream_path
-        self.validate: Validator = validate or _model_and_stream
-        self.framing = framing
-        self.served = served
-        self.served_external = served_external
+    def __init__(self, surface: Surface) -> None:
+        self.surface = surface
+        self.upstream_path = surface.path
+        self.validate = surface.validate
+        self.framing = surface.framing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         writer = ResponseWriter(send, request_id_for(scope), ResponseClock(perf_counter()), self.framing)
@@ -149,37 +127,38 @@ class RelayRoute:
         plan = RoutePlan(self.upstream_path, model, routing_key, body, len(payload))
         path = self.upstream_path
         stream = checked.stream
-        headers = forwarded_headers(scope)
         identity = passed.identity
-        served = self.served
-        surface: ServedSurface | None = None  # made at the first engine worker tried
+        surface_of = self.surface
+        served: ServedSurface | None = None  # made at the first worker the gateway serves itself
 
-        async def open_served(target: WorkerHandle) -> ServedAnswer:
-            nonlocal surface
+        async def refuse(target: WorkerHandle) -> ServedAnswer:
+            raise errors.endpoint_not_supported(path, str(target.record.transport))
+
+        async def serve(target: WorkerHandle, handling: Serve) -> ServedAnswer:
+            nonlocal served
             if served is None:
-                raise errors.endpoint_not_supported(path, str(target.record.transport))
-            if surface is None:
                 request = ServedRequest(
                     dp, body, decision.model or checked.model, checked.model, stream, writer, identity,
                     caller_key(scope, identity), checked.parsed,
                 )  # fmt: skip
-                surface = served(request)
-            return await surface.open(target)
+                served = handling.surface(request)
+            return await served.open(target)
 
         # Plain functions returning the upstream's own coroutines: no extra frame per attempt.
         def open_on(target: WorkerHandle) -> Awaitable[RelayAnswer | ServedAnswer]:
             record = target.record
-            if record.engine is not None:
-                return open_served(target)
-            if record.external:
-                if self.served_external:
-                    return open_served(target)
-                relay = dp.relay_for(EXTERNAL, path)
-                return relay.open(
-                    RelayRequest(target, path, payload, stream, writer.request_id, headers, identity, caller_key(scope, identity))
-                )
-            relay = dp.relay_for(record.transport, path)
-            return relay.open(RelayRequest(target, path, payload, stream, writer.request_id, headers, identity))
+            handling = surface_of.handling(kind_of(record))
+            if type(handling) is Relay and handling.takes(record):
+                headers = forwarded_headers(scope, handling.headers)
+                if record.external:
+                    return dp.relay_for(EXTERNAL, path).open(RelayRequest(
+                        target, path, payload, stream, writer.request_id, headers, identity, caller_key(scope, identity)
+                    ))  # fmt: skip
+                relay = dp.relay_for(record.transport, path)
+                return relay.open(RelayRequest(target, path, payload, stream, writer.request_id, headers, identity))
+            if type(handling) is Serve:
+                return serve(target, handling)
+            return refuse(target)
 
         def deliver(answer: RelayAnswer | ServedAnswer) -> Awaitable[bool]:
             return answer.forward(writer)

@@ -9,39 +9,11 @@ from django.urls import URLPattern, path
 from inference.asgi_io import ASGIApp
 from inference.api.worker_routes import engine_metrics, get_model_info, get_server_info, health_generate, loads
 from inference.api.models import list_models
+from inference.api.openai import OPENAI_SURFACES, RELAYED_PATHS
 from inference.api.probes import liveness, readiness
-from inference.api.relay import RelayRoute
-from inference.schemas.chat import validate_chat_completion
-from inference.schemas.completions import validate_completion
-from inference.served import ServedSurface
-from inference.served.chat import ServedChat
-from inference.served.completions import ServedCompletion
-from inference.served.embeddings import ServedEmbeddings
-from inference.served.generate import ServedGenerate
-from inference.served.tokenize import ServedDetokenize, ServedTokenize
+from inference.api.relay import SurfaceRoute
 
-__all__ = ["data_plane_routes", "data_plane_paths", "RELAYED_PATHS"]
-
-# Worker path per relayed route (the gateway path and the worker path are the same).
-RELAYED_PATHS = (
-    "/v1/embeddings",
-    "/v1/rerank",
-    "/rerank",
-    "/v1/classify",
-    "/generate",
-    "/v1/tokenize",
-    "/v1/detokenize",
-)
-
-
-# What the gateway serves itself on engine (gRPC) workers, per relayed route; the others answer 501
-# there.
-SERVED_PATHS: dict[str, type[ServedSurface]] = {
-    "/v1/embeddings": ServedEmbeddings,
-    "/generate": ServedGenerate,
-    "/v1/tokenize": ServedTokenize,
-    "/v1/detokenize": ServedDetokenize,
-}
+__all__ = ["data_plane_routes", "data_plane_paths", "RELAYED_PATHS", "asgi_route"]
 
 
 def asgi_route(pattern: str, app: ASGIApp) -> URLPattern:
@@ -50,11 +22,8 @@ def asgi_route(pattern: str, app: ASGIApp) -> URLPattern:
 
 
 def data_plane_routes() -> list[URLPattern]:
-    routes = [
-        asgi_route(
-            "v1/chat/completions", RelayRoute("/v1/chat/completions", validate_chat_completion, served=ServedChat)
-        ),
-        asgi_route("v1/completions", RelayRoute("/v1/completions", validate_completion, served=ServedCompletion)),
+    routes = [asgi_route(surface.path.lstrip("/"), SurfaceRoute(surface)) for surface in OPENAI_SURFACES]
+    routes += [
         asgi_route("v1/models", list_models),
         asgi_route("health", liveness),
         asgi_route("liveness", liveness),
@@ -65,9 +34,6 @@ def data_plane_routes() -> list[URLPattern]:
         asgi_route("get_model_info", get_model_info),
         asgi_route("get_server_info", get_server_info),
     ]
-    routes.extend(
-        asgi_route(route.lstrip("/"), RelayRoute(route, served=SERVED_PATHS.get(route))) for route in RELAYED_PATHS
-    )
     return routes
 
 

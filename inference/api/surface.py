@@ -1,0 +1,118 @@
+"""One descriptor per API surface: what a POST route of the data plane is, and what each kind of
+worker does with it.
+
+A :class:`Surface` names its path (the gateway's and the worker's), its validator, its stream
+framing (the closing event, and how an error after the response started is reported in-band; an
+error before it is always the standard envelope), and, per worker kind, one :data:`Handling`:
+
+- :class:`Relay`: the request goes to the same path on the worker (HTTP workers; external providers
+  only those in ``providers`` when it is set), with the client headers of its :class:`HeaderSet`;
+- :class:`Serve`: the gateway serves it itself with a :class:`~inference.served.ServedSurface`
+  (engine workers; on external providers, a surface that drives the provider itself);
+- ``None``: the worker kind does not serve the route (501 ``endpoint_not_supported``).
+
+Each API's router module lists its surfaces (inference/api/openai.py, responses_api/routes.py, ...);
+:class:`~inference.api.relay.SurfaceRoute` runs any of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from inference import errors
+from inference.kit import Validator
+from inference.routing.workers import WorkerRecord
+from inference.schemas.base import ValidatedRequest
+from inference.served import ServedSurface
+from inference.writers import OPENAI_SSE, Framing
+
+__all__ = [
+    "HeaderSet", "OPENAI_HEADERS", "Relay", "Serve", "Handling", "Surface", "WorkerKind", "kind_of", "model_and_stream",
+]  # fmt: skip
+
+
+class WorkerKind(StrEnum):
+    """What the gateway is to a worker: a relay (HTTP workers), the full server in front of an
+    engine (gRPC), or a client of a third-party provider's API."""
+
+    HTTP = "http"
+    ENGINE = "engine"
+    EXTERNAL = "external"
+
+
+def kind_of(record: WorkerRecord) -> WorkerKind:
+    if record.engine is not None:
+        return WorkerKind.ENGINE
+    if record.external:
+        return WorkerKind.EXTERNAL
+    return WorkerKind.HTTP
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderSet:
+    """The client headers a relayed surface passes on (lower-case names, and prefixes of names);
+    X-Request-ID is always set by the gateway, and the worker's own credential by the relay."""
+
+    names: frozenset[bytes]
+    prefixes: tuple[bytes, ...] = ()
+
+    def passes(self, name: bytes) -> bool:
+        return name in self.names or name.startswith(self.prefixes)
+
+
+OPENAI_HEADERS = HeaderSet(
+    frozenset((b"x-correlation-id", b"traceparent", b"tracestate", b"x-gw-routing-key")), (b"x-request-id-",)
+)
+"""Tracing and routing headers: what the OpenAI and native surfaces pass on to HTTP workers."""
+
+
+@dataclass(frozen=True, slots=True)
+class Relay:
+    """Relayed to the same path on the worker, with ``headers`` of the client's; on external
+    workers only to the providers named in ``providers`` (None: any provider)."""
+
+    headers: HeaderSet = OPENAI_HEADERS
+    providers: frozenset[str] | None = None
+
+    def takes(self, record: WorkerRecord) -> bool:
+        return self.providers is None or record.provider in self.providers
+
+
+@dataclass(frozen=True, slots=True)
+class Serve:
+    """Served by the gateway with ``surface`` (made once per request, at the first such worker)."""
+
+    surface: type[ServedSurface]
+
+
+Handling = Relay | Serve | None
+
+
+def model_and_stream(body: dict[str, Any]) -> ValidatedRequest:
+    """The validator of surfaces without a schema: an optional string model, and stream when
+    exactly true."""
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise errors.invalid_request("model must be a non-empty string", param="model")
+    return ValidatedRequest(body=body, model=model or "", stream=body.get("stream") is True, modified=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Surface:
+    """One POST route of one API (see the module's docstring)."""
+
+    path: str
+    validate: Validator = model_and_stream
+    framing: Framing = OPENAI_SSE
+    http: Handling = Relay()
+    engine: Handling = None
+    external: Handling = Relay()
+
+    def handling(self, kind: WorkerKind) -> Handling:
+        if kind is WorkerKind.ENGINE:
+            return self.engine
+        if kind is WorkerKind.EXTERNAL:
+            return self.external
+        return self.http
