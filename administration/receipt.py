@@ -6,9 +6,10 @@ idle gap between requests. :class:`BoundedHttpToolsProtocol` adds, per connectio
 
 - **head size and header count**: the request target plus every header line are counted as the
   parser hands them over; past ``--max-request-head-bytes`` or ``--max-request-headers`` the request
-  gets 431 with the standard envelope and the connection is closed. The parser sees at most one
-  socket read (256 KiB under uvloop) past the limit, so no head can hold the event loop for longer
-  than that read takes;
+  gets 431 with the standard envelope and the connection is closed. A head still arriving is judged
+  by the bytes read too (a header line that never ends reaches no callback), so the parser sees at
+  most one socket read (256 KiB under uvloop) past the limit and 1 KiB, and no head can hold the
+  event loop or memory for longer than that read takes;
 - **a head deadline**: a connection that sends nothing, or part of a head, for
   ``--request-head-timeout-secs`` is closed (408 when part of a request arrived);
 - **body progress**: once the head is in, the body must keep arriving: no gap longer than
@@ -38,6 +39,10 @@ __all__ = ["ReceiptLimits", "BoundedHttpToolsProtocol", "bounded_protocol", "rej
 
 IDLE, HEAD, BODY, DONE = 0, 1, 2, 3  # where a connection is in its current request
 _LINE_OVERHEAD = 4  # ": " and CRLF around each header line
+# What a head's raw bytes hold beyond what --max-request-head-bytes counts (method, version, the
+# request line's spaces and CRLF, the blank line, spaces around values): allowed on top of the limit
+# when an unfinished head is judged by the bytes read.
+_REQUEST_LINE_SLACK = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._phase = IDLE
         self._head_bytes = 0
         self._header_count = 0
+        self._head_read = 0  # raw bytes of an unfinished head, as read (request line and spacing too)
+        self._began = 0  # requests begun in the read being parsed
         self._receipt_timer: asyncio.TimerHandle | None = None
         self._deadline = 0.0
         self._body_since = 0.0  # when the body's clock started (or restarted after a pause)
@@ -119,6 +126,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
+        before = self._phase
+        self._began = 0
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -137,6 +146,18 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return
         phase = self._phase
         if phase == HEAD:
+            # The read ended inside a head. The parser counts a header line only once it ends (and
+            # keeps its partial value by concatenation, quadratic in its length): the head's raw
+            # bytes are judged here, so a line that never ends is refused at the read that passes
+            # the limit, not after megabytes. A head that began after another request's bytes in
+            # this same read is counted from the next read on (at most one read later).
+            if not self._began:
+                self._head_read += len(data)
+            else:
+                self._head_read = len(data) if self._began == 1 and before in (IDLE, DONE) else 0
+            if self._head_read > self.limits.max_head_bytes + _REQUEST_LINE_SLACK:
+                self._reject(errors.request_head_too_large(self.limits.max_head_bytes, self.limits.max_headers))
+                return
             if self._receipt_timer is None:
                 self._arm(self.loop.time() + self.limits.head_timeout_secs)
         elif phase == BODY:
@@ -150,6 +171,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._phase = HEAD
+        self._began += 1
         self._head_bytes = 0
         self._header_count = 0
         if self._receipt_timer is not None:  # the first request's head: the connection's clock ends

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from administration.receipt import ReceiptLimits, bounded_protocol
+from administration.receipt import BoundedHttpToolsProtocol, ReceiptLimits, bounded_protocol
 
 LIMITS = ReceiptLimits(max_head_bytes=4096, max_headers=20, head_timeout_secs=0.5, body_timeout_secs=0.5,
                        min_body_rate=100)
@@ -45,14 +45,32 @@ async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 DISCONNECTS: list[str] = []
+ACCEPTED: list[int] = []  # the bytes each connection's protocol was handed, in connection order
+
+
+def counting(limits: ReceiptLimits) -> type[BoundedHttpToolsProtocol]:
+    """The gateway's protocol, counting what each connection read (nothing else changes)."""
+
+    class Counting(bounded_protocol(limits)):  # type: ignore[misc]
+        def connection_made(self, transport: Any) -> None:
+            self._slot = len(ACCEPTED)
+            ACCEPTED.append(0)
+            super().connection_made(transport)
+
+        def data_received(self, data: bytes) -> None:
+            ACCEPTED[self._slot] += len(data)
+            super().data_received(data)
+
+    return Counting
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[str, int]]:
     DISCONNECTS.clear()
+    ACCEPTED.clear()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(echo_app, http=bounded_protocol(LIMITS), loop="asyncio", lifespan="on",
+    config = uvicorn.Config(echo_app, http=counting(LIMITS), loop="asyncio", lifespan="on",
                             log_level="warning", access_log=False)
     instance = uvicorn.Server(config)
     task = asyncio.ensure_future(instance.serve(sockets=[sock]))
@@ -107,6 +125,57 @@ async def test_a_head_past_its_size_gets_431_and_a_close(server: tuple[str, int]
     assert status_of(answer) == 431
     assert envelope(answer)["error"]["code"] == "request_header_fields_too_large"
     assert b"connection: close" in answer
+
+
+def _send_endless_header(address: tuple[str, int]) -> tuple[int, bytes]:
+    """A blocking client sending a 64 MiB header line (unless the server closes first); what it
+    sent, and what it received. Raw sockets: what the server wrote before its close (and reset) is
+    still read."""
+    with socket.create_connection(address, timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        piece = b"a" * 65536
+        sent = 0
+        try:
+            for _ in range(1024):
+                sock.sendall(piece)
+                sent += len(piece)
+        except OSError:  # reset or broken pipe: the server closed
+            pass
+        received = b""
+        try:
+            while data := sock.recv(65536):
+                received += data
+        except OSError:
+            pass
+    return sent, received
+
+
+async def test_a_header_line_that_never_ends_is_refused_as_it_arrives(server: tuple[str, int]) -> None:
+    """Issue 22, item 4: a 64 MiB header line gets its 431 once the head passes the limit, not once
+    the line ends: the server read no more than the limit, 1 KiB of request line, and one read."""
+    sent, got = await asyncio.to_thread(_send_endless_header, server)
+    assert status_of(got) == 431 and envelope(got)["error"]["code"] == "request_header_fields_too_large"
+    one_read = 256 * 1024  # asyncio's and uvloop's largest socket read
+    assert ACCEPTED[-1] <= LIMITS.max_head_bytes + 1024 + one_read
+    assert sent < 64 * 2**20
+
+
+async def test_pipelined_heads_near_the_limit_are_each_judged_alone(server: tuple[str, int]) -> None:
+    """A read holding one request and the start of the next does not count the first toward the
+    second's head."""
+    one = b"POST /a HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 3500 + b"\r\nContent-Length: 5\r\n\r\nhello"
+    reader, writer = await asyncio.open_connection(*server)
+    writer.write(one + one[:2000])
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert status_of(head) == 200
+    await reader.readexactly(len(b'{"received": 5}'))
+    writer.write(one[2000:] + one)
+    for _ in range(2):
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert status_of(head) == 200
+        await reader.readexactly(len(b'{"received": 5}'))
+    writer.close()
 
 
 async def test_a_long_target_counts_toward_the_head(server: tuple[str, int]) -> None:

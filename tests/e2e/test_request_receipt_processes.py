@@ -1,7 +1,8 @@
 """Bounded request receipt in a real gateway process, under uvicorn and daphne, and under
 ``--workers 2`` (every serving process applies the flags): a head past its size or header count gets
-431, a head or body that stops gets 408, a connection that sends nothing is closed, and each time the
-connection ends. Raw sockets; flags set small so the deadlines pass quickly."""
+431 (a header line that never ends, as it arrives), a head or body that stops gets 408, a connection
+that sends nothing is closed, and each time the connection ends. Raw sockets; flags set small so the
+deadlines pass quickly."""
 
 from __future__ import annotations
 
@@ -54,9 +55,35 @@ def _code(answer: bytes) -> str:
     return str(json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"])
 
 
+def _endless_header(url: str) -> tuple[int, bytes]:
+    """Send a 64 MiB header line until the gateway closes; what was sent, and what came back."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        sent = 0
+        try:
+            for _ in range(1024):
+                sock.sendall(b"a" * 65536)
+                sent += 65536
+        except OSError:  # reset or broken pipe: the gateway closed
+            pass
+        received = b""
+        try:
+            while data := sock.recv(65536):
+                received += data
+        except OSError:
+            pass
+    return sent, received
+
+
 def _check_receipt(url: str) -> None:
     big, _ = _talk(url, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 6000 + b"\r\n\r\n")
     assert (_status(big), _code(big)) == (431, "request_header_fields_too_large"), big[:300]
+    # A header line that never ends is refused while it arrives (issue 22, item 4): the client could
+    # send no more than the limit, one read and the sockets' buffers, far from its 64 MiB.
+    sent, endless = _endless_header(url)
+    assert (_status(endless), _code(endless)) == (431, "request_header_fields_too_large"), endless[:300]
+    assert sent < 16 * 2**20, sent
     many = b"".join(b"X-H%d: v\r\n" % index for index in range(30))
     counted, _ = _talk(url, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n")
     assert _status(counted) == 431, counted[:300]
