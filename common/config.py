@@ -110,7 +110,7 @@ class GatewayConfig:
     max_payload_size: int = DEFAULT_MAX_PAYLOAD
     max_buffered_request_bytes: int = 16 * 1024 * 1024
     # The most of an upstream answer held for one request where it must be read whole (a provider's
-    # Responses event or object; a relayed answer is held up to 256 KiB, then relayed through): D45.
+    # Responses event or object; a relayed answer is held up to 256 KiB, then relayed through): D53.
     max_buffered_response_bytes: int = 4 * 1024 * 1024
     max_worker_answer_bytes: int = 16 * 1024 * 1024  # health and load answers read into memory
     # Health checks (defaults of every worker's health block)

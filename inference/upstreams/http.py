@@ -52,7 +52,7 @@ _CONNECT_TIMEOUT_SECS = 10.0
 # connection the worker is closing at that moment is lost (502). Staying under it avoids the race.
 KEEPALIVE_SECS = 4.0
 _READ_BUFSIZE = 2**16
-# The most of a non-streamed answer held before it is relayed (docs/DECISIONS.md D45): answers up to
+# The most of a non-streamed answer held before it is relayed (docs/DECISIONS.md D53): answers up to
 # this size keep a retry on another worker (or a clean 502) when their worker breaks off in them.
 HOLD_BYTES = 256 * 1024
 _ONE_WRITE_MAX = 2**16  # bodies up to this size go out in the same write as the head
@@ -342,7 +342,7 @@ class _HttpAnswer(RelayAnswer):
         """A non-streamed answer. One of up to ``hold_bytes`` is read whole before anything goes to
         the client: a worker that breaks off in it fails the attempt (502, or another worker). A
         longer one (declared, or found so while reading) is relayed through as it arrives, never
-        held whole (D45): memory stays at one read per request whatever the worker sends."""
+        held whole (D53): memory stays at one read per request whatever the worker sends."""
         exchange = self._exchange
         payload = exchange.payload
         window = self._relay.hold_bytes

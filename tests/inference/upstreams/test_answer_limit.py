@@ -1,4 +1,4 @@
-"""Bounded memory against a worker's answer (issue 22, item 4; D45).
+"""Bounded memory against a worker's answer (issue 22, item 4; D53).
 
 A relayed non-streamed answer is held only up to 256 KiB (or --max-buffered-response-bytes when that
 is smaller), so a worker that breaks off inside it still fails the attempt cleanly (another worker,
