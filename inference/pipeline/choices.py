@@ -51,6 +51,7 @@ class ChoiceOptions:
     stops: tuple[str, ...] = ()
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
+    kept_special_ids: frozenset[int] = frozenset()  # special tokens decoded anyway: the tool parser's markers
     reasoning: Callable[[], ReasoningParser] | None = None  # a fresh parser per choice, or None
     tools: Callable[[], CallParser] | None = None
     prompt_ids: tuple[int, ...] = ()  # the prompt's last ids give the detokenizer its context
@@ -68,7 +69,8 @@ class ChoiceOutput:
         self.index = index
         self._options = options
         self._detokenizer = tokenizer.detokenizer(
-            skip_special_tokens=options.skip_special_tokens, prompt_ids=options.prompt_ids
+            skip_special_tokens=options.skip_special_tokens, prompt_ids=options.prompt_ids,
+            kept_special_ids=options.kept_special_ids,
         )
         self._stops = StopMatcher(options.stops, no_stop_trim=options.no_stop_trim)
         self._reasoning = options.reasoning() if options.reasoning is not None else None

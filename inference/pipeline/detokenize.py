@@ -9,6 +9,11 @@ character (a byte-fallback or byte-level piece): nothing is sent and the offsets
 character is sent whole once its last byte arrives. A step costs two decodes of a few tokens,
 whatever the length of the output.
 
+``skipped_ids`` narrows ``skip_special_tokens`` to a set of ids: those never reach the decoder,
+and every other id (special tokens a parser reads, such as Mistral's ``[TOOL_CALLS]``) is decoded as
+text. The text is what skipping exactly those ids gives (a skipped token never reaches the decoder
+either way), so the deltas still concatenate to the whole output's decode.
+
 Without ``prompt_ids`` the deltas concatenate to ``tokenizer.decode(all_ids)`` exactly (what a
 non-streamed answer holds). With ``prompt_ids``, the last few prompt tokens are the first context,
 so the first token is decoded as it follows the prompt (a SentencePiece ``▁`` right after the
@@ -32,14 +37,19 @@ _TRIM_AFTER = 256  # drop ids before the window once this many are behind it
 class IncrementalDetokenizer:
     """Turns one choice's token ids into text deltas. Not thread-safe; one per choice."""
 
-    __slots__ = ("_tokenizer", "_skip", "_ids", "_prefix_offset", "_read_offset", "_text_length")
+    __slots__ = ("_tokenizer", "_skip", "_skipped", "_ids", "_prefix_offset", "_read_offset", "_text_length")
 
     def __init__(
-        self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True, prompt_ids: Sequence[int] = ()
-    ) -> None:
+        self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True, prompt_ids: Sequence[int] = (),
+        skipped_ids: frozenset[int] | None = None,
+    ) -> None:  # fmt: skip
+        """``skipped_ids`` (with ``skip_special_tokens``): skip these ids instead of every special
+        token."""
         self._tokenizer = tokenizer
-        self._skip = skip_special_tokens
-        context = self._prompt_context(prompt_ids)
+        narrowed = skip_special_tokens and skipped_ids is not None
+        self._skip = skip_special_tokens and not narrowed
+        self._skipped = skipped_ids if narrowed else None
+        context = self._prompt_context(self._kept(prompt_ids))
         self._ids: list[int] = context
         self._prefix_offset = 0
         self._read_offset = len(context)
@@ -56,6 +66,13 @@ class IncrementalDetokenizer:
             size += 1
         return list(prompt_ids[-size:])
 
+    def _kept(self, ids: Sequence[int]) -> Sequence[int]:
+        """``ids`` without the skipped ones (when skipping is narrowed to a set)."""
+        skipped = self._skipped
+        if skipped is None:
+            return ids
+        return [token_id for token_id in ids if token_id not in skipped]
+
     def _decode(self, ids: list[int]) -> str:
         return str(self._tokenizer.decode(ids, skip_special_tokens=self._skip))
 
@@ -66,6 +83,8 @@ class IncrementalDetokenizer:
 
     def step(self, token_ids: Sequence[int]) -> str:
         """The text the new ids add ("" while a character is incomplete or the ids add no text)."""
+        if self._skipped is not None:
+            token_ids = self._kept(token_ids)
         if not token_ids:
             return ""
         self._ids.extend(token_ids)

@@ -168,10 +168,20 @@ class ModelTokenizer:
         return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
 
     def detokenizer(
-        self, *, skip_special_tokens: bool = True, prompt_ids: Sequence[int] = ()
-    ) -> IncrementalDetokenizer:
-        """A fresh incremental detokenizer for one choice."""
-        return IncrementalDetokenizer(self.tokenizer, skip_special_tokens=skip_special_tokens, prompt_ids=prompt_ids)
+        self, *, skip_special_tokens: bool = True, prompt_ids: Sequence[int] = (),
+        kept_special_ids: frozenset[int] = frozenset(),
+    ) -> IncrementalDetokenizer:  # fmt: skip
+        """A fresh incremental detokenizer for one choice. ``kept_special_ids``: special tokens
+        decoded as text even with ``skip_special_tokens`` (a parser's markers, :meth:`special_ids`)."""
+        skipped = self.special_token_ids - kept_special_ids if skip_special_tokens and kept_special_ids else None
+        return IncrementalDetokenizer(
+            self.tokenizer, skip_special_tokens=skip_special_tokens, prompt_ids=prompt_ids, skipped_ids=skipped
+        )
+
+    def special_ids(self, texts: Sequence[str]) -> frozenset[int]:
+        """The ids of those ``texts`` that are one special token of this tokenizer."""
+        found = (self.tokenizer.token_to_id(text) for text in texts)
+        return frozenset(int(token_id) for token_id in found if token_id in self.special_token_ids)
 
     def single_token_id(self, text: str) -> int | None:
         """The id of ``text`` when it is exactly one token (a stop string the engine can take as a

@@ -124,10 +124,15 @@ class ChatTurn:
             stream_reasoning = body.get("stream_reasoning") is not False or not self.stream
             reasoning = partial(parser_class.for_prompt, prompt.text, stream_reasoning=stream_reasoning)
         tools: Callable[[], CallParser] | None = None
+        # The detokenize settings: skip_special_tokens as asked, except the special tokens the
+        # tool parser reads (its markers), which skipping would remove before it sees them.
+        kept_special_ids: frozenset[int] = frozenset()
         if self.tool_choice.constrained:
             tools = partial(ConstrainedCalls, self.tool_choice)
         elif self.tool_choice.parses_calls and spec.tool_parser:
-            tools = partial(TOOL_PARSERS.get(spec.tool_parser), tools=self.tool_choice.schemas())
+            tool_parser = TOOL_PARSERS.get(spec.tool_parser)
+            tools = partial(tool_parser, tools=self.tool_choice.schemas())
+            kept_special_ids = target.tokenizer.special_ids(tool_parser.special_markers)
         return ChoiceOptions(
             stop_tokens=StopTokens.build(
                 self.sampling.stop_token_ids, target.tokenizer.eos_token_ids, ignore_eos=self.sampling.ignore_eos
@@ -135,6 +140,7 @@ class ChatTurn:
             stops=self.sampling.stop,
             no_stop_trim=body.get("no_stop_trim") is True,
             skip_special_tokens=self.sampling.skip_special_tokens,
+            kept_special_ids=kept_special_ids,
             reasoning=reasoning,
             tools=tools,
             prompt_ids=prompt.ids,

@@ -21,6 +21,11 @@ anywhere, and returns :class:`TextDelta` and :class:`ToolCallDelta` events:
   whitespace is dropped.
 - ``drop_markers`` (section wrappers such as DeepSeek's ``<｜tool▁calls▁begin｜>``) never reach
   the content.
+- ``special_markers``: the format's markers that a tokenizer may hold as special tokens (Mistral's
+  ``[TOOL_CALLS]``, Llama's ``<|python_tag|>``). Decoding with ``skip_special_tokens`` (the
+  default) would remove them before the parser sees them, so a request this parser reads decodes
+  those of them its tokenizer holds as special, and still skips every other special token (the
+  chat turn's detokenize settings, :mod:`inference.served.chat_turn`).
 
 :meth:`ToolParser.parse` runs the same machine over the whole text, so the two always agree.
 """
@@ -138,6 +143,8 @@ class ToolParser(ABC):
 
     start_markers: ClassVar[tuple[str, ...]] = ()
     drop_markers: ClassVar[tuple[str, ...]] = ()
+    special_markers: ClassVar[tuple[str, ...]] = ()
+    """The markers a tokenizer may hold as special tokens: kept when the output is decoded."""
 
     def __init__(self, *, tools: ToolSchemas | None = None, make_id: Callable[[], str] = make_call_id) -> None:
         self._tools = tools or {}

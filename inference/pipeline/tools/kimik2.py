@@ -28,6 +28,7 @@ ARGUMENT_BEGIN = "<|tool_call_argument_begin|>"
 class KimiK2ToolParser(TaggedToolParser):
     start_markers = (CALL_BEGIN,)
     drop_markers = (SECTION_BEGIN, SECTION_END)
+    special_markers = (SECTION_BEGIN, SECTION_END, CALL_BEGIN, CALL_END, ARGUMENT_BEGIN)
 
     end_marker = CALL_END
 

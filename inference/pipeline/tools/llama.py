@@ -28,6 +28,7 @@ _KEYS = ("parameters", "arguments")
 @TOOL_PARSERS.register("llama", "llama3", "llama3_json", "llama4_json")
 class LlamaToolParser(ToolParser):
     start_markers = (PYTHON_TAG,)
+    special_markers = (PYTHON_TAG,)
 
     def _opens_at_start(self, text: str) -> bool | None:
         return text.startswith("{")

@@ -34,6 +34,7 @@ _DECODER = json.JSONDecoder()
 @TOOL_PARSERS.register("mistral")
 class MistralToolParser(ToolParser):
     start_markers = (START,)
+    special_markers = (START, ARGS, CALL_ID)
 
     def _decide_region(self, region: str, final: bool) -> RegionResult | None:
         if not final:

@@ -63,6 +63,7 @@ def _calls_in(source: str) -> tuple[ParsedCall, ...] | None:
 @TOOL_PARSERS.register("pythonic", "llama4_pythonic")
 class PythonicToolParser(ToolParser):
     start_markers = (START,)
+    special_markers = (START, END)
 
     def _opens_at_start(self, text: str) -> bool | None:
         return text.startswith("[")

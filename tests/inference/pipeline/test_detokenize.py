@@ -37,6 +37,12 @@ def stream(detok: IncrementalDetokenizer, ids: Sequence[int], batch: int) -> lis
     return deltas
 
 
+def token_id_of(tok: Tokenizer, text: str) -> int:
+    token_id = tok.token_to_id(text)
+    assert token_id is not None, text
+    return int(token_id)
+
+
 @pytest.mark.parametrize("folder", FOLDERS)
 @pytest.mark.parametrize("batch", [1, 2, 3])
 def test_deltas_concatenate_to_the_full_decode(folder: str, batch: int) -> None:
@@ -86,11 +92,33 @@ def test_a_truncated_character_is_sent_by_flush(folder: str) -> None:
 @pytest.mark.parametrize("skip", [True, False])
 def test_skip_special_tokens(folder: str, special: str, skip: bool) -> None:
     tok = tokenizer(folder)
-    special_id = tok.token_to_id(special)
+    special_id = token_id_of(tok, special)
     ids = [*tok.encode("Answer: 42 ✓", add_special_tokens=False).ids, special_id, *tok.encode(" more", add_special_tokens=False).ids]
     text = "".join(stream(IncrementalDetokenizer(tok, skip_special_tokens=skip), ids, 1))
     assert text == tok.decode(ids, skip_special_tokens=skip)
     assert (special in text) is (not skip)
+
+
+@pytest.mark.parametrize(
+    ("folder", "kept", "skipped"),
+    [("mistral", "[TOOL_CALLS]", "</s>"), ("llama3", "<|python_tag|>", "<|eot_id|>")],
+)
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_skipping_narrowed_to_a_set_decodes_the_kept_special_tokens(folder: str, kept: str, skipped: str, batch: int) -> None:
+    """A parser's marker kept, every other special token (the end of sequence) still skipped, in
+    the prompt context too: the text is the decode of the ids without the skipped ones."""
+    tok = tokenizer(folder)
+    specials = frozenset(i for i, added in tok.get_added_tokens_decoder().items() if added.special)
+    kept_id, skipped_id = (token_id_of(tok, text) for text in (kept, skipped))
+    assert kept_id in specials and skipped_id in specials
+    ids = [kept_id, *tok.encode(' [{"name": "f"}] ✓', add_special_tokens=False).ids, skipped_id, kept_id, skipped_id]
+    whole = tok.decode([i for i in ids if i != skipped_id], skip_special_tokens=False)
+    assert whole.count(kept) == 2 and skipped not in whole
+    detok = IncrementalDetokenizer(tok, skipped_ids=specials - {kept_id})
+    assert "".join(stream(detok, ids, batch)) == whole
+    prompt = [*tok.encode("Hi there", add_special_tokens=False).ids, skipped_id]
+    primed = IncrementalDetokenizer(tok, prompt_ids=prompt, skipped_ids=specials - {kept_id})
+    assert "".join(stream(primed, ids, batch)).lstrip() == whole.lstrip()
 
 
 def test_prompt_context_keeps_the_space_a_sentencepiece_token_carries() -> None:

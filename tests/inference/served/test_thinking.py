@@ -148,9 +148,12 @@ async def test_other_families_answer_in_their_own_form(
     assert gw.engine.state.requests[-1].prompt_matches
 
 
-# Mistral's call (its [TOOL_CALLS] is a special token) is checked against the parser in
-# tests/standins/: the served chat drops special tokens before the mistral parser sees them.
-@pytest.mark.parametrize(FAMILY, [LLAMA3, R1, R1_DISTILL])
+# Mistral's [TOOL_CALLS] is a special token of its tokenizer, decoded because the mistral parser
+# reads it (tests/inference/served/test_special_tokens.py).
+MISTRAL_FAMILY = pytest.param(MISTRAL_MODEL, MISTRAL, {}, Thinking.NONE, None, id="mistral")
+
+
+@pytest.mark.parametrize(FAMILY, [LLAMA3, MISTRAL_FAMILY, R1, R1_DISTILL])
 async def test_other_families_call_tools_in_their_own_form(
     start_engine_gateway: Start, model: str, tokenizer: str, options: dict, thinking: Thinking, reasoning: str | None
 ) -> None:
