@@ -26,7 +26,9 @@ from typing import Any, AsyncIterator, Callable, Sequence
 import orjson
 
 from inference import errors
+from inference.admission import Admission
 from inference.errors import GatewayError
+from inference.kit import run_turn
 from inference.pipeline.events import Usage
 from inference.routing.workers import WorkerHandle, WorkerType
 from common.config import current_config
@@ -147,8 +149,9 @@ class ServedResponses(ServedSurface):
         # Per worker kind, its turns and the response's first turn over them (kept for retries).
         self._turns: dict[bool, tuple[ModelTurns, ModelTurn]] = {}
         self._worker: WorkerHandle | None = None  # the worker of the first turn: later turns run there
-        # The worker (or provider) failed the response, as against the request's own fault (a later
-        # turn refused as invalid, a tool-call limit): only the former counts against its breaker.
+        # The worker (or provider) failed the first turn, as against the request's own fault (a
+        # tool-call limit, a refusal as invalid): the first attempt's outcome on its breaker. Later
+        # turns run through the attempts loop themselves (run_turn), which records theirs.
         self._worker_failed = False
 
     def _turns_on(self, worker: WorkerHandle) -> tuple[ModelTurns, ModelTurn]:
@@ -223,6 +226,7 @@ class ServedResponses(ServedSurface):
             queued["conversation"] = {"id": self.responses.conversation}
         await self.store.asave_response(self.scope, queued, self.input_items)
         feed = RunFeed() if self.responses.stream else None
+        dp = self.request.dp
         if feed is not None:
             feed.push(event_bytes("response.created", 0, {"response": queued}))
             feed.push(event_bytes("response.queued", 1, {"response": queued}))
@@ -236,17 +240,27 @@ class ServedResponses(ServedSurface):
                     feed.push(event_bytes("response.failed", self._first_sequence, {"response": failed}))
 
         async def run() -> None:
-            try:
-                await self.store.aset_response_status(self.scope, self.id, "in_progress", only_from=("queued",))
-                answer = await first.open(worker, self._deliver)
+            out = feed.writer(self.id) if feed is not None else run_writer(self.id)
+            refused: list[int] = []
+
+            async def deliver(answer: ServedAnswer) -> bool:
                 if answer.status != 200:  # a provider refused the turn: nobody waits for its answer
                     await answer.discard()
-                    await fail(f"Upstream generation failed: the provider answered HTTP {answer.status}")
-                    return
-                await answer.forward(feed.writer(self.id) if feed is not None else run_writer(self.id))
-            except (UpstreamFailure, GatewayError) as failure:
-                message = failure.detail if isinstance(failure, UpstreamFailure) else failure.message
-                await fail(f"Upstream generation failed: {message}")
+                    refused.append(answer.status)
+                    return True
+                return await answer.forward(out)
+
+            try:
+                # A run holds a concurrency permit while it runs, as a foreground request does. It
+                # waits for one in the same FIFO, however long (its number has its own limit), and
+                # stays queued meanwhile; the request that queued it gave its own back on answering.
+                async with Admission(dp.permits, None, 0, patient=True):
+                    await self.store.aset_response_status(self.scope, self.id, "in_progress", only_from=("queued",))
+                    await run_turn(dp, worker, "/v1/responses", out.clock, lambda at: first.open(at, self._deliver), deliver)
+                if refused:
+                    await fail(f"Upstream generation failed: the provider answered HTTP {refused[0]}")
+            except GatewayError as failure:
+                await fail(f"Upstream generation failed: {failure.message}")
             except asyncio.CancelledError:
                 if BACKGROUND.stopping:  # the gateway shuts down: the run cannot finish
                     await fail("The gateway stopped before the response finished")
@@ -263,8 +277,9 @@ class ServedResponses(ServedSurface):
             stored = await self.store.aget_response(self.scope, self.id)
             return stored is None or stored.get("status") == "cancelled"
 
-        async def heartbeat() -> None:  # still running: the stored row's updated_at moves on
-            await self.store.aset_response_status(self.scope, self.id, "in_progress", only_from=("in_progress",))
+        async def heartbeat() -> None:  # still running, or waiting for a permit: the row's updated_at moves on
+            if not await self.store.aset_response_status(self.scope, self.id, "in_progress", only_from=("in_progress",)):
+                await self.store.aset_response_status(self.scope, self.id, "queued", only_from=("queued",))
 
         BACKGROUND.start(self.id, run, cancelled, heartbeat)
         return FeedAnswer(feed) if feed is not None else LocalAnswer(orjson.dumps(queued))
@@ -397,17 +412,26 @@ class ServedResponses(ServedSurface):
             worker = self._worker
             assert worker is not None
             turns, _first = self._turns_on(worker)
-            try:
-                answer = await turns.prepare([*self.items, *produced]).open(worker, consume)
-                if answer.status != 200:
+            turn = turns.prepare([*self.items, *produced])
+            refused: list[int] = []
+            provider_failed: list[ProviderFailed] = []
+
+            async def deliver(answer: ServedAnswer) -> bool:
+                if answer.status != 200:  # a provider refused the turn (its status counts on its breaker)
                     await answer.discard()
-                    self._worker_failed = not 400 <= answer.status < 500  # a provider's 4xx: the request's fault
-                    return {"code": "server_error", "message": f"Upstream generation failed: HTTP {answer.status}"}
-                await answer.forward(writer)
-            except (UpstreamFailure, GatewayError) as failure:
-                if isinstance(failure, UpstreamFailure):
-                    message = failure.detail
-                    self._worker_failed = not failure.rejected
-                else:  # the gateway's own answer (a prompt refused before dispatch, ...): not the worker's
-                    message = failure.message
-                return {"code": "server_error", "message": f"Upstream generation failed: {message}"}
+                    refused.append(answer.status)
+                    return True
+                try:
+                    return await answer.forward(writer)
+                except ProviderFailed as failed:  # the provider's own failure: its code and message kept
+                    provider_failed.append(failed)
+                    return False
+
+            try:
+                await run_turn(self.request.dp, worker, "/v1/responses", writer.clock, lambda at: turn.open(at, consume), deliver)
+            except GatewayError as failure:  # the worker's failure, or the turn refused as invalid
+                return {"code": "server_error", "message": f"Upstream generation failed: {failure.message}"}
+            if provider_failed:
+                return {"code": provider_failed[0].code, "message": provider_failed[0].detail}
+            if refused:
+                return {"code": "server_error", "message": f"Upstream generation failed: HTTP {refused[0]}"}

@@ -19,9 +19,12 @@ __all__ = ["Admission"]
 class Admission:
     """Holds what the request was admitted with; either part is skipped when its limit is off."""
 
-    __slots__ = ("_permits", "_media", "_media_bytes", "_held_permit", "_held_media")
+    __slots__ = ("_permits", "_media", "_media_bytes", "_held_permit", "_held_media", "_patient")
 
-    def __init__(self, permits: PermitPool | None, media: MediaBudget | None, media_bytes: int) -> None:
+    def __init__(
+        self, permits: PermitPool | None, media: MediaBudget | None, media_bytes: int, *, patient: bool = False
+    ) -> None:
+        self._patient = patient  # waits for its permit however long the queue (PermitPool.acquire)
         self._permits = permits
         self._media = media if media_bytes else None
         self._media_bytes = media_bytes
@@ -43,7 +46,7 @@ class Admission:
 
     async def _acquire(self) -> None:
         if self._permits is not None:
-            await self._permits.acquire()  # 429 queue full, 503 queue timeout
+            await self._permits.acquire(patient=self._patient)  # 429 queue full, 503 queue timeout
             self._held_permit = True
         if self._media is not None:
             try:

@@ -35,22 +35,24 @@ class PermitPool:
     def queued(self) -> int:
         return len(self._waiters)
 
-    async def acquire(self) -> None:
+    async def acquire(self, *, patient: bool = False) -> None:
         """Take a permit, queuing FIFO when none is free.
 
         Raises 429 admission_queue_full when the queue is full (or disabled) and 503
-        admission_queue_timeout after ``timeout_secs`` in the queue.
+        admission_queue_timeout after ``timeout_secs`` in the queue. A ``patient`` waiter (a
+        background run: nobody waits on the connection, and their number has its own limit) joins the
+        same FIFO whatever the queue size and waits until a permit is handed to it.
         """
         if self.in_flight < self.limit and not self._waiters:
             self.in_flight += 1
             return
-        if len(self._waiters) >= self.queue_size:
+        if not patient and len(self._waiters) >= self.queue_size:
             record_admission_rejected("full")
             raise errors.admission_queue_full()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
-            async with asyncio.timeout(self.timeout_secs):
+            async with asyncio.timeout(None if patient else self.timeout_secs):
                 await waiter
         except BaseException as exc:
             if waiter.done() and not waiter.cancelled():

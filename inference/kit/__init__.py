@@ -3,7 +3,7 @@ admission (:class:`inference.admission.Admission`) and the transport-agnostic at
 
 from __future__ import annotations
 
-from inference.kit.attempts import Answer, RoutePlan, run_attempts
+from inference.kit.attempts import Answer, RoutePlan, run_attempts, run_turn
 from inference.kit.gate import Passed, Validator, pass_gate
 
-__all__ = ["Answer", "Passed", "RoutePlan", "Validator", "pass_gate", "run_attempts"]
+__all__ = ["Answer", "Passed", "RoutePlan", "Validator", "pass_gate", "run_attempts", "run_turn"]

@@ -30,7 +30,7 @@ from inference.routing.workers import WorkerHandle
 from inference.upstreams.failures import UpstreamFailure
 from inference.writers import ResponseClock
 
-__all__ = ["Answer", "RoutePlan", "run_attempts"]
+__all__ = ["Answer", "RoutePlan", "run_attempts", "run_turn"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class RoutePlan:
     routing_key: str | None
     body: Mapping[str, Any]  # the parsed request (cache_aware matches on its text)
     replay_bytes: int  # the size of what a retry sends again (--max-buffered-request-bytes)
+    pinned: bool = False  # a later turn of one request: it runs on its worker, no other is tried
 
 
 async def run_attempts(
@@ -93,7 +94,8 @@ async def run_attempts(
                 if status in RETRY_STATUSES:
                     following = _next_worker(dp, plan, tried, retries)
                     if following is None:
-                        telemetry.record_retries_exhausted(worker.record.worker_type, plan.endpoint)
+                        if not plan.pinned:
+                            telemetry.record_retries_exhausted(worker.record.worker_type, plan.endpoint)
                     else:
                         breaker.record(breaker.config.counts_as_failure(status))
                         await answer.discard()
@@ -113,7 +115,8 @@ async def run_attempts(
                 breaker.record(True)
                 following = _next_worker(dp, plan, tried, retries)
                 if following is None:
-                    telemetry.record_retries_exhausted(record.worker_type, plan.endpoint)
+                    if not plan.pinned:
+                        telemetry.record_retries_exhausted(record.worker_type, plan.endpoint)
                     raise failure.to_error() from None
                 log.info("worker %s failed (%s); retrying on %s", worker.url, failure.detail, following.url)
                 worker, retries = following, retries + 1
@@ -121,8 +124,26 @@ async def run_attempts(
             load.in_flight -= 1  # the worker of this attempt
 
 
+def run_turn(
+    dp: DataPlane,
+    worker: WorkerHandle,
+    endpoint: str,
+    clock: ResponseClock,
+    open_on: Callable[[WorkerHandle], Awaitable[A]],
+    deliver: Callable[[A], Awaitable[bool]],
+) -> Awaitable[None]:
+    """A model turn a surface runs after its first (a tool round, a background run): through the same
+    attempts loop, pinned to ``worker`` (where the request's earlier turns ran), so it is counted in the
+    worker's in-flight load and its outcome recorded once on the worker's breaker, like any attempt.
+    Raises the GatewayError of a failure (the worker's own, or its refusal of the turn as invalid)."""
+    model = worker.record.model_id
+    plan = RoutePlan(endpoint, model, None, {}, 0, pinned=True)
+    route = telemetry.RouteTimer(endpoint, model, False, perf_counter())
+    return run_attempts(dp, plan, route, clock, worker, open_on, deliver)
+
+
 def _next_worker(dp: DataPlane, plan: RoutePlan, tried: list[str], retries: int) -> WorkerHandle | None:
-    if not dp.retry.allows(retries, plan.replay_bytes):
+    if plan.pinned or not dp.retry.allows(retries, plan.replay_bytes):
         return None
     try:
         return select_worker(

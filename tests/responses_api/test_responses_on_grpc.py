@@ -336,6 +336,18 @@ async def test_cancel_stops_a_background_run(
     assert (await gw.http.get(f"/v1/responses/{queued['id']}")).json()["status"] == "cancelled"
 
 
+async def test_a_background_run_holds_a_concurrency_permit_while_it_runs(start_engine_gateway: Start) -> None:
+    gw = await start_engine_gateway(chunk_tokens=1, delay_ms=40, gateway={"max_concurrent_requests": 1, "queue_size": 0})
+    queued = (await gw.http.post("/v1/responses", json={"model": QWEN_MODEL, "input": "hi", "background": True})).json()
+    await _poll(gw, queued["id"], "in_progress")
+    chat = {"model": QWEN_MODEL, "messages": [{"role": "user", "content": "x"}]}
+    # The run holds the one permit: a foreground request finds none (no queue: 429 at once).
+    refused = await gw.http.post("/v1/chat/completions", json=chat)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "admission_queue_full"
+    assert (await _poll(gw, queued["id"], "completed"))["output"][-1]["content"][0]["text"] == DEFAULT_TEXT
+    assert (await gw.http.post("/v1/chat/completions", json=chat)).status_code == 200  # the run gave it back
+
+
 async def test_background_limit_and_background_off(start_engine_gateway: Start) -> None:
     gw = await start_engine_gateway(chunk_tokens=1, delay_ms=50, gateway={"max_background_responses": 1})
     first = await gw.http.post("/v1/responses", json={"model": QWEN_MODEL, "input": "hi", "background": True})

@@ -130,3 +130,28 @@ async def test_permit_handed_to_a_cancelled_waiter_passes_on() -> None:
     assert pool.in_flight == 1 and pool.queued == 0
     pool.release()
     assert pool.in_flight == 0
+
+
+async def test_a_patient_waiter_queues_past_the_queue_size_and_past_the_timeout_in_fifo_order() -> None:
+    pool = PermitPool(1, 0, 0.05)  # no queue for others, and a short timeout
+    await pool.acquire()
+    with pytest.raises(GatewayError):
+        await pool.acquire()  # an impatient one is refused at once
+    order: list[str] = []
+
+    async def patient(name: str) -> None:
+        await pool.acquire(patient=True)
+        order.append(name)
+
+    first = asyncio.ensure_future(patient("first"))
+    second = asyncio.ensure_future(patient("second"))
+    await asyncio.sleep(0.1)  # twice the timeout: patient waiters are still there
+    assert pool.queued == 2 and order == []
+    pool.release()
+    await first
+    assert order == ["first"] and pool.in_flight == 1
+    pool.release()
+    await second
+    assert order == ["first", "second"]
+    pool.release()
+    assert pool.in_flight == 0

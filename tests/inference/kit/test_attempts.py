@@ -13,7 +13,7 @@ from common import telemetry
 from common.config import GatewayConfig
 from inference.dataplane import DataPlane
 from inference.errors import GatewayError
-from inference.kit import RoutePlan, run_attempts
+from inference.kit import RoutePlan, run_attempts, run_turn
 from inference.routing.registry import WorkerRegistry
 from inference.routing.workers import WorkerHandle, WorkerRecord, WorkerStatus
 from inference.upstreams import FailureKind, UpstreamFailure
@@ -150,3 +150,40 @@ async def test_a_request_the_worker_refuses_as_invalid_is_the_clients_400_on_the
     assert not upstream.opened and not upstream.delivered  # b never tried
     assert (outcomes(a, "failure"), outcomes(a, "success"), outcomes(b, "success")) == (0, 1, 0)
     assert all(h.load.breaker.failures == 0 and h.load.in_flight == 0 for h in registry.snapshot.workers)
+
+
+# Later turns of one request (a Responses tool round, a background run): run_turn.
+
+
+async def test_a_later_turn_runs_on_its_worker_and_records_its_outcome_once() -> None:
+    dp, registry = data_plane_with("http://w1", "http://w2")
+    upstream = FakeUpstream({"http://w1": 200, "http://w2": 200})
+    handle = next(h for h in registry.snapshot.workers if h.url == "http://w2")
+    before = outcomes("http://w2", "success")
+    await run_turn(dp, handle, "/v1/responses", ResponseClock(0.0), upstream.open_on, upstream.deliver)
+    assert [a.worker for a in upstream.delivered] == ["http://w2"]
+    assert outcomes("http://w2", "success") == before + 1
+    assert handle.load.in_flight == 0
+
+
+async def test_a_later_turn_that_fails_is_not_retried_elsewhere_and_counts_once_on_its_worker() -> None:
+    dp, registry = data_plane_with("http://w1", "http://w2")
+    upstream = FakeUpstream({"http://w1": 200, "http://w2": FailureKind.BROKEN})
+    handle = next(h for h in registry.snapshot.workers if h.url == "http://w2")
+    failures = outcomes("http://w2", "failure")
+    with pytest.raises(GatewayError) as raised:
+        await run_turn(dp, handle, "/v1/responses", ResponseClock(0.0), upstream.open_on, upstream.deliver)
+    assert raised.value.status == 502
+    assert upstream.opened == [] and upstream.delivered == []  # w1 was never tried
+    assert outcomes("http://w2", "failure") == failures + 1
+    assert handle.load.in_flight == 0
+
+
+async def test_a_later_turn_answered_with_a_retryable_status_is_delivered_not_retried() -> None:
+    dp, registry = data_plane_with("http://w1", "http://w2")
+    upstream = FakeUpstream({"http://w1": 200, "http://w2": 503})
+    handle = next(h for h in registry.snapshot.workers if h.url == "http://w2")
+    failures = outcomes("http://w2", "failure")
+    await run_turn(dp, handle, "/v1/responses", ResponseClock(0.0), upstream.open_on, upstream.deliver)
+    assert [(a.worker, a.status) for a in upstream.delivered] == [("http://w2", 503)]
+    assert outcomes("http://w2", "failure") == failures + 1  # a 503 is the worker's failure
