@@ -47,6 +47,7 @@ __all__ = [
     "tokenizer_not_found",
     "context_length_exceeded",
     "tokenization_failed",
+    "parse_error",
 ]
 
 # Error type per status where the spec names one; other statuses use the snake-cased status text.
@@ -93,6 +94,7 @@ class ErrorCode(str, Enum):
     TOKENIZER_NOT_FOUND = "tokenizer_not_found"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     TOKENIZATION_FAILED = "tokenization_failed"
+    PARSE_ERROR = "parse_error"
 
 
 class GatewayError(Exception):
@@ -320,3 +322,9 @@ def context_length_exceeded(prompt_tokens: int, context_length: int) -> GatewayE
 def tokenization_failed(detail: str) -> GatewayError:
     """500 when the model's tokenizer fails on a prompt."""
     return GatewayError(500, ErrorCode.TOKENIZATION_FAILED, f"Tokenization failed: {detail}")
+
+
+def parse_error(detail: str) -> GatewayError:
+    """502 when an upstream's success answer does not parse as the surface's schema (spec 1: an
+    external provider's whole Messages answer)."""
+    return GatewayError(502, ErrorCode.PARSE_ERROR, f"The upstream's answer does not parse: {detail}")

@@ -25,6 +25,9 @@ from typing import Any
 import orjson
 
 __all__ = [
+    "message_object",
+    "message_stream",
+    "messages_input_tokens",
     "response_object",
     "response_stream",
     "responses_input_tokens",
@@ -428,6 +431,64 @@ def response_stream(
         _event(terminal, sequence + 3, {"response": whole}),
     ]  # fmt: skip
     return steps, b"".join(tail)
+
+
+# --- the Messages API (an HTTP worker answering /v1/messages itself) ------------------------------
+
+
+def messages_input_tokens(body: dict[str, Any]) -> int:
+    """Prompt tokens of a Messages request: the words of ``system`` and of every message's text
+    (a string, or its text blocks)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise MockError(400, "messages must be a non-empty list", "messages")
+    system = body.get("system")
+    blocks = [{"content": system}] if isinstance(system, (str, list)) else []
+    return chat_prompt_tokens([*blocks, *messages])
+
+
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
+
+
+def message_object(rid: str, model: str, tokens: int, finish: str, prompt_tokens: int) -> dict[str, Any]:
+    """A Messages answer with one text block of ``tokens`` words."""
+    return {
+        "id": rid, "type": "message", "role": "assistant", "model": model,
+        "content": [{"type": "text", "text": completion_text(tokens)}],
+        "stop_reason": _STOP_REASONS[finish], "stop_sequence": None,
+        "usage": {"input_tokens": prompt_tokens, "output_tokens": tokens,
+                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+    }  # fmt: skip
+
+
+def _message_event(kind: str, fields: dict[str, Any]) -> bytes:
+    return b"event: %b\ndata: %b\n\n" % (kind.encode(), orjson.dumps({"type": kind, **fields}))
+
+
+def message_stream(rid: str, model: str, tokens: int, finish: str, prompt_tokens: int) -> tuple[list[bytes], bytes]:
+    """The Messages events of :func:`message_object`, as Anthropic sends them: message_start (empty
+    content, the input counters), content_block_start, a ping, one text_delta per token,
+    content_block_stop, message_delta (stop_reason and the final usage), message_stop; no [DONE].
+    (one SSE block per token with the opening ones in the first; the closing bytes)."""
+    whole = message_object(rid, model, tokens, finish, prompt_tokens)
+    opening = {**whole, "content": [], "stop_reason": None, "usage": {**whole["usage"], "output_tokens": 0}}
+    head = b"".join((
+        _message_event("message_start", {"message": opening}),
+        _message_event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+        _message_event("ping", {}),
+    ))  # fmt: skip
+    steps = [
+        _message_event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": word if i == 0 else " " + word}})
+        for i, word in enumerate(_words(tokens))
+    ]  # fmt: skip
+    steps = [head + steps[0], *steps[1:]] if steps else [head]
+    delta = {"stop_reason": whole["stop_reason"], "stop_sequence": None}
+    tail = b"".join((
+        _message_event("content_block_stop", {"index": 0}),
+        _message_event("message_delta", {"delta": delta, "usage": {"output_tokens": tokens}}),
+        _message_event("message_stop", {}),
+    ))  # fmt: skip
+    return steps, tail
 
 
 # --- embeddings, rerank, classify, tokenize -----------------------------------------------------

@@ -4,6 +4,11 @@ A test aid for tests, benchmarks and first-time users; the gateway never routes 
 Start it with ``python manage.py runmockworker --port P --model M`` or in-process with
 :func:`build_app` (any aiohttp runner). Payloads come from :mod:`standins.mock_responses`.
 
+Besides the OpenAI routes it answers the Anthropic Messages API as an engine's server does:
+``POST /v1/messages`` (one text block, whole or as Anthropic's event sequence: message_start,
+content_block_start, ping, text_delta per token, content_block_stop, message_delta with the usage,
+message_stop) and ``POST /v1/messages/count_tokens`` (``{"input_tokens"}``, words of system and texts).
+
 Per-request controls, in an optional body field ``"mock": {...}``:
 
 * ``status``: answer with this HTTP status (>= 400) and an OpenAI-style error JSON, streaming too;
@@ -434,6 +439,24 @@ def _routes(config: MockWorkerConfig) -> list[web.RouteDef]:
             return await _stream(request, steps, tail, ctl)
         return await _respond(request, ctl, tokens, mr.response_object(rid, now, model, tokens, finish, prompt_tokens))
 
+    async def messages(request: web.Request) -> web.StreamResponse:
+        """/v1/messages as an engine's own server answers it (the gateway relays it unchanged)."""
+        body = _body(request)
+        ctl = controls(body)
+        prompt_tokens = mr.messages_input_tokens(body)
+        tokens, finish = mr.budget(config.max_model_len, ctl.tokens, body.get("max_tokens"), "max_tokens", prompt_tokens)
+        model = body.get("model") or config.model
+        rid = _rid("msg_")
+        if body.get("stream"):
+            steps, tail = mr.message_stream(rid, model, tokens, finish, prompt_tokens)
+            return await _stream(request, steps, tail, ctl)
+        return await _respond(request, ctl, tokens, mr.message_object(rid, model, tokens, finish, prompt_tokens))
+
+    async def count_message_tokens(request: web.Request) -> web.Response:
+        body = _body(request)
+        controls(body)
+        return _json({"input_tokens": mr.messages_input_tokens(body)})
+
     async def cancel_response(request: web.Request) -> web.Response:
         """POST /v1/responses/{id}/cancel: a response this worker made comes back cancelled."""
         made = mock_state(request.app).responses.get(request.match_info["response_id"])
@@ -537,6 +560,8 @@ def _routes(config: MockWorkerConfig) -> list[web.RouteDef]:
         web.post("/v1/chat/completions", chat),
         web.post("/v1/completions", completions),
         web.post("/v1/responses", responses),
+        web.post("/v1/messages", messages),
+        web.post("/v1/messages/count_tokens", count_message_tokens),
         web.post("/v1/responses/{response_id}/cancel", cancel_response),
         web.post("/v1/embeddings", simple(mr.embeddings_payload)),
         web.post("/v1/rerank", rerank),

@@ -29,6 +29,7 @@ from inference.routing.selection import select_worker
 from inference.routing.workers import WorkerHandle
 from inference.served import ServedAnswer, ServedRequest, ServedSurface
 from inference.upstreams import RelayAnswer, RelayRequest
+from inference.upstreams.checked import checked_whole
 from inference.upstreams.provider import EXTERNAL
 from inference.writers import ResponseClock, ResponseWriter
 
@@ -149,11 +150,19 @@ class SurfaceRoute:
             record = target.record
             handling = surface_of.handling(kind_of(record))
             if type(handling) is Relay and handling.takes(record):
-                headers = forwarded_headers(scope, handling.headers)
+                allowed = handling.headers
+                if allowed.credentials:
+                    allowed = allowed.for_worker(record, identity)
+                headers = forwarded_headers(scope, allowed)
                 if record.external:
-                    return dp.relay_for(EXTERNAL, path).open(RelayRequest(
-                        target, path, payload, stream, writer.request_id, headers, identity, caller_key(scope, identity)
+                    # A surface that passes the client's own credentials sends them as they are, unconverted.
+                    key = None if handling.headers.credentials else caller_key(scope, identity)
+                    opening = dp.relay_for(EXTERNAL, path).open(RelayRequest(
+                        target, path, payload, stream, writer.request_id, headers, identity, key
                     ))  # fmt: skip
+                    if handling.whole_answer is None or stream:
+                        return opening
+                    return checked_whole(opening, handling.whole_answer, dp.config.max_buffered_response_bytes)
                 relay = dp.relay_for(record.transport, path)
                 return relay.open(RelayRequest(target, path, payload, stream, writer.request_id, headers, identity))
             if type(handling) is Serve:

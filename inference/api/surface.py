@@ -6,7 +6,8 @@ framing (the closing event, and how an error after the response started is repor
 error before it is always the standard envelope), and, per worker kind, one :data:`Handling`:
 
 - :class:`Relay`: the request goes to the same path on the worker (HTTP workers; external providers
-  only those in ``providers`` when it is set), with the client headers of its :class:`HeaderSet`;
+  only those in ``providers`` when it is set), with the client headers of its :class:`HeaderSet`
+  (and a provider's whole answer checked by ``whole_answer`` when the surface gives one);
 - :class:`Serve`: the gateway serves it itself with a :class:`~inference.served.ServedSurface`
   (engine workers; on external providers, a surface that drives the provider itself);
 - ``None``: the worker kind does not serve the route (501 ``endpoint_not_supported``).
@@ -19,9 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Callable
 
 from inference import errors
+from inference.auth import Identity, IdentityKind
 from inference.kit import Validator
 from inference.routing.workers import WorkerRecord
 from inference.schemas.base import ValidatedRequest
@@ -50,16 +52,36 @@ def kind_of(record: WorkerRecord) -> WorkerKind:
     return WorkerKind.HTTP
 
 
+_AUTHORIZATION = b"authorization"
+
+
 @dataclass(frozen=True, slots=True)
 class HeaderSet:
     """The client headers a relayed surface passes on (lower-case names, and prefixes of names);
-    X-Request-ID is always set by the gateway, and the worker's own credential by the relay."""
+    X-Request-ID is always set by the gateway, and the worker's own credential by the relay.
+
+    ``credentials`` are the passed names that carry the client's credential for the worker (the
+    Messages API's Authorization and x-api-key): a worker registered with a key of its own gets that
+    key from the relay instead, and a third party (an external provider) never gets Authorization
+    while gateway keys are on, since it then holds one of ours (docs/DECISIONS.md D55)."""
 
     names: frozenset[bytes]
     prefixes: tuple[bytes, ...] = ()
+    credentials: frozenset[bytes] = frozenset()
 
     def passes(self, name: bytes) -> bool:
         return name in self.names or name.startswith(self.prefixes)
+
+    def for_worker(self, record: WorkerRecord, identity: Identity) -> HeaderSet:
+        """This set less the credentials ``record`` must not get from this caller (call it only when
+        ``credentials`` is not empty: surfaces without any pass their set as it is)."""
+        if record.api_key:
+            withheld = self.credentials
+        elif record.external and identity.kind is not IdentityKind.ANONYMOUS:
+            withheld = self.credentials & {_AUTHORIZATION}
+        else:
+            return self
+        return HeaderSet(self.names - withheld, self.prefixes)
 
 
 OPENAI_HEADERS = HeaderSet(
@@ -71,10 +93,14 @@ OPENAI_HEADERS = HeaderSet(
 @dataclass(frozen=True, slots=True)
 class Relay:
     """Relayed to the same path on the worker, with ``headers`` of the client's; on external
-    workers only to the providers named in ``providers`` (None: any provider)."""
+    workers only to the providers named in ``providers`` (None: any provider). ``whole_answer``, when
+    given, reads a provider's whole (non-streamed) success answer before it reaches the client: it
+    returns the body to send (a schema's parse and re-serialization) or raises the GatewayError to
+    answer instead. An HTTP worker's answer is relayed as it is."""
 
     headers: HeaderSet = OPENAI_HEADERS
     providers: frozenset[str] | None = None
+    whole_answer: Callable[[bytes], bytes] | None = None
 
     def takes(self, record: WorkerRecord) -> bool:
         return self.providers is None or record.provider in self.providers

@@ -166,6 +166,9 @@ class WorkerRecord:
     # An external provider's models, as its /v1/models listed them at registration (its model_id is
     # empty): the registry routes each of them to it.
     models: tuple[str, ...] = ()
+    # The provider an external worker's registration named (--backend, or its ``provider`` label),
+    # for a provider's API on a host of its own (a proxy, a stand-in); else its host tells.
+    named_provider: str | None = None
 
     @property
     def served_models(self) -> tuple[str, ...]:
@@ -181,8 +184,9 @@ class WorkerRecord:
 
     @property
     def provider(self) -> str | None:
-        """The provider a known provider host names (openai, anthropic, gemini, xai), else None."""
-        return provider_of(self.url)
+        """The provider its registration named, else the one a known provider host names (openai,
+        anthropic, gemini, xai), else None."""
+        return self.named_provider or provider_of(self.url)
 
     @property
     def transport(self) -> Transport:

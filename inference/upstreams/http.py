@@ -37,7 +37,7 @@ from aiohttp.streams import StreamReader
 from yarl import URL
 
 from common.config import GatewayConfig
-from inference.routing.workers import Transport
+from inference.routing.workers import Transport, WorkerRecord
 from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.writers import ResponseWriter
@@ -180,8 +180,8 @@ class HttpRelay(Relay):
             limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_secs, enable_cleanup_closed=True
         )
 
-    def _key_lines(self, base: str, api_key: str | None) -> bytes:
-        """The head lines that present the worker's key."""
+    def _key_lines(self, provider: str | None, api_key: str | None) -> bytes:
+        """The head lines that present the worker's key (``provider``: an external worker's)."""
         return _header_line("Authorization", f"Bearer {api_key}") if api_key else b""
 
     def _caller_key_lines(self, request: RelayRequest) -> bytes:
@@ -194,8 +194,10 @@ class HttpRelay(Relay):
         if session is not None:
             await session.close()
 
-    def _target(self, base: str, path: str, api_key: str | None) -> _Target:
+    def _target(self, record: WorkerRecord, path: str) -> _Target:
         """The prepared route (URL parsing and the fixed head lines are a visible share of a relay)."""
+        base = record.url
+        api_key = record.api_key
         key = (base, path, api_key)
         target = self._targets.get(key)
         if target is None:
@@ -207,7 +209,7 @@ class HttpRelay(Relay):
             head = b"POST " + url.raw_path_qs.encode("ascii") + b" HTTP/1.1\r\n"
             head += _header_line("Host", url.host_port_subcomponent or url.host)
             head += b"Content-Type: application/json\r\n"
-            head += self._key_lines(base, api_key)
+            head += self._key_lines(record.provider, api_key)
             probe = aiohttp.ClientRequest("POST", url, loop=asyncio.get_running_loop(), ssl=True)
             target = self._targets[key] = _Target(probe, head)
         return target
@@ -236,7 +238,7 @@ class HttpRelay(Relay):
         return UpstreamFailure(FailureKind.TIMEOUT, "timed out", self._request_timeout_secs)
 
     async def open(self, request: RelayRequest) -> RelayAnswer:
-        target = self._target(request.worker.url, request.path, request.worker.record.api_key)
+        target = self._target(request.worker.record, request.path)
         head = self._head(target, request)
         session = self.session()
         connector = session.connector

@@ -25,7 +25,7 @@ from aiohttp.resolver import ThreadedResolver
 
 from common.config import GatewayConfig
 from common.ssrf import SsrfPolicy, SsrfRefused, target_of
-from inference.routing.workers import provider_of
+from inference.routing.workers import WorkerRecord
 from inference.upstreams.base import RELAYS, RelayRequest
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.http import KEEPALIVE_SECS, HttpRelay, _header_line, _Target
@@ -90,18 +90,18 @@ class ProviderRelay(HttpRelay):
             resolver=GuardedResolver(self.policy),
         )  # fmt: skip
 
-    def _target(self, base: str, path: str, api_key: str | None) -> _Target:
+    def _target(self, record: WorkerRecord, path: str) -> _Target:
         try:
-            target_of(base, self.policy)  # an address literal never reaches the resolver
+            target_of(record.url, self.policy)  # an address literal never reaches the resolver
         except SsrfRefused as refused:
             raise UpstreamFailure(FailureKind.CONNECT, refused.reason) from None
-        return super()._target(base, path, api_key)
+        return super()._target(record, path)
 
-    def _key_lines(self, base: str, api_key: str | None) -> bytes:
-        return b"".join(_header_line(name, value) for name, value in provider_key_headers(provider_of(base), api_key))
+    def _key_lines(self, provider: str | None, api_key: str | None) -> bytes:
+        return b"".join(_header_line(name, value) for name, value in provider_key_headers(provider, api_key))
 
     def _caller_key_lines(self, request: RelayRequest) -> bytes:
         """The caller's own key, for a worker registered without one (open mode only: see above)."""
         if request.worker.record.api_key or not request.caller_key:
             return b""
-        return self._key_lines(request.worker.url, request.caller_key)
+        return self._key_lines(request.worker.record.provider, request.caller_key)

@@ -5,7 +5,8 @@ the response started is reported in-band. The writer applies it; transports neve
   ``data: [DONE]``; an in-band error is ``data: {"error": {"message", "type": "internal_error"}}``
   followed by ``[DONE]``.
 - Responses events close themselves (no sentinel): an in-band error is an ``error`` event.
-- Anthropic messages close themselves too; their framing arrives with its surface.
+- Anthropic Messages events close themselves too (``message_stop``, no sentinel): an in-band error is
+  an ``error`` event, ``{"type": "error", "error": {"type": "api_error", "message"}}``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import orjson
 
 from inference.errors import GatewayError
 
-__all__ = ["Framing", "OPENAI_SSE", "RESPONSES_SSE", "openai_error_event", "responses_error_event"]
+__all__ = [
+    "ANTHROPIC_SSE", "Framing", "OPENAI_SSE", "RESPONSES_SSE", "anthropic_error_event", "openai_error_event",
+    "responses_error_event",
+]  # fmt: skip
 
 
 class Framing:
@@ -55,3 +59,13 @@ def responses_error_event(error: GatewayError) -> bytes:
 
 RESPONSES_SSE = Framing("responses", b"", b"", responses_error_event)
 """Responses API events (spec 2): ``event:`` and ``data:`` lines, closed by the terminal event itself."""
+
+
+def anthropic_error_event(error: GatewayError) -> bytes:
+    """The Messages API's in-band error (spec 1, Events): an ``error`` event of type api_error."""
+    payload = {"type": "error", "error": {"type": "api_error", "message": error.message}}
+    return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+ANTHROPIC_SSE = Framing("anthropic", b"", b"", anthropic_error_event)
+"""Messages API events (spec 1): ``event:`` and ``data:`` lines, closed by ``message_stop`` itself."""
