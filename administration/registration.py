@@ -98,7 +98,7 @@ def _discover_provider(worker: Worker) -> Discovery:
     """An external provider's models, asked once with the worker's own key only (never the
     gateway's). A provider is up or not regardless of us, and an external worker is routable at
     once (spec 3): one that does not answer now is registered without a list (it takes any model)."""
-    provider = provider_of(worker.url)
+    provider = str(worker.labels.get("provider") or "") or provider_of(worker.url)
     try:
         return asyncio.run(
             discover_provider(worker.url, worker.api_key or None, provider, SsrfPolicy.from_config(current_config()))

@@ -379,7 +379,10 @@ def sync_cli_workers(urls: Sequence[str], backend: str = "auto") -> list[Worker]
         for url in urls:
             existing = Worker.objects.select_for_update().filter(url=url).first()
             if existing is None:
-                spec = parse_worker_spec({"url": url, "runtime_type": backend_runtime(backend)})
+                given: dict[str, Any] = {"url": url, "runtime_type": backend_runtime(backend)}
+                if backend in PROVIDER_BACKENDS:  # the provider, whatever host its API is on
+                    given["labels"] = {"provider": backend}
+                spec = parse_worker_spec(given)
                 workers.append(create_worker(spec, source=WorkerSource.CLI))
             elif existing.source == WorkerSource.CLI and existing.status != WorkerStatus.READY:
                 worker = _start_job(existing, JobType.ADD, status=WorkerStatus.PENDING, registered=False)
@@ -427,6 +430,7 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
                 worker_type=WorkerType(worker.worker_type),
                 order=(worker.created_at.timestamp(), worker.url),
                 models=tuple(str(model) for model in worker.provider_models) if external else (),
+                named_provider=(str(worker.labels.get("provider") or "") or None) if external else None,
                 engine=(
                     engine_spec(worker.model_id, worker.model_cards, worker.labels, config)
                     if transport_of(worker.url) is Transport.GRPC

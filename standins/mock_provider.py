@@ -39,6 +39,9 @@ Per-request controls for tests, in the body's ``metadata`` (chat completions and
   A streamed response whose client went away before its end is counted in
   ``ProviderState.disconnected``.
 
+``POST /v1/messages`` answers as Anthropic's API does (x-api-key and anthropic-version required,
+Anthropic's error bodies): see :mod:`standins.mock_anthropic`.
+
 Introspection, without auth and not recorded: ``GET /_provider/requests`` (every other request, newest
 last, at most 200, each ``{method, path, headers (lowercase names), json}``), ``DELETE
 /_provider/requests`` clears it.
@@ -58,6 +61,8 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+
+from standins.mock_anthropic import ANTHROPIC_PATHS, anthropic_routes
 
 __all__ = [
     "DEFAULT_API_KEY",
@@ -716,7 +721,7 @@ def _middleware(config: ProviderConfig, state: ProviderState) -> Callable[..., A
             request[_BODY] = body
             headers = {name.lower(): value for name, value in request.headers.items()}
             state.record({"method": request.method, "path": path, "headers": headers, "json": body})
-            if path.startswith("/v1/") and not _authorized(request, config.api_key):
+            if path.startswith("/v1/") and path not in ANTHROPIC_PATHS and not _authorized(request, config.api_key):
                 raise ProviderError(401, "Incorrect API key provided.", None, "invalid_api_key")
             return await handler(request)
         except ProviderError as exc:
@@ -775,6 +780,7 @@ def build_provider_app(config: ProviderConfig) -> web.Application:
     app = web.Application(middlewares=[_middleware(config, state)], client_max_size=64 * 1024 * 1024)
     app[_STATE] = state
     app.add_routes(_routes(config))
+    app.add_routes(anthropic_routes(config.api_key, config.models))
     app.add_routes(_introspection_routes(state))
     return app
 

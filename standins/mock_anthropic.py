@@ -1,0 +1,154 @@
+"""The stand-in provider's Anthropic side: ``POST /v1/messages`` answered the way Anthropic's API does,
+served by :mod:`standins.mock_provider` (``manage.py runmockprovider``) beside its OpenAI routes, so
+tests see the exact headers and bodies a real Anthropic API would receive (the provider's request
+log records them).
+
+- Authentication is Anthropic's: ``x-api-key`` must be the provider's key (401
+  ``authentication_error`` otherwise; a Bearer token does not count), and ``anthropic-version`` is
+  required (400 ``invalid_request_error``). Errors are Anthropic's body,
+  ``{"type": "error", "error": {"type", "message"}}``.
+- The model must be one of the provider's; ``max_tokens`` (an integer >= 1) and ``messages`` (a
+  non-empty array) are required.
+- The answer is one text block ``"heard: " + " | ".join(user message texts)``; words are tokens, and
+  ``max_tokens`` cuts the text (stop_reason ``max_tokens``, else ``end_turn``). Streaming sends
+  Anthropic's event sequence (message_start, content_block_start, ping, one text_delta per word,
+  content_block_stop, message_delta with the usage, message_stop), each with an ``event:`` line.
+
+Per-request controls, in the body's ``metadata``: ``"provider_fail": "529"`` (any status >= 400)
+answers that status with an ``api_error`` body; ``"provider_break": "1"`` with ``stream: true``
+closes the connection after the first delta; ``"provider_garble": "1"`` answers a whole request with
+a 200 whose body is not a message.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+__all__ = ["ANTHROPIC_PATHS", "anthropic_routes"]
+
+ANTHROPIC_PATHS = ("/v1/messages",)
+"""Routes that authenticate as Anthropic does (x-api-key), not with a Bearer token."""
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                429: "rate_limit_error", 529: "overloaded_error"}  # fmt: skip
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class AnthropicError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    def response(self) -> web.Response:
+        kind = _ERROR_TYPES.get(self.status, "api_error")
+        body = {"type": "error", "error": {"type": kind, "message": self.message}}
+        return web.Response(body=orjson.dumps(body), status=self.status, headers=_JSON_HEADERS)
+
+
+def _control(body: dict[str, Any], name: str) -> str | None:
+    metadata = body.get("metadata")
+    value = metadata.get(name) if isinstance(metadata, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _user_texts(messages: list[Any]) -> list[str]:
+    texts = []
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.extend(b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str))
+    return texts
+
+
+def _checked(request: web.Request, body: Any, api_key: str, models: tuple[str, ...]) -> dict[str, Any]:
+    if request.headers.get("x-api-key") != api_key:
+        raise AnthropicError(401, "invalid x-api-key")
+    if not request.headers.get("anthropic-version"):
+        raise AnthropicError(400, "anthropic-version: header is required")
+    if not isinstance(body, dict):
+        raise AnthropicError(400, "the request body must be a JSON object")
+    if body.get("model") not in models:
+        raise AnthropicError(404, f"model: {body.get('model')}")
+    max_tokens = body.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise AnthropicError(400, "max_tokens: Field required to be an integer >= 1")
+    if not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise AnthropicError(400, "messages: at least one message is required")
+    fail = _control(body, "provider_fail")
+    if fail is not None and fail.isdigit() and 400 <= int(fail) <= 599:
+        raise AnthropicError(int(fail), "provider failure")
+    return body
+
+
+def _message(body: dict[str, Any]) -> dict[str, Any]:
+    words = ("heard: " + " | ".join(_user_texts(body["messages"]))).split(" ")
+    cut = len(words) > body["max_tokens"]
+    words = words[: body["max_tokens"]]
+    return {
+        "id": "msg_" + os.urandom(12).hex(), "type": "message", "role": "assistant", "model": body["model"],
+        "content": [{"type": "text", "text": " ".join(words)}],
+        "stop_reason": "max_tokens" if cut else "end_turn", "stop_sequence": None,
+        "usage": {"input_tokens": sum(len(t.split()) for t in _user_texts(body["messages"])),
+                  "output_tokens": len(words), "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+    }  # fmt: skip
+
+
+def _event(kind: str, fields: dict[str, Any]) -> bytes:
+    return b"event: %b\ndata: %b\n\n" % (kind.encode(), orjson.dumps({"type": kind, **fields}))
+
+
+def _events(whole: dict[str, Any]) -> Iterator[bytes]:
+    opening = {**whole, "content": [], "stop_reason": None, "usage": {**whole["usage"], "output_tokens": 0}}
+    yield _event("message_start", {"message": opening})
+    yield _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+    yield _event("ping", {})
+    words = whole["content"][0]["text"].split(" ")
+    for i, word in enumerate(words):
+        yield _event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": word if i == 0 else " " + word}})  # fmt: skip
+    yield _event("content_block_stop", {"index": 0})
+    delta = {"stop_reason": whole["stop_reason"], "stop_sequence": None}
+    yield _event("message_delta", {"delta": delta, "usage": {"output_tokens": whole["usage"]["output_tokens"]}})
+    yield _event("message_stop", {})
+
+
+async def _stream(request: web.Request, whole: dict[str, Any], broken: bool) -> web.StreamResponse:
+    resp = web.StreamResponse(headers=_SSE_HEADERS)
+    await resp.prepare(request)
+    for event in _events(whole):
+        await resp.write(event)
+        if broken and event.startswith(b"event: content_block_delta"):
+            if request.transport is not None:
+                request.transport.close()  # flushed, then FIN: no terminal event
+            return resp
+    await resp.write_eof()
+    return resp
+
+
+def anthropic_routes(api_key: str, models: tuple[str, ...]) -> list[web.RouteDef]:
+    async def messages(request: web.Request) -> web.StreamResponse:
+        try:
+            body = _checked(request, orjson.loads(await request.read() or b"null"), api_key, models)
+        except orjson.JSONDecodeError:
+            return AnthropicError(400, "the request body is not valid JSON").response()
+        except AnthropicError as error:
+            return error.response()
+        whole = _message(body)
+        if body.get("stream") is True:
+            return await _stream(request, whole, _control(body, "provider_break") == "1")
+        if _control(body, "provider_garble") == "1":
+            return web.Response(body=orjson.dumps({"type": "message", "content": "not blocks"}), headers=_JSON_HEADERS)
+        return web.Response(body=orjson.dumps(whole), headers=_JSON_HEADERS)
+
+    return [web.post("/v1/messages", messages)]
