@@ -1,4 +1,5 @@
-"""``manage.py runmockprovider``: serve the stand-in of an external OpenAI-compatible provider (a test aid).
+"""``manage.py runmockprovider``: serve the stand-in of an external provider (a test aid): OpenAI's
+routes, and Anthropic's /v1/messages.
 
 Prints ``mock provider serving M1, M2 on http://HOST:PORT`` once listening; stop it with Ctrl+C/SIGTERM.
 See :mod:`standins.mock_provider` for what it answers.
