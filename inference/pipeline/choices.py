@@ -9,7 +9,8 @@ Per engine output of the choice:
 2. the ids become text incrementally (never half a UTF-8 character; skip_special_tokens applied);
 3. stop strings are matched over the text (never split across chunks; trimmed unless no_stop_trim);
 4. the reasoning parser splits reasoning from content, and the tool parser finds calls in the
-   content.
+   content; the output tokens whose text was reasoning are counted
+   (:class:`~inference.pipeline.reasoning.ReasoningTokenCount`, usage's reasoning_tokens).
 
 The choice ends at the engine's finish, or earlier at a stop token or stop string (the caller then
 stops reading the engine, which aborts it). The last events are the parsers' held text and one
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from inference.pipeline.events import Event, Finished, ReasoningDelta, TextDelta, ToolCallDelta
-from inference.pipeline.reasoning import ReasoningParser
+from inference.pipeline.reasoning import ReasoningParser, ReasoningTokenCount
 from inference.pipeline.stops import StopMatcher, StopTokens
 from inference.pipeline.tokenizers import ModelTokenizer
 from inference.pipeline.tools.base import ToolEvent
@@ -53,6 +54,7 @@ class ChoiceOptions:
     skip_special_tokens: bool = True
     kept_special_ids: frozenset[int] = frozenset()  # special tokens decoded anyway: the tool parser's markers
     reasoning: Callable[[], ReasoningParser] | None = None  # a fresh parser per choice, or None
+    reasoning_end_id: int | None = None  # the reasoning parser's end marker as one token id, if it is one
     tools: Callable[[], CallParser] | None = None
     prompt_ids: tuple[int, ...] = ()  # the prompt's last ids give the detokenizer its context
 
@@ -61,8 +63,8 @@ class ChoiceOutput:
     """One choice of one request. Not thread-safe."""
 
     __slots__ = (
-        "index", "_detokenizer", "_stops", "_options", "_reasoning", "_tools", "done", "completion_tokens",
-        "logprobs", "text_length",
+        "index", "_detokenizer", "_stops", "_options", "_reasoning", "_reasoning_count", "_tools", "done",
+        "completion_tokens", "reasoning_tokens", "logprobs", "text_length",
     )  # fmt: skip
 
     def __init__(self, index: int, tokenizer: ModelTokenizer, options: ChoiceOptions) -> None:
@@ -74,9 +76,13 @@ class ChoiceOutput:
         )
         self._stops = StopMatcher(options.stops, no_stop_trim=options.no_stop_trim)
         self._reasoning = options.reasoning() if options.reasoning is not None else None
+        self._reasoning_count = (
+            ReasoningTokenCount(self._reasoning, options.reasoning_end_id) if self._reasoning is not None else None
+        )
         self._tools = options.tools() if options.tools is not None else None
         self.done = False
         self.completion_tokens = 0
+        self.reasoning_tokens = 0  # output tokens of the reasoning block so far
         self.logprobs: list[TokenLogprobs] = []
         self.text_length = 0  # characters of output text (content and reasoning) emitted
 
@@ -102,10 +108,18 @@ class ChoiceOutput:
         if matched_stop is None and ending:
             text += self._stops.flush()
         events = self._parse(text)
-        if matched_stop is None and not ending:
+        finishing = matched_stop is not None or ending
+        if finishing:
+            self.done = True
+            events.extend(self._finish_parsers())
+        counter = self._reasoning_count
+        if counter is not None:
+            counter.add(ids)
+            self.reasoning_tokens = counter.count
+            if counter.settled:
+                self._reasoning_count = None  # final: nothing more to count
+        if not finishing:
             return events
-        self.done = True
-        events.extend(self._finish_parsers())
         if matched_stop is not None or matched_token is not None:
             reason = FinishReason.STOP.value
             matched_stop = matched_stop if matched_stop is not None else matched_token

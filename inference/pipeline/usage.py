@@ -2,7 +2,9 @@
 
 The prompt is counted once however many choices share it (n > 1), completions are summed over the
 choices, cached tokens are the prompt tokens the engine served from its prefix cache, reasoning
-tokens are what the engine reported (part of the completion tokens).
+tokens (part of the completion tokens) are the gateway's count where it parses the reasoning itself
+(:class:`~inference.pipeline.reasoning.ReasoningTokenCount`), else what the engine reported: per
+choice, the higher of the two.
 """
 
 from __future__ import annotations
@@ -26,15 +28,18 @@ class UsageTally:
         self.draft_tokens = 0
         self.accepted_tokens = 0
 
-    def add(self, output: EngineOutput) -> None:
+    def add(self, output: EngineOutput, reasoning_tokens: int = 0) -> None:
+        """One engine output; ``reasoning_tokens``: the gateway's count of its choice's reasoning
+        tokens so far (:attr:`ChoiceOutput.reasoning_tokens`)."""
         if output.prompt_tokens:
             self.prompt_tokens = output.prompt_tokens
         if output.cached_tokens:
             self.cached_tokens = max(self.cached_tokens, output.cached_tokens)
         index = output.index
         self._completion[index] = max(self._completion.get(index, 0), output.completion_tokens)
-        if output.reasoning_tokens:
-            self._reasoning[index] = max(self._reasoning.get(index, 0), output.reasoning_tokens)
+        reasoning = max(output.reasoning_tokens, reasoning_tokens)
+        if reasoning:
+            self._reasoning[index] = max(self._reasoning.get(index, 0), reasoning)
         if output.spec_draft_tokens:
             self.draft_tokens += output.spec_draft_tokens
             self.accepted_tokens += output.spec_accepted_tokens

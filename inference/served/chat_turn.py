@@ -58,15 +58,17 @@ TurnDeliver = Callable[[TurnRun, AsyncIterator[EngineOutput], ResponseWriter], A
 
 
 async def turn_events(
-    outputs: AsyncIterator[EngineOutput], choices: list[ChoiceOutput], count: Callable[[EngineOutput], None]
+    outputs: AsyncIterator[EngineOutput], choices: list[ChoiceOutput], count: Callable[[EngineOutput, int], None]
 ) -> AsyncIterator[tuple[ChoiceOutput, list[Event]]]:
-    """Each engine output as the events it adds to its choice (``count`` sees every output: a
-    :meth:`UsageTally.add`); ends when every choice is done (the caller's closing of ``outputs``
-    then aborts the engine if it was not)."""
+    """Each engine output as the events it adds to its choice (``count`` sees every output with its
+    choice's reasoning tokens so far, before the events are handed on: a :meth:`UsageTally.add`);
+    ends when every choice is done (the caller's closing of ``outputs`` then aborts the engine if it
+    was not)."""
     async for output in outputs:
-        count(output)
         choice = choices[output.index]
-        yield choice, choice.step(output)
+        events = choice.step(output)
+        count(output, choice.reasoning_tokens)
+        yield choice, events
         if all(other.done for other in choices):
             return
 
@@ -119,10 +121,12 @@ class ChatTurn:
         body = self.body
         spec = target.spec
         reasoning: Callable[[], ReasoningParser] | None = None
+        reasoning_end_id: int | None = None
         if spec.reasoning_parser and body.get("separate_reasoning") is not False:
             parser_class = REASONING_PARSERS.get(spec.reasoning_parser)
             stream_reasoning = body.get("stream_reasoning") is not False or not self.stream
             reasoning = partial(parser_class.for_prompt, prompt.text, stream_reasoning=stream_reasoning)
+            reasoning_end_id = target.tokenizer.single_token_id(parser_class.end_marker)
         tools: Callable[[], CallParser] | None = None
         # The detokenize settings: skip_special_tokens as asked, except the special tokens the
         # tool parser reads (its markers), which skipping would remove before it sees them.
@@ -142,6 +146,7 @@ class ChatTurn:
             skip_special_tokens=self.sampling.skip_special_tokens,
             kept_special_ids=kept_special_ids,
             reasoning=reasoning,
+            reasoning_end_id=reasoning_end_id,
             tools=tools,
             prompt_ids=prompt.ids,
         )

@@ -131,8 +131,8 @@ class ServedCompletion(ServedSurface):
         usage.pop("prompt_tokens_details", None)  # completions' usage: the three counts
         return usage
 
-    def _tally(self, tallies: list[UsageTally], output: EngineOutput) -> None:
-        tallies[output.index // self.n].add(output)
+    def _tally(self, tallies: list[UsageTally], output: EngineOutput, reasoning_tokens: int) -> None:
+        tallies[output.index // self.n].add(output, reasoning_tokens)
 
     # --- one text_completion object ---------------------------------------------------------------
 

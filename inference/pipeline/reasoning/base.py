@@ -92,7 +92,12 @@ class ReasoningParser:
         self._separate = separate_reasoning
         self._stream = stream_reasoning
         opened = self.starts_in_reasoning if in_reasoning is None else in_reasoning
-        self._state = _State.REASONING if opened else _State.BEFORE
+        if separate_reasoning:
+            self._state = _State.REASONING if opened else _State.BEFORE
+        else:  # no parsing: the text is all content
+            opened = False
+            self._state = _State.CONTENT
+        self._had_block = opened  # a reasoning block opened (by the prompt or the model)
         self._optional_start = opened  # the model may still write the start marker itself
         self._reasoning_started = False  # a non-space reasoning character was emitted
         self._skip_space = False  # drop whitespace right after the end marker
@@ -107,6 +112,17 @@ class ReasoningParser:
     @property
     def in_reasoning(self) -> bool:
         return self._state is _State.REASONING
+
+    @property
+    def undecided(self) -> bool:
+        """Whether the text so far leaves open if a block starts (only whitespace, or the start of
+        the start marker, before any content)."""
+        return self._state is _State.BEFORE
+
+    @property
+    def had_reasoning(self) -> bool:
+        """Whether the output has a reasoning block (opened by the prompt or the model), so far."""
+        return self._had_block
 
     def feed(self, text: str) -> list[ReasoningEvent]:
         """Events for the next piece of generated text."""
@@ -161,6 +177,7 @@ class ReasoningParser:
                 if rest.startswith(start):
                     self._buf = rest[len(start) :]
                     self._state = _State.REASONING
+                    self._had_block = True
                     continue
                 if start.startswith(rest) and not final:
                     return  # only whitespace, or the start of the start marker, so far

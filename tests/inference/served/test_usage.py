@@ -32,3 +32,14 @@ def test_speculative_counters_only_when_drafts_were_reported() -> None:
     tally.add(EngineOutput(index=1, completion_tokens=6, finish=DONE, spec_draft_tokens=10, spec_accepted_tokens=7))
     details = usage_json(tally.usage())["completion_tokens_details"]
     assert details == {"accepted_prediction_tokens": 7, "rejected_prediction_tokens": 3}
+
+
+def test_the_gateways_reasoning_count_per_choice_stands_beside_the_engines() -> None:
+    """Reasoning tokens per choice: the gateway's count (its reasoning parser's) or the engine's,
+    the higher one; summed over the choices."""
+    tally = UsageTally(4)
+    tally.add(EngineOutput(index=0, token_ids=(1, 2), completion_tokens=2), 2)
+    tally.add(EngineOutput(index=1, token_ids=(3,), completion_tokens=1, reasoning_tokens=5), 1)
+    tally.add(EngineOutput(index=0, token_ids=(4,), completion_tokens=3, finish=DONE), 3)
+    tally.add(EngineOutput(index=1, completion_tokens=6, finish=DONE), 1)
+    assert tally.usage().reasoning_tokens == 3 + 5
