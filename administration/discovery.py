@@ -13,12 +13,10 @@ from typing import Any
 
 import httpx
 import httpx2
-import orjson
 
 from common.ssrf import SsrfPolicy, SsrfRefused
-from common.ssrf_http import guarded_http_client
 from inference.routing.workers import RuntimeType
-from inference.upstreams.provider import provider_key_headers
+from inference.upstreams.provider_models import LISTING_TIMEOUT_SECS, fetch_provider_models, listing_request
 
 __all__ = ["Discovery", "WorkerUnreachable", "WorkerRefused", "discover_http_worker", "discover_provider"]
 
@@ -102,43 +100,24 @@ def discover_http_worker(
     return Discovery(runtime_type=str(runtime_type), model_ids=tuple(model_ids), labels=labels)
 
 
-_PROVIDER_TIMEOUT = httpx2.Timeout(10.0, connect=5.0)
-_PROVIDER_LISTING_MAX_BYTES = 8 * 2**20  # a provider's model list (OpenAI's is about 20 kB)
-
-
 async def discover_provider(url: str, api_key: str | None, provider: str | None, policy: SsrfPolicy) -> Discovery:
-    """An external provider's models, from its /v1/models, over a connection the SSRF guard checked
-    and pinned (a provider URL is a URL a caller gave). Raises WorkerRefused for a refused key or
-    address, WorkerUnreachable while it does not answer; a listing it does not give is no models
-    (the worker then takes any model)."""
-    listing_url = f"{url}/v1/models"
-    headers = dict(provider_key_headers(provider, api_key))
-    if provider == "anthropic":
-        headers["anthropic-version"] = "2023-06-01"  # its API asks every request for one
+    """An external provider's models, from its own model list (read in its own shape:
+    :mod:`inference.upstreams.provider_models`), over a connection the SSRF guard checked and pinned
+    (a provider URL is a URL a caller gave). Raises WorkerRefused for a refused key or address,
+    WorkerUnreachable while it does not answer; a listing it does not give is no models (the worker
+    then takes any model)."""
+    listing_url = url + listing_request(provider, api_key)[0]
     try:
-        async with guarded_http_client(
-            policy, timeout=_PROVIDER_TIMEOUT, headers=headers,
-            max_response_bytes=_PROVIDER_LISTING_MAX_BYTES,
-        ) as client:  # fmt: skip
-            response = await client.get(listing_url)
-            body = response.content
+        listing = await fetch_provider_models(url, provider, api_key, policy)
     except SsrfRefused as exc:
         raise WorkerRefused(f"provider URL {exc.reason}") from None
     except httpx2.HTTPError as exc:
         raise WorkerUnreachable(f"{_why(exc)} for {listing_url}") from None
-    if response.status_code in (401, 403) and api_key:
-        raise WorkerRefused(f"provider refused the API key given: HTTP {response.status_code} for {listing_url}")
+    except TimeoutError:
+        raise WorkerUnreachable(f"no answer within {LISTING_TIMEOUT_SECS:g} s for {listing_url}") from None
+    if listing.refused and api_key:
+        raise WorkerRefused(f"provider refused the API key given: HTTP {listing.status} for {listing_url}")
     # Without a key of its own the worker relays its callers' keys (open mode), so a listing refused
     # for want of one says nothing against it: it then takes any model.
-    models: list[str] = []
-    if response.is_success:
-        try:
-            listing = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            listing = None
-        entries = listing.get("data") if isinstance(listing, dict) else None
-        for entry in entries if isinstance(entries, list) else ():
-            if isinstance(entry, dict) and isinstance(entry.get("id"), str) and entry["id"]:
-                models.append(entry["id"])
     labels = {"provider": provider} if provider else {}
-    return Discovery(runtime_type=RuntimeType.EXTERNAL, model_ids=tuple(dict.fromkeys(models)), labels=labels)
+    return Discovery(runtime_type=RuntimeType.EXTERNAL, model_ids=listing.models, labels=labels)

@@ -7,6 +7,8 @@ log records them).
   ``authentication_error`` otherwise; a Bearer token does not count), and ``anthropic-version`` is
   required (400 ``invalid_request_error``). Errors are Anthropic's body,
   ``{"type": "error", "error": {"type", "message"}}``.
+- ``GET /v1/models`` (the ``anthropic`` flavour of the stand-in provider) answers Anthropic's list
+  shape, a page of ``limit`` models (20 by default), with the same authentication.
 - The model must be one of the provider's; ``max_tokens`` (an integer >= 1) and ``messages`` (a
   non-empty array) are required.
 - The answer is one text block ``"heard: " + " | ".join(user message texts)``; words are tokens, and
@@ -29,7 +31,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-__all__ = ["ANTHROPIC_PATHS", "anthropic_routes"]
+__all__ = ["ANTHROPIC_PATHS", "anthropic_models_route", "anthropic_routes"]
 
 ANTHROPIC_PATHS = ("/v1/messages",)
 """Routes that authenticate as Anthropic does (x-api-key), not with a Bearer token."""
@@ -134,6 +136,31 @@ async def _stream(request: web.Request, whole: dict[str, Any], broken: bool) -> 
             return resp
     await resp.write_eof()
     return resp
+
+
+MODEL_CREATED_AT = "2025-01-01T00:00:00Z"
+_DEFAULT_PAGE = 20  # Anthropic lists 20 models a page unless asked for more (limit: 1 to 1000)
+
+
+def anthropic_models_route(api_key: str, models: tuple[str, ...]) -> web.RouteDef:
+    """``GET /v1/models`` as Anthropic answers it: x-api-key and anthropic-version required, one page
+    of ``limit`` models (20 by default) in its shape, ``has_more`` telling whether more follow."""
+
+    async def listing(request: web.Request) -> web.Response:
+        if request.headers.get("x-api-key") != api_key:
+            return AnthropicError(401, "invalid x-api-key").response()
+        if not request.headers.get("anthropic-version"):
+            return AnthropicError(400, "anthropic-version: header is required").response()
+        limit_text = request.query.get("limit", str(_DEFAULT_PAGE))
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= 1000:
+            return AnthropicError(400, "limit: Input should be between 1 and 1000").response()
+        page = models[: int(limit_text)]
+        data = [{"type": "model", "id": m, "display_name": m, "created_at": MODEL_CREATED_AT} for m in page]
+        body = {"data": data, "has_more": len(models) > len(page),
+                "first_id": page[0] if page else None, "last_id": page[-1] if page else None}  # fmt: skip
+        return web.Response(body=orjson.dumps(body), headers=_JSON_HEADERS)
+
+    return web.get("/v1/models", listing)
 
 
 def anthropic_routes(api_key: str, models: tuple[str, ...]) -> list[web.RouteDef]:

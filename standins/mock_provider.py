@@ -42,8 +42,13 @@ Per-request controls for tests, in the body's ``metadata`` (chat completions and
 ``POST /v1/messages`` answers as Anthropic's API does (x-api-key and anthropic-version required,
 Anthropic's error bodies): see :mod:`standins.mock_anthropic`.
 
+``ProviderConfig.flavour`` (``runmockprovider --flavour``) says whose API it plays beyond that:
+``openai`` (the default, as above), ``xai`` (its models ``owned_by: xai``), ``anthropic`` (``GET
+/v1/models`` asked and answered as Anthropic's: :mod:`standins.mock_anthropic`) or ``gemini`` (its
+model list and ``POST /v1/interactions``: :mod:`standins.mock_gemini`).
+
 Introspection, without auth and not recorded: ``GET /_provider/requests`` (every other request, newest
-last, at most 200, each ``{method, path, headers (lowercase names), json}``), ``DELETE
+last, at most 200, each ``{method, path, query, headers (lowercase names), json}``), ``DELETE
 /_provider/requests`` clears it.
 """
 
@@ -62,11 +67,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from standins.mock_anthropic import ANTHROPIC_PATHS, anthropic_routes
+from standins.mock_anthropic import ANTHROPIC_PATHS, anthropic_models_route, anthropic_routes
+from standins.mock_gemini import gemini_routes
 
 __all__ = [
     "DEFAULT_API_KEY",
     "DEFAULT_MODELS",
+    "FLAVOURS",
     "REQUEST_LOG_SIZE",
     "RESPONSE_CREATE_FIELDS",
     "ProviderConfig",
@@ -79,6 +86,8 @@ __all__ = [
 
 DEFAULT_MODELS: tuple[str, ...] = ("gpt-4o-mini", "gpt-4.1")
 DEFAULT_API_KEY = "sk-provider-test"
+FLAVOURS = ("openai", "anthropic", "gemini", "xai")
+"""Whose API the stand-in plays: how its /v1/models is asked and answered, and Gemini's Interactions."""
 REQUEST_LOG_SIZE = 200
 MODEL_CREATED = 1700000000
 FUNCTION_CALL_TOKENS = 5
@@ -108,8 +117,11 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class ProviderConfig:
     models: tuple[str, ...] = DEFAULT_MODELS
     api_key: str = DEFAULT_API_KEY
+    flavour: str = "openai"
 
     def __post_init__(self) -> None:
+        if self.flavour not in FLAVOURS:
+            raise ValueError(f"flavour must be one of {', '.join(FLAVOURS)}")
         object.__setattr__(self, "models", tuple(self.models))
         if not self.models or not all(isinstance(m, str) and m for m in self.models):
             raise ValueError("models must be a non-empty list of non-empty names")
@@ -708,6 +720,11 @@ async def _read_json(request: web.Request) -> Any:
         return None
 
 
+def _own_auth_paths(config: ProviderConfig) -> tuple[str, ...]:
+    """The /v1 routes that check their own credentials (Anthropic's x-api-key), not a Bearer token."""
+    return (*ANTHROPIC_PATHS, "/v1/models") if config.flavour == "anthropic" else ANTHROPIC_PATHS
+
+
 def _middleware(config: ProviderConfig, state: ProviderState) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Records requests, checks the API key on /v1/*, and turns errors into OpenAI-style JSON."""
 
@@ -720,8 +737,10 @@ def _middleware(config: ProviderConfig, state: ProviderState) -> Callable[..., A
             body = await _read_json(request)
             request[_BODY] = body
             headers = {name.lower(): value for name, value in request.headers.items()}
-            state.record({"method": request.method, "path": path, "headers": headers, "json": body})
-            if path.startswith("/v1/") and path not in ANTHROPIC_PATHS and not _authorized(request, config.api_key):
+            state.record({
+                "method": request.method, "path": path, "query": request.query_string, "headers": headers, "json": body,
+            })  # fmt: skip
+            if path.startswith("/v1/") and path not in _own_auth_paths(config) and not _authorized(request, config.api_key):
                 raise ProviderError(401, "Incorrect API key provided.", None, "invalid_api_key")
             return await handler(request)
         except ProviderError as exc:
@@ -735,8 +754,9 @@ def _middleware(config: ProviderConfig, state: ProviderState) -> Callable[..., A
 
 
 def _routes(config: ProviderConfig) -> list[web.RouteDef]:
+    owner = "xai" if config.flavour == "xai" else "mock-provider"
     cards = {
-        name: {"id": name, "object": "model", "created": MODEL_CREATED, "owned_by": "mock-provider"}
+        name: {"id": name, "object": "model", "created": MODEL_CREATED, "owned_by": owner}
         for name in config.models
     }
 
@@ -755,8 +775,16 @@ def _routes(config: ProviderConfig) -> list[web.RouteDef]:
     async def responses(request: web.Request) -> web.StreamResponse:
         return await _responses(request, config)
 
+    if config.flavour == "anthropic":
+        listing = anthropic_models_route(config.api_key, config.models)
+    elif config.flavour == "gemini":
+        listing, interactions = gemini_routes(config.models)
+    else:
+        listing = web.get("/v1/models", models)
+    flavoured = [interactions] if config.flavour == "gemini" else []
     return [
-        web.get("/v1/models", models),
+        listing,
+        *flavoured,
         web.get("/v1/models/{model:.+}", model),
         web.post("/v1/chat/completions", chat),
         web.post("/v1/responses", responses),

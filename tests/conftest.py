@@ -4,6 +4,7 @@ actors (an owner tenant, a teammate, a stranger) for auth and ownership checks."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import socket
 import uuid
@@ -148,16 +149,25 @@ class Provider:
         return [request for request in self.state.requests if request["path"] == path]
 
 
-@pytest.fixture
-async def provider() -> AsyncIterator[Provider]:
-    """The stand-in provider (models gpt-4o-mini and gpt-4.1, key :data:`PROVIDER_KEY`)."""
-    app = build_provider_app(ProviderConfig(api_key=PROVIDER_KEY))
+@contextlib.asynccontextmanager
+async def serving_provider(config: ProviderConfig) -> AsyncIterator[Provider]:
+    """The stand-in provider with ``config`` (its flavour, models and key), on loopback while inside."""
+    app = build_provider_app(config)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    yield Provider(f"http://127.0.0.1:{runner.addresses[0][1]}", app)
-    await runner.cleanup()
+    try:
+        yield Provider(f"http://127.0.0.1:{runner.addresses[0][1]}", app)
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[Provider]:
+    """The stand-in provider (models gpt-4o-mini and gpt-4.1, key :data:`PROVIDER_KEY`)."""
+    async with serving_provider(ProviderConfig(api_key=PROVIDER_KEY)) as running:
+        yield running
 
 
 def record_for(worker: RunningWorker | str, model: str | None = None, status: str = "ready", api_key: str | None = None) -> WorkerRecord:

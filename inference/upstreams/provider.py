@@ -30,17 +30,29 @@ from inference.upstreams.base import RELAYS, RelayRequest
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.http import KEEPALIVE_SECS, HttpRelay, _header_line, _Target
 
-__all__ = ["EXTERNAL", "GuardedResolver", "ProviderRelay", "provider_key_headers"]
+__all__ = ["EXTERNAL", "PROVIDER_KEY_HEADERS", "GuardedResolver", "ProviderRelay", "provider_key_headers"]
 
 EXTERNAL = "external"
 """The relay's name: external workers are relayed by it, whatever their URL's scheme says."""
 
 
+PROVIDER_KEY_HEADERS: dict[str, str] = {
+    "openai": "Authorization",
+    "xai": "Authorization",
+    "gemini": "Authorization",  # its OpenAI-compatible API takes the key as a Bearer token
+    "anthropic": "x-api-key",
+}
+"""The header each known provider takes its key in (docs ENGINES.md, "External providers"); any
+other OpenAI-compatible API takes it as OpenAI does."""
+
+
 def provider_key_headers(provider: str | None, api_key: str | None) -> tuple[tuple[str, str], ...]:
-    """How a provider is given a key: Anthropic's x-api-key, everyone else's Bearer token."""
+    """How a provider is given a key: in its header of :data:`PROVIDER_KEY_HEADERS`, as the bare key
+    (x-api-key) or a Bearer token (Authorization)."""
     if not api_key:
         return ()
-    return (("x-api-key", api_key),) if provider == "anthropic" else (("Authorization", f"Bearer {api_key}"),)
+    name = PROVIDER_KEY_HEADERS.get(provider or "", "Authorization")
+    return ((name, f"Bearer {api_key}" if name == "Authorization" else api_key),)
 
 
 class GuardedResolver(AbstractResolver):

@@ -16,7 +16,8 @@ from administration.registry_sync import RegistrySync
 from administration.workers import sync_cli_workers, worker_records
 from common.config import GatewayConfig, install_config
 from inference.routing.registry import REGISTRY
-from tests.conftest import PROVIDER_KEY, Provider, until
+from standins.mock_provider import ProviderConfig
+from tests.conftest import PROVIDER_KEY, Provider, serving_provider, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -93,3 +94,46 @@ def test_backend_makes_command_line_workers_external_without_the_gateway_key() -
     assert record.api_key is None and record.external and record.served_models == ("gpt-4o-mini",)
     sync_cli_workers(["grpc://engine:1"], "vllm")
     assert Worker.objects.get().runtime_type == "vllm"
+
+
+# What each provider's model list is asked with and read from (docs ENGINES.md, "External providers").
+LISTING_AS_RECEIVED = {
+    "anthropic": ("limit=1000", {"x-api-key": PROVIDER_KEY, "anthropic-version": "2023-06-01"}),
+    "gemini": ("", {"authorization": f"Bearer {PROVIDER_KEY}"}),
+    "xai": ("", {"authorization": f"Bearer {PROVIDER_KEY}"}),
+}
+# Anthropic lists 20 models a page unless asked for more: 25 prove the whole list was asked for.
+FLAVOUR_MODELS = {
+    "anthropic": tuple(f"claude-stand-in-{i}" for i in range(25)),
+    "gemini": ("gemini-2.5-flash", "gemini-2.5-pro"),
+    "xai": ("grok-4", "grok-3-mini"),
+}
+
+
+@pytest.mark.parametrize("flavour", sorted(LISTING_AS_RECEIVED))
+async def test_each_provider_lists_its_models_with_its_own_header_and_shape(flavour: str, fleets: list[RegistrySync]) -> None:
+    fleets.append(await start_fleet(LOOPBACK_ALLOWED))
+    config = ProviderConfig(models=FLAVOUR_MODELS[flavour], api_key=PROVIDER_KEY, flavour=flavour)
+    async with serving_provider(config) as provider:
+        body = {"url": provider.url, "runtime_type": "external", "api_key": PROVIDER_KEY, "labels": {"provider": flavour}}
+        got = await registered(AsyncClient(), body)
+        assert got is not None and got["status"] == "ready"
+        listing = provider.calls("/v1/models")[-1]
+    query, key_headers = LISTING_AS_RECEIVED[flavour]
+    own = {"host", "accept", "accept-encoding", "connection", "user-agent"}
+    assert listing["query"] == query
+    assert {name: value for name, value in listing["headers"].items() if name not in own} == key_headers
+
+    async def routed() -> bool:
+        return set(FLAVOUR_MODELS[flavour]) <= set(REGISTRY.snapshot.routable_by_model)
+
+    await until(routed)  # gemini's "models/<id>" listed as the id its requests take
+
+
+async def test_a_provider_refusing_the_key_in_its_own_header_fails_registration(fleets: list[RegistrySync]) -> None:
+    fleets.append(await start_fleet(LOOPBACK_ALLOWED))
+    config = ProviderConfig(models=("claude-stand-in",), api_key=PROVIDER_KEY, flavour="anthropic")
+    async with serving_provider(config) as provider:
+        body = {"url": provider.url, "runtime_type": "external", "api_key": "sk-wrong", "labels": {"provider": "anthropic"}}
+        assert await registered(AsyncClient(), body) is None
+        assert provider.calls("/v1/models")[-1]["headers"]["x-api-key"] == "sk-wrong"

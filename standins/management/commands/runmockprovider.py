@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from standins.mock_provider import DEFAULT_API_KEY, DEFAULT_MODELS, ProviderConfig, run_mock_provider
+from standins.mock_provider import DEFAULT_API_KEY, DEFAULT_MODELS, FLAVOURS, ProviderConfig, run_mock_provider
 
 __all__ = ["Command"]
 
@@ -36,12 +36,18 @@ class Command(BaseCommand):
             default=DEFAULT_API_KEY,
             help=f"required as 'Authorization: Bearer KEY' on /v1/* (default {DEFAULT_API_KEY})",
         )
+        parser.add_argument(
+            "--flavour", choices=FLAVOURS, default="openai",
+            help="whose API it plays: its /v1/models (and Gemini's /v1/interactions); default openai",
+        )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not 0 <= options["port"] <= 65535:
             raise CommandError("--port must be between 0 and 65535")
         try:
-            config = ProviderConfig(models=tuple(options["models"] or DEFAULT_MODELS), api_key=options["api_key"])
+            config = ProviderConfig(
+                models=tuple(options["models"] or DEFAULT_MODELS), api_key=options["api_key"], flavour=options["flavour"]
+            )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         try:
