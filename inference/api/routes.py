@@ -9,6 +9,7 @@ from django.urls import URLPattern, path
 from inference.asgi_io import ASGIApp
 from inference.api.worker_routes import engine_metrics, get_model_info, get_server_info, health_generate, loads
 from inference.api.anthropic import ANTHROPIC_SURFACES
+from inference.api.interactions import INTERACTIONS_SURFACES
 from inference.api.models import list_models
 from inference.api.openai import OPENAI_SURFACES, RELAYED_PATHS
 from inference.api.probes import liveness, readiness
@@ -23,7 +24,7 @@ def asgi_route(pattern: str, app: ASGIApp) -> URLPattern:
 
 
 def data_plane_routes() -> list[URLPattern]:
-    surfaces = (*OPENAI_SURFACES, *ANTHROPIC_SURFACES)
+    surfaces = (*OPENAI_SURFACES, *ANTHROPIC_SURFACES, *INTERACTIONS_SURFACES)
     routes = [asgi_route(surface.path.lstrip("/"), SurfaceRoute(surface)) for surface in surfaces]
     routes += [
         asgi_route("v1/models", list_models),

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from inference.writers.framing import ANTHROPIC_SSE, OPENAI_SSE, RESPONSES_SSE, Framing
+from inference.writers.framing import ANTHROPIC_SSE, INTERACTIONS_SSE, OPENAI_SSE, RESPONSES_SSE, Framing
 from inference.writers.response import ResponseClock, ResponseWriter, StreamObserver
 
 __all__ = [
-    "ANTHROPIC_SSE", "Framing", "OPENAI_SSE", "RESPONSES_SSE", "ResponseClock", "ResponseWriter", "StreamObserver",
+    "ANTHROPIC_SSE", "Framing", "INTERACTIONS_SSE", "OPENAI_SSE", "RESPONSES_SSE", "ResponseClock", "ResponseWriter", "StreamObserver",
 ]  # fmt: skip

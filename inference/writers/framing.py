@@ -7,6 +7,8 @@ the response started is reported in-band. The writer applies it; transports neve
 - Responses events close themselves (no sentinel): an in-band error is an ``error`` event.
 - Anthropic Messages events close themselves too (``message_stop``, no sentinel): an in-band error is
   an ``error`` event, ``{"type": "error", "error": {"type": "api_error", "message"}}``.
+- Gemini's Interactions events close themselves (``interaction.complete``): an in-band error is
+  ``data: {"event_type": "error", "error": {"code", "message"}}``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import orjson
 from inference.errors import GatewayError
 
 __all__ = [
-    "ANTHROPIC_SSE", "Framing", "OPENAI_SSE", "RESPONSES_SSE", "anthropic_error_event", "openai_error_event",
+    "ANTHROPIC_SSE", "Framing", "INTERACTIONS_SSE", "OPENAI_SSE", "interactions_error_event", "RESPONSES_SSE", "anthropic_error_event", "openai_error_event",
     "responses_error_event",
 ]  # fmt: skip
 
@@ -58,6 +60,16 @@ def responses_error_event(error: GatewayError) -> bytes:
 
 
 RESPONSES_SSE = Framing("responses", b"", b"", responses_error_event)
+
+
+def interactions_error_event(error: GatewayError) -> bytes:
+    """Gemini's Interactions in-band error: an ``error`` event of its stream (no sentinel follows)."""
+    payload = {"event_type": "error", "error": {"code": str(error.code), "message": error.message}}
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+INTERACTIONS_SSE = Framing("interactions", b"", b"", interactions_error_event)
+"""Gemini's Interactions events (``data:`` lines), closed by ``interaction.complete`` itself."""
 """Responses API events (spec 2): ``event:`` and ``data:`` lines, closed by the terminal event itself."""
 
 
