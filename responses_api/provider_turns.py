@@ -12,8 +12,9 @@ provider's own /v1/responses, and the gateway keeps what makes the response its 
   call as ``ns.name``, mapped back by the surface), the turn's finish and usage; items no event
   describes (a provider's own built-in calls) are kept whole. The surface builds its own items,
   events and stored response from them, so a response reads the same whoever ran its turns.
-- **Only the worker's key goes upstream** (or, in open mode, the caller's own), by the external
-  relay (:mod:`inference.upstreams.provider`), which also passes every connection through the SSRF
+- **Only the worker's key goes upstream** (or, in open mode, the caller's own), with the client's
+  tracing headers as a relay passes them (``ServedRequest.headers``: traceparent, tracestate, ...),
+  by the external relay (:mod:`inference.upstreams.provider`), which also passes every connection through the SSRF
   guard. An upstream error on the first turn goes back to the client with its status and body.
 """
 
@@ -322,7 +323,8 @@ class _ProviderTurn:
         request = self.turns.request
         relay = request.dp.relay_for(EXTERNAL, PATH)
         answer = await relay.open(RelayRequest(
-            worker, PATH, self.payload, True, request.writer.request_id, (), request.identity, request.caller_key,
+            worker, PATH, self.payload, True, request.writer.request_id, request.headers, request.identity,
+            request.caller_key,
         ))  # fmt: skip
         if answer.status != 200:
             return answer  # the provider's own error, relayed with its status and body (or retried)

@@ -140,7 +140,7 @@ class SurfaceRoute:
             if served is None:
                 request = ServedRequest(
                     dp, body, decision.model or checked.model, checked.model, stream, writer, identity,
-                    caller_key(scope, identity), checked.parsed,
+                    caller_key(scope, identity), checked.parsed, forwarded_headers(scope),
                 )  # fmt: skip
                 served = handling.surface(request)
             return await served.open(target)

@@ -50,6 +50,9 @@ class ServedRequest:
     # Open mode only: the caller's own provider key, for an external worker registered without one.
     caller_key: str | None = field(default=None, repr=False)
     parsed: Any = None  # the route validator's own reading of the body (ValidatedRequest.parsed)
+    # The client's headers a relay passes on (tracing and routing: inference.api.relay.forwarded_headers),
+    # for what the gateway itself sends a provider (the Responses API's provider turns).
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

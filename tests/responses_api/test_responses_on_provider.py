@@ -180,6 +180,27 @@ async def test_chat_completions_are_relayed_with_only_the_worker_key(gateway: ht
     assert_no_gateway_key(provider)
 
 
+TRACING = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "rojo=00f067aa0ba902b7"}
+
+
+async def test_provider_turns_carry_the_tracing_headers_a_relay_sends(
+    gateway: httpx.AsyncClient, provider: Provider, mcp_url: str
+) -> None:
+    client = sdk(gateway)
+    extra = {**TRACING, "x-gw-routing-key": "user-7", "x-unrelated": "dropped"}
+    await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hey"}], extra_headers=extra)
+    tool = {"type": "mcp", "server_label": "tools", "server_url": mcp_url, "require_approval": "never", "allowed_tools": ["echo"]}
+    await client.responses.create(model=MODEL, input='[[call:echo {"text": "hi"}]]', tools=[tool], extra_headers=extra)  # type: ignore[list-item]
+    relayed = provider.calls("/v1/chat/completions")[-1]["headers"]
+    first, second = provider.calls()[-2:]  # both turns of the MCP loop
+    own = {"x-request-id", "content-length", "accept"}  # the request's own id, body length and streaming
+    for turn in (first, second):
+        assert turn["headers"]["traceparent"] == TRACING["traceparent"] and turn["headers"]["tracestate"] == TRACING["tracestate"]
+        assert "x-unrelated" not in turn["headers"]
+        assert {k: v for k, v in turn["headers"].items() if k not in own} == {k: v for k, v in relayed.items() if k not in own}
+    assert_no_gateway_key(provider)
+
+
 async def test_in_open_mode_a_worker_without_a_key_relays_the_callers_own(
     make_gateway: GatewayFactory, provider: Provider
 ) -> None:
