@@ -1,5 +1,5 @@
-"""A Responses request as the chat-shaped body the gateway's chat pipeline runs on gRPC workers
-(spec 2: input items, tools, reasoning and text format on gRPC workers).
+"""A Responses request as the typed :class:`~inference.pipeline.turn.Turn` the gateway's chat pipeline
+runs on gRPC workers (spec 2: input items, tools, reasoning and text format on gRPC workers).
 
 - ``instructions`` become the first system message; a text input one user message;
 - message items keep their role, their text parts joined as the template reads them;
@@ -8,9 +8,9 @@
   media refused);
 - namespace members are presented to the model as ``<namespace>.<name>``; :class:`ToolNames` maps a
   called name back to (namespace, name);
-- the sampling fields go as the chat pipeline's (max_output_tokens as max_completion_tokens), the
-  reasoning tier as reasoning_effort (a reasoning object without effort is medium), text.format as
-  response_format, top_logprobs as logprobs.
+- the sampling fields go to the engine's sampling (max_output_tokens as its token limit), the
+  reasoning tier as the template's thinking effort (a reasoning object without effort is medium),
+  text.format as the response format (and its constraint), top_logprobs as logprobs.
 """
 
 from __future__ import annotations
@@ -20,13 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from inference.errors import invalid_request
+from inference.pipeline.sampling import format_constraint, stop_strings, tool_constraint
+from inference.pipeline.templates import ThinkingControl
+from inference.pipeline.tool_choice import ToolChoice, resolve_tool_choice
+from inference.pipeline.turn import TemplateOptions, Turn
+from inference.upstreams.engine import SamplingParams
 from responses_api.reasoning_blob import unseal
 
-__all__ = ["ToolNames", "chat_body", "chat_messages", "chat_tools"]
+__all__ = ["ToolNames", "chat_messages", "chat_tools", "responses_turn"]
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty",
-             "stop")  # fmt: skip
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 
 
 @dataclass
@@ -160,34 +164,48 @@ def _tool_choice(choice: Any, names: ToolNames) -> Any:
     return "required" if kind == "mcp" else "auto"
 
 
-def chat_body(
-    body: Mapping[str, Any], model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]], names: ToolNames
-) -> dict[str, Any]:
-    """The chat-shaped body of one model turn."""
-    chat: dict[str, Any] = {"model": model, "messages": messages}
-    for key in _SAMPLING:
-        if body.get(key) is not None:
-            chat[key] = body[key]
-    if body.get("max_output_tokens") is not None:
-        chat["max_completion_tokens"] = body["max_output_tokens"]
-    if tools:
-        chat["tools"] = tools
-        choice = _tool_choice(body.get("tool_choice"), names)
-        if choice is not None:
-            chat["tool_choice"] = choice
-    reasoning = body.get("reasoning")
-    if isinstance(reasoning, Mapping):
-        chat["reasoning_effort"] = reasoning.get("effort") or "medium"
+def _response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """text.format as a chat response_format (json_schema or json_object; text: none)."""
     fmt = (body.get("text") or {}).get("format")
     if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
-        chat["response_format"] = {
+        return {
             "type": "json_schema",
             "json_schema": {"name": fmt["name"], "schema": fmt["schema"], "strict": fmt.get("strict", False)},
         }
-    elif isinstance(fmt, Mapping) and fmt.get("type") == "json_object":
-        chat["response_format"] = {"type": "json_object"}
-    include = body.get("include") or ()
-    if body.get("top_logprobs") or "message.output_text.logprobs" in include:
-        chat["logprobs"] = True
-        chat["top_logprobs"] = int(body.get("top_logprobs") or 0)
-    return chat
+    if isinstance(fmt, Mapping) and fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    return None
+
+
+def _sampling(body: Mapping[str, Any], choice: ToolChoice, response_format: dict[str, Any] | None) -> SamplingParams:
+    values: dict[str, Any] = {key: body[key] for key in _SAMPLING if body.get(key) is not None}
+    values["stop"] = stop_strings(body)
+    if body.get("max_output_tokens") is not None:
+        values["max_new_tokens"] = body["max_output_tokens"]
+    if body.get("top_logprobs") or "message.output_text.logprobs" in (body.get("include") or ()):
+        values["logprobs"] = True
+        values["top_logprobs"] = int(body.get("top_logprobs") or 0)
+    constraint = tool_constraint(choice if choice.constrained else None) or format_constraint(response_format)
+    return SamplingParams(**values, constraint=constraint)
+
+
+def responses_turn(
+    body: Mapping[str, Any], model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]], names: ToolNames,
+    *, stream: bool,
+) -> Turn:  # fmt: skip
+    """One model turn of a validated Responses request, over ``messages`` with ``tools`` (chat-shaped,
+    as the template reads them)."""
+    chosen = _tool_choice(body.get("tool_choice"), names) if tools else None
+    choice = resolve_tool_choice({"tools": tools, "tool_choice": chosen})
+    response_format = _response_format(body)
+    reasoning = body.get("reasoning")
+    effort = (reasoning.get("effort") or "medium") if isinstance(reasoning, Mapping) else None
+    return Turn(
+        model=model,
+        messages=messages,
+        tool_choice=choice,
+        sampling=_sampling(body, choice, response_format),
+        stream=stream,
+        template=TemplateOptions(thinking=ThinkingControl(effort=effort), response_format=response_format),
+        prompt_param="input",
+    )

@@ -28,7 +28,7 @@ from inference.upstreams.engine import EngineOutput
 from inference.writers import ResponseWriter
 from responses_api.mcp_tools import McpServers
 from responses_api.request import ResponsesRequest
-from responses_api.to_chat import ToolNames, chat_body, chat_messages, chat_tools
+from responses_api.to_chat import ToolNames, chat_messages, chat_tools, responses_turn
 
 __all__ = ["EngineTurns", "ModelTurn", "ModelTurns", "ProviderItem", "TurnEvent", "TurnReader"]
 
@@ -99,9 +99,7 @@ class EngineTurns:
         body = self.responses.body
         tools = chat_tools(body.get("tools") or (), self.names, self.mcp.chat_tools())
         messages = chat_messages(body.get("instructions"), items, self.names)
-        chat = chat_body(body, self.request.model or self.responses.model, messages, tools, self.names)
+        turn = responses_turn(body, self.request.model, messages, tools, self.names, stream=self.request.stream)
         request_id = self.response_id if not self._count else f"{self.response_id}-{self._count}"
         self._count += 1
-        return _EngineTurn(
-            ChatTurn(self.request.dp, chat, self.request.model, request_id, stream=self.request.stream, prompt_param="input")
-        )
+        return _EngineTurn(ChatTurn(self.request.dp, turn, request_id))

@@ -1,6 +1,6 @@
 """Stages "render → tokenize → context check": a request's prompt as token ids for the engine.
 
-- :func:`render_chat` renders a validated chat body with the model's chat template (sandboxed,
+- :func:`render_turn` renders a :class:`~inference.pipeline.turn.Turn` with the model's chat template (sandboxed,
   compiled once per model; the thinking-control and chat_template_kwargs rules of
   :mod:`inference.pipeline.templates`), the tools as :mod:`inference.pipeline.tool_choice`
   resolved them;
@@ -14,38 +14,36 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Mapping
 
 from inference import errors
-from inference.pipeline.templates import ChatTemplateError, RenderedPrompt, TemplateCompileError, ThinkingControl, render
+from inference.pipeline.templates import ChatTemplateError, RenderedPrompt, TemplateCompileError, render
 from inference.pipeline.encode_cache import encode_cache
 from inference.pipeline.tokenizers import ModelTokenizer, off_loop
-from inference.pipeline.tool_choice import ToolChoice
+from inference.pipeline.turn import Turn
 from inference.schemas.families import ModelFamily
 
-__all__ = ["render_chat", "tokenize", "check_prompt"]
+__all__ = ["render_turn", "tokenize", "check_prompt"]
 
 
-def render_chat(
-    body: Mapping[str, Any], tokenizer: ModelTokenizer, tool_choice: ToolChoice, family: ModelFamily | None
-) -> RenderedPrompt:
-    """The prompt text of a chat request. Raises GatewayError (400 process_messages_failed or
+def render_turn(turn: Turn, tokenizer: ModelTokenizer, family: ModelFamily | None) -> RenderedPrompt:
+    """The prompt text of a turn. Raises GatewayError (400 process_messages_failed or
     unsupported_content_part; 500 for a model without a usable template)."""
     template = tokenizer.chat_template
+    choice = turn.tool_choice
+    options = turn.template
     try:
         if template is None:
             raise TemplateCompileError(f"the tokenizer at {tokenizer.path} has no chat template")
-        continue_final = body.get("continue_final_message") is True
         return render(
             template,
-            body["messages"],
-            tools=tool_choice.tools if tool_choice.parses_calls else None,
-            add_generation_prompt=not continue_final,
-            continue_final_message=continue_final,
-            chat_template_kwargs=body.get("chat_template_kwargs"),
-            thinking=ThinkingControl.from_request(body.get("thinking"), body.get("reasoning_effort")),
-            tool_choice=tool_choice.template_value() if tool_choice.parses_calls else None,
-            response_format=body.get("response_format"),
+            turn.messages,
+            tools=choice.tools if choice.parses_calls else None,
+            add_generation_prompt=not options.continue_final_message,
+            continue_final_message=options.continue_final_message,
+            chat_template_kwargs=options.chat_template_kwargs,
+            thinking=options.thinking,
+            tool_choice=choice.template_value() if choice.parses_calls else None,
+            response_format=options.response_format,
             family=family,
         )
     except ChatTemplateError as error:

@@ -17,7 +17,9 @@ from inference import errors
 from inference.pipeline.tool_choice import ToolChoice
 from inference.upstreams.engine import Constraint, ConstraintKind, SamplingParams
 
-__all__ = ["chat_sampling", "completion_sampling", "stop_strings", "output_constraint"]
+__all__ = [
+    "chat_sampling", "completion_sampling", "stop_strings", "output_constraint", "format_constraint", "tool_constraint",
+]  # fmt: skip
 
 
 def stop_strings(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -40,11 +42,8 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
     return tuple(pairs)
 
 
-def output_constraint(body: Mapping[str, Any], tool_choice: ToolChoice | None = None) -> Constraint | None:
-    """The constraint the request asks for (validation allowed at most one of them)."""
-    if tool_choice is not None and tool_choice.schema is not None:
-        return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(tool_choice.schema, ensure_ascii=False))
-    response_format = body.get("response_format")
+def format_constraint(response_format: Any) -> Constraint | None:
+    """The constraint of a chat ``response_format`` (json_object or json_schema; text: none)."""
     if isinstance(response_format, Mapping):
         kind = response_format.get("type")
         if kind == "json_object":
@@ -52,6 +51,21 @@ def output_constraint(body: Mapping[str, Any], tool_choice: ToolChoice | None = 
         if kind == "json_schema":
             schema = (response_format.get("json_schema") or {}).get("schema", {})
             return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema, ensure_ascii=False))
+    return None
+
+
+def tool_constraint(tool_choice: ToolChoice | None) -> Constraint | None:
+    """The constraint a required or named tool choice enforces (its calls' JSON schema)."""
+    if tool_choice is not None and tool_choice.schema is not None:
+        return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(tool_choice.schema, ensure_ascii=False))
+    return None
+
+
+def output_constraint(body: Mapping[str, Any], tool_choice: ToolChoice | None = None) -> Constraint | None:
+    """The constraint the request asks for (validation allowed at most one of them)."""
+    constraint = tool_constraint(tool_choice) or format_constraint(body.get("response_format"))
+    if constraint is not None:
+        return constraint
     if isinstance(body.get("regex"), str):
         return Constraint(ConstraintKind.REGEX, body["regex"])
     if isinstance(body.get("ebnf"), str):

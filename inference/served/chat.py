@@ -28,6 +28,7 @@ from inference.pipeline.usage import UsageTally
 from inference.routing.workers import WorkerHandle
 from inference.schemas.profiles import Profile, detect_profile
 from inference.served.base import EngineTarget, ServedRequest, ServedSurface
+from inference.pipeline.turn import chat_turn
 from inference.served.chat_turn import ChatTurn, TurnRun, turn_events
 from inference.served.engine_answer import EngineAnswer
 from inference.served.openai_shapes import chat_logprobs, usage_json
@@ -46,7 +47,7 @@ class ServedChat(ServedSurface):
         body = request.body
         rid = body.get("rid")
         self.id = rid if isinstance(rid, str) and rid else f"chatcmpl-{uuid.uuid4().hex}"
-        self.turn = ChatTurn(request.dp, body, request.model, self.id, stream=request.stream)
+        self.turn = ChatTurn(request.dp, chat_turn(body, request.model, stream=request.stream), self.id)
         self.sampling = self.turn.sampling
         self.created = int(time.time())
         self.model = request.model or request.requested_model

@@ -2,8 +2,9 @@
 renders messages with the chat template shares (chat completions; Responses and Messages map their
 requests to a chat body and their events from these).
 
-:class:`ChatTurn` is made once per request from a validated chat-shaped body: the tool choice and
-sampling are resolved once, the prompt is rendered and tokenized once per tokenizer. :meth:`open`
+:class:`ChatTurn` is made once per request from the surface's typed :class:`~inference.pipeline.turn.Turn`
+(its mapper resolved the tool choice and sampling once); the prompt is rendered and tokenized once
+per tokenizer. :meth:`open`
 starts the turn on a worker (the attempts loop calls it; a failure before the first output is
 retried elsewhere) and hands a :class:`TurnRun` (the worker's tokenizer, the choices' options and the
 prompt) to the caller's ``deliver``, which reads ``(choice, events)`` pairs from :func:`turn_events`.
@@ -13,15 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 from inference.pipeline.choices import CallParser, ChoiceOptions, ChoiceOutput
 from inference.pipeline.events import Event
-from inference.pipeline.prompt import check_prompt, render_chat, tokenize
+from inference.pipeline.prompt import check_prompt, render_turn, tokenize
 from inference.pipeline.reasoning import REASONING_PARSERS, ReasoningParser
-from inference.pipeline.sampling import chat_sampling
 from inference.pipeline.stops import StopTokens
-from inference.pipeline.tool_choice import ConstrainedCalls, ToolChoice, resolve_tool_choice
+from inference.pipeline.tool_choice import ConstrainedCalls
+from inference.pipeline.turn import Turn
 from inference.pipeline.tools import TOOL_PARSERS
 from inference.routing.workers import WorkerHandle
 from inference.served.base import EngineTarget, engine_target
@@ -76,18 +77,11 @@ async def turn_events(
 class ChatTurn:
     """One chat-shaped request's turn (see the module's docstring)."""
 
-    def __init__(
-        self, dp: DataPlane, body: dict[str, Any], model: str, request_id: str, *, stream: bool,
-        prompt_param: str = "messages",
-    ) -> None:  # fmt: skip
+    def __init__(self, dp: DataPlane, turn: Turn, request_id: str) -> None:
         self.dp = dp
-        self.prompt_param = prompt_param  # the request field a prompt of no tokens is blamed on
-        self.body = body
-        self.model = model
+        self.turn = turn
         self.request_id = request_id
-        self.stream = stream
-        self.tool_choice: ToolChoice = resolve_tool_choice(body)
-        self.sampling: SamplingParams = chat_sampling(body, self.tool_choice if self.tool_choice.constrained else None)
+        self.sampling: SamplingParams = turn.sampling
         self._prompts: dict[tuple[str, str | None], _Prompt] = {}
 
     async def _prompt(self, target: EngineTarget) -> _Prompt:
@@ -95,54 +89,57 @@ class ChatTurn:
         key = (target.tokenizer.path, target.spec.chat_template)
         prompt = self._prompts.get(key)
         if prompt is None:
-            rendered = render_chat(self.body, target.tokenizer, self.tool_choice, target.family)
+            rendered = render_turn(self.turn, target.tokenizer, target.family)
             prompt = _Prompt(rendered.text, await tokenize(target.tokenizer, rendered.text))
             self._prompts[key] = prompt
         return prompt
 
     async def open(self, worker: WorkerHandle, deliver: TurnDeliver) -> EngineAnswer:
         """Start the turn on ``worker``; return once the engine's first output arrived."""
-        target = engine_target(self.dp, worker, self.model)
+        turn = self.turn
+        target = engine_target(self.dp, worker, turn.model)
         prompt = await self._prompt(target)
-        check_prompt(len(prompt.ids), target.spec.context_length, self.prompt_param)
+        check_prompt(len(prompt.ids), target.spec.context_length, turn.prompt_param)
         sampling = self.sampling
         engine_request = EngineRequest(
             request_id=self.request_id,
             input_ids=prompt.ids,
             sampling=sampling,
             # Stop strings are matched here: stream from the engine so a match stops it early.
-            stream=self.stream or bool(sampling.stop),
+            stream=turn.stream or bool(sampling.stop),
             original_text=prompt.text,
         )
         run = TurnRun(target, self._choice_options(target, prompt), prompt.text, len(prompt.ids), sampling.n)
         return await open_generation(target.client, engine_request, partial(deliver, run))
 
     def _choice_options(self, target: EngineTarget, prompt: _Prompt) -> ChoiceOptions:
-        body = self.body
+        turn = self.turn
+        output = turn.output
+        choice = turn.tool_choice
         spec = target.spec
         reasoning: Callable[[], ReasoningParser] | None = None
         reasoning_end_id: int | None = None
-        if spec.reasoning_parser and body.get("separate_reasoning") is not False:
+        if spec.reasoning_parser and output.separate_reasoning:
             parser_class = REASONING_PARSERS.get(spec.reasoning_parser)
-            stream_reasoning = body.get("stream_reasoning") is not False or not self.stream
+            stream_reasoning = output.stream_reasoning or not turn.stream
             reasoning = partial(parser_class.for_prompt, prompt.text, stream_reasoning=stream_reasoning)
             reasoning_end_id = target.tokenizer.single_token_id(parser_class.end_marker)
         tools: Callable[[], CallParser] | None = None
         # The detokenize settings: skip_special_tokens as asked, except the special tokens the
         # tool parser reads (its markers), which skipping would remove before it sees them.
         kept_special_ids: frozenset[int] = frozenset()
-        if self.tool_choice.constrained:
-            tools = partial(ConstrainedCalls, self.tool_choice)
-        elif self.tool_choice.parses_calls and spec.tool_parser:
+        if choice.constrained:
+            tools = partial(ConstrainedCalls, choice)
+        elif choice.parses_calls and spec.tool_parser:
             tool_parser = TOOL_PARSERS.get(spec.tool_parser)
-            tools = partial(tool_parser, tools=self.tool_choice.schemas())
+            tools = partial(tool_parser, tools=choice.schemas())
             kept_special_ids = target.tokenizer.special_ids(tool_parser.special_markers)
         return ChoiceOptions(
             stop_tokens=StopTokens.build(
                 self.sampling.stop_token_ids, target.tokenizer.eos_token_ids, ignore_eos=self.sampling.ignore_eos
             ),
             stops=self.sampling.stop,
-            no_stop_trim=body.get("no_stop_trim") is True,
+            no_stop_trim=output.no_stop_trim,
             skip_special_tokens=self.sampling.skip_special_tokens,
             kept_special_ids=kept_special_ids,
             reasoning=reasoning,

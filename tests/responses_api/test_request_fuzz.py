@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from inference.errors import GatewayError
 from responses_api.request import validate_response_request
-from responses_api.to_chat import ToolNames, chat_body, chat_messages, chat_tools
+from responses_api.to_chat import ToolNames, chat_messages, chat_tools, responses_turn
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 40), st.floats(allow_nan=True), st.text(max_size=8))
 JSON = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)), max_leaves=12)
@@ -32,6 +32,7 @@ def test_any_body_is_a_request_or_a_400(fields: dict[str, Any]) -> None:
     names = ToolNames()
     try:
         items = [{"type": "message", "role": "user", "content": body["input"]}] if isinstance(body["input"], str) else body["input"]
-        chat_body(checked.body, "m", chat_messages(body.get("instructions"), items, names), chat_tools(body.get("tools") or (), names), names)
+        responses_turn(checked.body, "m", chat_messages(body.get("instructions"), items, names),
+                       chat_tools(body.get("tools") or (), names), names, stream=False)  # fmt: skip
     except GatewayError as error:
         assert error.status == 400
