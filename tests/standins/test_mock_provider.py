@@ -21,6 +21,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from standins.mock_provider import ProviderConfig, ProviderState, build_provider_app, provider_state
+from tests.conftest import serving_provider
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "sk-provider-test"
@@ -427,3 +428,35 @@ async def test_run_mock_provider_serves_and_announces(http: aiohttp.ClientSessio
             proc.kill()
             await proc.wait()
     assert proc.returncode == 0
+
+
+async def test_each_flavour_checks_its_own_key_header_and_answers_its_own_list_shape() -> None:
+    claude_models = tuple(f"claude-{i}" for i in range(25))
+    async with (
+        serving_provider(ProviderConfig(models=claude_models, api_key=KEY, flavour="anthropic")) as claude,
+        serving_provider(ProviderConfig(models=("gemini-2.5-flash",), api_key=KEY, flavour="gemini")) as gemini,
+        serving_provider(ProviderConfig(models=("grok-4",), api_key=KEY, flavour="xai")) as grok,
+        aiohttp.ClientSession() as http,
+    ):
+        bearer = {"Authorization": f"Bearer {KEY}"}
+        async with http.get(f"{claude.url}/v1/models", headers=bearer) as refused:
+            assert refused.status == 401 and (await refused.json())["error"]["type"] == "authentication_error"
+        async with http.get(f"{claude.url}/v1/models", headers={"x-api-key": KEY}) as unversioned:
+            assert unversioned.status == 400
+        anthropic_headers = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
+        async with http.get(f"{claude.url}/v1/models", headers=anthropic_headers) as page:
+            body = await page.json()
+        assert [m["id"] for m in body["data"]] == list(claude_models[:20]) and body["has_more"] is True
+        assert body["data"][0]["type"] == "model" and body["first_id"] == "claude-0" and body["last_id"] == "claude-19"
+        async with http.get(f"{claude.url}/v1/models?limit=1000", headers=anthropic_headers) as whole:
+            assert len((await whole.json())["data"]) == 25
+        async with http.get(f"{gemini.url}/v1/models", headers={"x-goog-api-key": KEY}) as not_bearer:
+            assert not_bearer.status == 401
+        async with http.get(f"{gemini.url}/v1/models", headers=bearer) as listed:
+            assert (await listed.json())["data"] == [
+                {"id": "models/gemini-2.5-flash", "object": "model", "created": 0, "owned_by": "google"}
+            ]
+        async with http.get(f"{grok.url}/v1/models", headers=bearer) as listed:
+            assert [(m["id"], m["owned_by"]) for m in (await listed.json())["data"]] == [("grok-4", "xai")]
+        async with http.post(f"{grok.url}/v1/interactions", headers=bearer, json={"model": "grok-4", "input": "hi"}) as absent:
+            assert absent.status == 404  # Gemini's API only
