@@ -95,6 +95,8 @@ class ErrorCode(str, Enum):
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     TOKENIZATION_FAILED = "tokenization_failed"
     PARSE_ERROR = "parse_error"
+    MCP_CONNECTION_FAILED = "mcp_connection_failed"
+    MCP_MAX_ITERATIONS = "mcp_max_iterations"
 
 
 class GatewayError(Exception):
@@ -328,3 +330,15 @@ def parse_error(detail: str) -> GatewayError:
     """502 when an upstream's success answer does not parse as the surface's schema (spec 1: an
     external provider's whole Messages answer)."""
     return GatewayError(502, ErrorCode.PARSE_ERROR, f"The upstream's answer does not parse: {detail}")
+
+
+def mcp_connection_failed(detail: str) -> GatewayError:
+    """502 when none of a Messages request's MCP servers connects (spec 1, MCP tool loop)."""
+    return GatewayError(502, ErrorCode.MCP_CONNECTION_FAILED, f"No MCP server could be connected: {detail}")
+
+
+def mcp_max_iterations(rounds: int) -> GatewayError:
+    """502 when the model still calls MCP tools after the tool loop's last round (spec 1, Limits)."""
+    return GatewayError(
+        502, ErrorCode.MCP_MAX_ITERATIONS, f"The model was still calling MCP tools after {rounds} rounds of the tool loop"
+    )

@@ -11,10 +11,19 @@ log records them).
   shape, a page of ``limit`` models (20 by default), with the same authentication.
 - The model must be one of the provider's; ``max_tokens`` (an integer >= 1) and ``messages`` (a
   non-empty array) are required.
-- The answer is one text block ``"heard: " + " | ".join(user message texts)``; words are tokens, and
-  ``max_tokens`` cuts the text (stop_reason ``max_tokens``, else ``end_turn``). Streaming sends
-  Anthropic's event sequence (message_start, content_block_start, ping, one text_delta per word,
-  content_block_stop, message_delta with the usage, message_stop), each with an ``event:`` line.
+- The answer comes from a scripted model, deciding from the conversation:
+
+  a) the last user text holds ``[[call:NAME {json input}]]`` markers naming custom tools the request
+     offers, and fewer tool rounds ran than its ``[[rounds:N]]`` marker asks (1 without one; a round
+     is a user message of tool_result blocks since that text) → one tool_use block per marker
+     (``toolu_`` ids), stop_reason ``tool_use``;
+  b) the last message answers tool calls → one text block ``"tool said: " + " | ".join(results)``;
+  c) otherwise one text block ``"heard: " + " | ".join(user message texts)``.
+
+  Words are tokens, and ``max_tokens`` cuts the text (stop_reason ``max_tokens``, else
+  ``end_turn``). Streaming sends Anthropic's event sequence (message_start, then per block
+  content_block_start, ping after the first, one text_delta per word or one input_json_delta,
+  content_block_stop; message_delta with the usage, message_stop), each with an ``event:`` line.
 
 Per-request controls, in the body's ``metadata``: ``"provider_fail": "529"`` (any status >= 400)
 answers that status with an ``api_error`` body; ``"provider_break": "1"`` with ``stream: true``
@@ -25,13 +34,18 @@ a 200 whose body is not a message.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-__all__ = ["ANTHROPIC_PATHS", "anthropic_models_route", "anthropic_routes"]
+__all__ = ["ANTHROPIC_PATHS", "CALL_MARKER", "anthropic_models_route", "anthropic_routes"]
+
+CALL_MARKER = re.compile(r"\[\[call:([\w.\-]+) (\{.*?\})\]\]")
+"""``[[call:NAME {json}]]`` in a user text: the scripted models call tool NAME with that input."""
+_ROUNDS_MARKER = re.compile(r"\[\[rounds:(\d+)\]\]")
 
 ANTHROPIC_PATHS = ("/v1/messages",)
 """Routes that authenticate as Anthropic does (x-api-key), not with a Bearer token."""
@@ -94,16 +108,64 @@ def _checked(request: web.Request, body: Any, api_key: str, models: tuple[str, .
     return body
 
 
+def _tool_results(message: Any) -> list[str] | None:
+    """The result texts of a user message answering tool calls (None for any other message)."""
+    content = message.get("content") if isinstance(message, dict) and message.get("role") == "user" else None
+    if not isinstance(content, list):
+        return None
+    results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
+    if not results:
+        return None
+    texts = []
+    for result in results:
+        given = result.get("content")
+        if isinstance(given, list):
+            given = " ".join(str(b.get("text", "")) for b in given if isinstance(b, dict))
+        texts.append(str(given or ""))
+    return texts
+
+
+def _script(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The scripted model's blocks (see the module's docstring)."""
+    messages = body["messages"]
+    offered = {t["name"] for t in body.get("tools") or () if isinstance(t, dict) and t.get("type") in (None, "custom")
+               and isinstance(t.get("name"), str)}  # fmt: skip
+    rounds = 0
+    for message in reversed(messages):  # user messages of tool results since the last other user message
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            continue
+        if _tool_results(message) is None:
+            break
+        rounds += 1
+    texts = _user_texts(messages)
+    if texts:
+        wanted = _ROUNDS_MARKER.search(texts[-1])
+        calls = [(name, args) for name, args in CALL_MARKER.findall(texts[-1]) if name in offered]
+        if calls and rounds < (int(wanted.group(1)) if wanted else 1):
+            return [{"type": "tool_use", "id": "toolu_" + os.urandom(12).hex(), "name": name, "input": orjson.loads(args)}
+                    for name, args in calls]  # fmt: skip
+    answered = _tool_results(messages[-1])
+    text = "tool said: " + " | ".join(answered) if answered is not None else "heard: " + " | ".join(texts)
+    return [{"type": "text", "text": text}]
+
+
 def _message(body: dict[str, Any]) -> dict[str, Any]:
-    words = ("heard: " + " | ".join(_user_texts(body["messages"]))).split(" ")
-    cut = len(words) > body["max_tokens"]
-    words = words[: body["max_tokens"]]
+    blocks = _script(body)
+    cut = False
+    if blocks[0]["type"] == "text":
+        words = blocks[0]["text"].split(" ")
+        cut = len(words) > body["max_tokens"]
+        blocks[0]["text"] = " ".join(words[: body["max_tokens"]])
+        output_tokens = min(len(words), body["max_tokens"])
+    else:
+        output_tokens = len(blocks)
     return {
         "id": "msg_" + os.urandom(12).hex(), "type": "message", "role": "assistant", "model": body["model"],
-        "content": [{"type": "text", "text": " ".join(words)}],
-        "stop_reason": "max_tokens" if cut else "end_turn", "stop_sequence": None,
+        "content": blocks,
+        "stop_reason": "tool_use" if blocks[0]["type"] == "tool_use" else "max_tokens" if cut else "end_turn",
+        "stop_sequence": None,
         "usage": {"input_tokens": sum(len(t.split()) for t in _user_texts(body["messages"])),
-                  "output_tokens": len(words), "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+                  "output_tokens": output_tokens, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
     }  # fmt: skip
 
 
@@ -114,12 +176,20 @@ def _event(kind: str, fields: dict[str, Any]) -> bytes:
 def _events(whole: dict[str, Any]) -> Iterator[bytes]:
     opening = {**whole, "content": [], "stop_reason": None, "usage": {**whole["usage"], "output_tokens": 0}}
     yield _event("message_start", {"message": opening})
-    yield _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
-    yield _event("ping", {})
-    words = whole["content"][0]["text"].split(" ")
-    for i, word in enumerate(words):
-        yield _event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": word if i == 0 else " " + word}})  # fmt: skip
-    yield _event("content_block_stop", {"index": 0})
+    for index, block in enumerate(whole["content"]):
+        if block["type"] == "text":
+            yield _event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
+            if index == 0:
+                yield _event("ping", {})
+            for i, word in enumerate(block["text"].split(" ")):
+                yield _event("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": word if i == 0 else " " + word}})  # fmt: skip
+        else:
+            yield _event("content_block_start", {"index": index, "content_block": {**block, "input": {}}})
+            if index == 0:
+                yield _event("ping", {})
+            given = {"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}
+            yield _event("content_block_delta", {"index": index, "delta": given})
+        yield _event("content_block_stop", {"index": index})
     delta = {"stop_reason": whole["stop_reason"], "stop_sequence": None}
     yield _event("message_delta", {"delta": delta, "usage": {"output_tokens": whole["usage"]["output_tokens"]}})
     yield _event("message_stop", {})

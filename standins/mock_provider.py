@@ -67,7 +67,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from standins.mock_anthropic import ANTHROPIC_PATHS, anthropic_models_route, anthropic_routes
+from standins.mock_anthropic import ANTHROPIC_PATHS, CALL_MARKER as _CALL_MARKER, anthropic_models_route, anthropic_routes
 from standins.mock_gemini import gemini_routes
 
 __all__ = [
@@ -106,7 +106,6 @@ RESPONSE_CREATE_FIELDS = frozenset(
 _INPUT_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 _ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
-_CALL_MARKER = re.compile(r"\[\[call:([\w.\-]+) (\{.*?\})\]\]")
 _WORD = re.compile(r"\s*\S+")
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}

@@ -4,7 +4,9 @@
 
 - POST /v1/messages: relayed to an HTTP worker's own /v1/messages with the messages header set;
   on external workers only to the Anthropic provider, with only its credential and version headers,
-  its whole answers parsed into the messages schema and re-serialized (other providers: 501).
+  its whole answers parsed into the messages schema and re-serialized (other providers: 501); with
+  ``X-GW-MCP: enabled`` and an mcp_toolset the gateway runs the MCP tool loop against that provider
+  instead (inference/mcp/messages_loop.py).
 - POST /v1/messages/count_tokens: relayed to an HTTP worker's own route; 501 on external providers.
 
 Engine workers answer 501 for both until their served surfaces land.
@@ -12,7 +14,8 @@ Engine workers answer 501 for both until their served surfaces land.
 
 from __future__ import annotations
 
-from inference.api.surface import HeaderSet, Relay, Surface
+from inference.api.surface import HeaderSet, PerRequest, Relay, Serve, Surface
+from inference.mcp.messages_loop import MessagesMcpLoop, runs_mcp_loop
 from inference.schemas.message_answer import reserialize_message
 from inference.schemas.messages import validate_count_tokens, validate_messages
 from inference.writers import ANTHROPIC_SSE
@@ -42,7 +45,11 @@ ANTHROPIC_SURFACES = (
         "/v1/messages", validate_messages, ANTHROPIC_SSE,
         http=Relay(MESSAGES_HEADERS),
         engine=None,
-        external=Relay(PROVIDER_MESSAGES_HEADERS, _ANTHROPIC, whole_answer=reserialize_message),
+        external=PerRequest(
+            runs_mcp_loop,  # X-GW-MCP: enabled with an mcp_toolset: the gateway runs the MCP tool loop
+            Serve(MessagesMcpLoop, PROVIDER_MESSAGES_HEADERS, _ANTHROPIC),
+            Relay(PROVIDER_MESSAGES_HEADERS, _ANTHROPIC, whole_answer=reserialize_message),
+        ),
     ),
     Surface(
         "/v1/messages/count_tokens", validate_count_tokens, ANTHROPIC_SSE,

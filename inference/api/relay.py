@@ -19,7 +19,7 @@ from common import telemetry
 from common.secrets import bearer_token
 from inference import errors
 from inference.admission import Admission
-from inference.api.surface import OPENAI_HEADERS, HeaderSet, Relay, Serve, Surface, kind_of
+from inference.api.surface import OPENAI_HEADERS, HeaderSet, PerRequest, Relay, Serve, Surface, kind_of
 from inference.asgi_io import ClientDisconnected, Receive, Scope, Send, header, request_id_for
 from inference.auth import Identity, IdentityKind
 from inference.dataplane import DataPlane, data_plane
@@ -138,17 +138,27 @@ class SurfaceRoute:
         async def serve(target: WorkerHandle, handling: Serve) -> ServedAnswer:
             nonlocal served
             if served is None:
+                passes = handling.headers
+                if passes.credentials:
+                    passes = passes.for_worker(target.record, identity)
+                # A surface that passes the client's own credentials sends them as they are, unconverted.
+                key = None if handling.headers.credentials else caller_key(scope, identity)
                 request = ServedRequest(
                     dp, body, decision.model or checked.model, checked.model, stream, writer, identity,
-                    caller_key(scope, identity), checked.parsed, forwarded_headers(scope),
+                    key, checked.parsed, forwarded_headers(scope, passes),
                 )  # fmt: skip
                 served = handling.surface(request)
             return await served.open(target)
+
+        def client_header(name: bytes) -> bytes | None:
+            return header(scope, name)
 
         # Plain functions returning the upstream's own coroutines: no extra frame per attempt.
         def open_on(target: WorkerHandle) -> Awaitable[RelayAnswer | ServedAnswer]:
             record = target.record
             handling = surface_of.handling(kind_of(record))
+            if type(handling) is PerRequest:
+                handling = handling.pick(checked, client_header)
             if type(handling) is Relay and handling.takes(record):
                 allowed = handling.headers
                 if allowed.credentials:
@@ -165,7 +175,7 @@ class SurfaceRoute:
                     return checked_whole(opening, handling.whole_answer, dp.config.max_buffered_response_bytes)
                 relay = dp.relay_for(record.transport, path)
                 return relay.open(RelayRequest(target, path, payload, stream, writer.request_id, headers, identity))
-            if type(handling) is Serve:
+            if type(handling) is Serve and handling.takes(record):
                 return serve(target, handling)
             return refuse(target)
 

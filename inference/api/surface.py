@@ -9,7 +9,10 @@ error before it is always the standard envelope), and, per worker kind, one :dat
   only those in ``providers`` when it is set), with the client headers of its :class:`HeaderSet`
   (and a provider's whole answer checked by ``whole_answer`` when the surface gives one);
 - :class:`Serve`: the gateway serves it itself with a :class:`~inference.served.ServedSurface`
-  (engine workers; on external providers, a surface that drives the provider itself);
+  (engine workers; on external providers, a surface that drives the provider itself, only those in
+  ``providers`` when it is set, sending them the client headers of its :class:`HeaderSet`);
+- :class:`PerRequest`: one of two handlings, picked per request from the validated request and the
+  client's headers (the Messages API on a provider: relayed, or its MCP tool loop run by the gateway);
 - ``None``: the worker kind does not serve the route (501 ``endpoint_not_supported``).
 
 Each API's router module lists its surfaces (inference/api/openai.py, responses_api/routes.py, ...);
@@ -31,7 +34,7 @@ from inference.served import ServedSurface
 from inference.writers import OPENAI_SSE, Framing
 
 __all__ = [
-    "HeaderSet", "OPENAI_HEADERS", "Relay", "Serve", "Handling", "Surface", "WorkerKind", "kind_of", "model_and_stream",
+    "HeaderSet", "OPENAI_HEADERS", "Relay", "Serve", "PerRequest", "Handling", "Surface", "WorkerKind", "kind_of", "model_and_stream",
 ]  # fmt: skip
 
 
@@ -108,12 +111,37 @@ class Relay:
 
 @dataclass(frozen=True, slots=True)
 class Serve:
-    """Served by the gateway with ``surface`` (made once per request, at the first such worker)."""
+    """Served by the gateway with ``surface`` (made once per request, at the first such worker); on
+    external workers only for the providers in ``providers`` (None: any provider). ``headers``: the
+    client headers the surface may pass on in what it sends a provider (``ServedRequest.headers``),
+    its credentials judged per worker as a relay's are."""
 
     surface: type[ServedSurface]
+    headers: HeaderSet = OPENAI_HEADERS
+    providers: frozenset[str] | None = None
+
+    def takes(self, record: WorkerRecord) -> bool:
+        return self.providers is None or record.provider in self.providers
 
 
-Handling = Relay | Serve | None
+HeaderLookup = Callable[[bytes], bytes | None]
+"""The client's header of a lower-case name (None when absent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PerRequest:
+    """``chosen`` for a request ``wants(request, header)`` says yes to, else ``otherwise``: a choice
+    made from the validated request and the client's headers, the same at every worker it is tried on."""
+
+    wants: Callable[[ValidatedRequest, HeaderLookup], bool]
+    chosen: Relay | Serve
+    otherwise: Relay | Serve
+
+    def pick(self, request: ValidatedRequest, header: HeaderLookup) -> Relay | Serve:
+        return self.chosen if self.wants(request, header) else self.otherwise
+
+
+Handling = Relay | Serve | PerRequest | None
 
 
 def model_and_stream(body: dict[str, Any]) -> ValidatedRequest:

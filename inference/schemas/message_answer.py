@@ -18,7 +18,7 @@ import orjson
 
 from inference.errors import parse_error
 
-__all__ = ["reserialize_message"]
+__all__ = ["parse_message", "reserialize_message"]
 
 _BLOCK_FIELDS: dict[str, tuple[tuple[str, type], ...]] = {
     "text": (("text", str),),
@@ -54,8 +54,9 @@ def _check_usage(usage: Any) -> None:
             raise parse_error(f"usage.{name} is not an integer")
 
 
-def reserialize_message(raw: bytes) -> bytes:
-    """``raw`` parsed as a Messages answer and serialized again. Raises GatewayError 502 parse_error."""
+def parse_message(raw: bytes) -> dict[str, Any]:
+    """``raw`` parsed as a Messages answer (stop_reason and stop_sequence null when absent). Raises
+    GatewayError 502 parse_error."""
     try:
         message = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -77,4 +78,9 @@ def reserialize_message(raw: bytes) -> bytes:
         if value is not None and not isinstance(value, str):
             raise parse_error(f"{name} is not a string or null")
     _check_usage(message.get("usage"))
-    return orjson.dumps(message)
+    return message
+
+
+def reserialize_message(raw: bytes) -> bytes:
+    """``raw`` parsed as a Messages answer and serialized again. Raises GatewayError 502 parse_error."""
+    return orjson.dumps(parse_message(raw))

@@ -11,9 +11,21 @@ from inference.upstreams.base import RelayAnswer
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.writers import ResponseWriter
 
-__all__ = ["CheckedAnswer", "checked_whole"]
+__all__ = ["CheckedAnswer", "checked_whole", "read_whole"]
 
 _JSON = b"application/json"
+
+
+async def read_whole(answer: RelayAnswer, limit: int) -> bytes:
+    """``answer``'s whole body, up to ``limit`` bytes (--max-buffered-response-bytes); beyond it the
+    connection is dropped and UpstreamFailure raised."""
+    body = bytearray()
+    async for chunk in answer.chunks():
+        body += chunk
+        if len(body) > limit:
+            await answer.discard()  # the connection is dropped, not read further
+            raise UpstreamFailure(FailureKind.BROKEN, f"the answer is larger than {limit} bytes")
+    return bytes(body)
 
 
 class CheckedAnswer:
@@ -30,13 +42,7 @@ class CheckedAnswer:
 
     async def forward(self, writer: ResponseWriter) -> bool:
         reading = perf_counter()
-        body = bytearray()
-        async for chunk in self._answer.chunks():
-            body += chunk
-            if len(body) > self._limit:
-                await self._answer.discard()  # the connection is dropped, not read further
-                raise UpstreamFailure(FailureKind.BROKEN, f"the answer is larger than {self._limit} bytes")
-        checked = self._check(bytes(body))
+        checked = self._check(await read_whole(self._answer, self._limit))
         await writer.whole(self.status, _JSON, checked, perf_counter() - reading)
         return True
 
