@@ -9,7 +9,8 @@
   instead (inference/mcp/messages_loop.py).
 - POST /v1/messages/count_tokens: relayed to an HTTP worker's own route; 501 on external providers.
 
-Engine workers answer 501 for both until their served surfaces land.
+On engine workers the gateway is the Messages server: it serves /v1/messages through its own
+pipeline (inference/served/messages.py); count_tokens answers 501 there until its counting lands.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from inference.api.surface import HeaderSet, PerRequest, Relay, Serve, Surface
 from inference.mcp.messages_loop import MessagesMcpLoop, runs_mcp_loop
 from inference.schemas.message_answer import reserialize_message
 from inference.schemas.messages import validate_count_tokens, validate_messages
+from inference.served.messages import ServedMessages
 from inference.writers import ANTHROPIC_SSE
 
 __all__ = ["ANTHROPIC_SURFACES", "MESSAGES_HEADERS", "PROVIDER_MESSAGES_HEADERS"]
@@ -44,7 +46,7 @@ ANTHROPIC_SURFACES = (
     Surface(
         "/v1/messages", validate_messages, ANTHROPIC_SSE,
         http=Relay(MESSAGES_HEADERS),
-        engine=None,
+        engine=Serve(ServedMessages),
         external=PerRequest(
             runs_mcp_loop,  # X-GW-MCP: enabled with an mcp_toolset: the gateway runs the MCP tool loop
             Serve(MessagesMcpLoop, PROVIDER_MESSAGES_HEADERS, _ANTHROPIC),

@@ -1,11 +1,11 @@
 """POST /v1/messages and /v1/messages/count_tokens on HTTP workers (spec 1, "Messages-style API",
 "Token counting", "Endpoints" and the messages header paragraphs, "Events", "Errors"): relayed to
 the worker's own routes with exactly the messages header set, read with the real anthropic SDK (in
-strict mode, so its own parser must accept every answer and event); 501 on engine workers for now."""
+strict mode, so its own parser must accept every answer and event). Engine workers are served by the
+gateway itself: tests/inference/served/test_messages.py and test_count_tokens.py."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import anthropic
@@ -15,7 +15,6 @@ import orjson
 import pytest
 
 from gateway_project.asgi import application
-from inference.routing.workers import EngineSpec
 from tests.conftest import GatewayFactory, RunningWorker, WorkerFactory, record_for
 
 GATEWAY_KEY = "sk-gateway-key"
@@ -198,11 +197,3 @@ async def test_count_tokens_is_relayed_to_the_workers_route(gateway: httpx.Async
     assert "x-api-key" not in sent["headers"]
     missing = await gateway.post("/v1/messages/count_tokens", json={"model": "mock-model"})
     assert missing.status_code == 400 and missing.json()["error"]["code"] == "json_parse_error"
-
-
-async def test_engine_workers_answer_501_for_now(make_gateway: GatewayFactory, worker: RunningWorker) -> None:
-    engine = dataclasses.replace(record_for("grpc://127.0.0.1:50051", model="mock-model"), engine=EngineSpec())
-    client = make_gateway([engine])
-    for path, body in (("/v1/messages", BODY), ("/v1/messages/count_tokens", {"model": "mock-model", "messages": BODY["messages"]})):
-        response = await client.post(path, json=body)
-        assert response.status_code == 501 and response.headers["x-gw-error-code"] == "endpoint_not_supported"
