@@ -10,7 +10,8 @@
 - POST /v1/messages/count_tokens: relayed to an HTTP worker's own route; 501 on external providers.
 
 On engine workers the gateway is the Messages server: it serves /v1/messages through its own
-pipeline (inference/served/messages.py); count_tokens answers 501 there until its counting lands.
+pipeline (inference/served/messages.py) and counts tokens with the model's tokenizer
+(inference/served/count_tokens.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from inference.api.surface import HeaderSet, PerRequest, Relay, Serve, Surface
 from inference.mcp.messages_loop import MessagesMcpLoop, runs_mcp_loop
 from inference.schemas.message_answer import reserialize_message
 from inference.schemas.messages import validate_count_tokens, validate_messages
+from inference.served.count_tokens import ServedCountTokens
 from inference.served.messages import ServedMessages
 from inference.writers import ANTHROPIC_SSE
 
@@ -55,6 +57,6 @@ ANTHROPIC_SURFACES = (
     ),
     Surface(
         "/v1/messages/count_tokens", validate_count_tokens, ANTHROPIC_SSE,
-        http=Relay(MESSAGES_HEADERS), engine=None, external=None,
+        http=Relay(MESSAGES_HEADERS), engine=Serve(ServedCountTokens), external=None,
     ),
 )  # fmt: skip
