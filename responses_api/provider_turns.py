@@ -31,6 +31,7 @@ from inference.served.base import ServedAnswer, ServedRequest
 from inference.upstreams import RelayAnswer, RelayRequest
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.provider import EXTERNAL
+from inference.upstreams.sse import sse_events
 from inference.writers import ResponseWriter
 from responses_api.mcp_tools import McpServers
 from responses_api.request import MCP_BUILTINS, ResponsesRequest
@@ -122,29 +123,6 @@ def upstream_body(body: Mapping[str, Any], model: str, items: Iterable[Mapping[s
     sent["store"] = False
     sent["stream"] = True
     return sent
-
-
-async def sse_events(chunks: AsyncIterator[bytes], max_event_bytes: int) -> AsyncIterator[dict[str, Any]]:
-    """The JSON ``data`` of each server-sent event, in order (comments and non-JSON data skipped).
-    An event larger than ``max_event_bytes`` (--max-buffered-response-bytes) fails the turn."""
-    buffer = b""
-    async for chunk in chunks:
-        buffer += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
-        if len(buffer) > max_event_bytes and b"\n\n" not in buffer:
-            raise UpstreamFailure(FailureKind.BROKEN, f"a provider event is larger than {max_event_bytes} bytes")
-        while (end := buffer.find(b"\n\n")) >= 0:
-            if end > max_event_bytes:
-                raise UpstreamFailure(FailureKind.BROKEN, f"a provider event is larger than {max_event_bytes} bytes")
-            block, buffer = buffer[:end], buffer[end + 2 :]
-            data = b"\n".join(line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:"))
-            if not data or data == b"[DONE]":
-                continue
-            try:
-                event = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(event, dict):
-                yield event
 
 
 def _usage(value: Any) -> Usage:

@@ -131,6 +131,8 @@ async def test_two_rounds_whole_and_streamed(gateway: httpx.AsyncClient, claude:
     assert final.content[-1].type == "text" and final.content[-1].text == "tool said: echo: hi"
     assert seen[0] == "message_start" and seen.count("message_delta") == 1 and seen.count("message_stop") == 1
     assert seen[-1] == "message_stop" and final.stop_reason == "end_turn"
+    assert seen.count("text") == len("tool said: echo: hi".split())  # the provider's deltas relayed as they came
+    assert all(call["json"]["stream"] is True for call in claude.calls("/v1/messages")[3:])  # each turn streamed
 
 
 async def test_configs_default_config_and_defer_loading_choose_the_tools(
@@ -265,3 +267,21 @@ async def test_without_the_header_the_body_goes_upstream_unchanged(
     with_header = await gateway.post("/v1/messages", json=body("hi", mcp_url, tools=[]), headers=HEADERS)
     assert with_header.status_code == 200  # no mcp_toolset: relayed too, the header never forwarded
     assert "x-gw-mcp" not in claude.calls("/v1/messages")[-1]["headers"]
+
+
+async def test_a_turn_also_calling_the_clients_own_tool_ends_the_loop(gateway: httpx.AsyncClient, claude: Provider, mcp_url: str) -> None:
+    own = {"name": "lookup", "input_schema": {"type": "object"}}
+    sent = body('[[call:lookup {"q": "x"}]] ' + ECHO, mcp_url, tools=[own, toolset()])
+    answer = await gateway.post("/v1/messages", json=sent, headers=HEADERS)
+    message = answer.json()
+    assert [block["type"] for block in message["content"]] == ["tool_use", "mcp_tool_use", "mcp_tool_result"]
+    assert message["content"][0]["name"] == "lookup" and message["stop_reason"] == "tool_use"
+    assert len(claude.calls("/v1/messages")) == 1  # the client answers its own call
+
+
+async def test_a_provider_stream_that_breaks_ends_with_the_error_event(gateway: httpx.AsyncClient, mcp_url: str) -> None:
+    broken = body(ECHO, mcp_url, stream=True, metadata={"provider_break": "1"})
+    async with gateway.stream("POST", "/v1/messages", json=broken, headers=HEADERS) as streamed:
+        assert streamed.status_code == 200
+        kinds = [kind for kind, _ in events_of((await streamed.aread()).decode())]
+    assert kinds[0] == "message_start" and kinds[-1] == "error" and "message_stop" not in kinds
