@@ -227,9 +227,18 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
     def encode(self, request: EngineRequest) -> Any:
         """The runtime's GenerateRequest for ``request``."""
 
+    def _encoded(self, request: EngineRequest) -> Any:
+        """:meth:`encode`, with a value the runtime's message cannot carry (an integer past its
+        field's range: max_tokens or top_k beyond uint32) refused as the engine would refuse it
+        (OUT_OF_RANGE: the client's error, 400), not a gateway failure."""
+        try:
+            return self.encode(request)
+        except ValueError as error:
+            raise UpstreamFailure.refused(f"{self.runtime} cannot take the request: {error}") from None
+
     def _open_generate(self, request: EngineRequest) -> grpc.aio.UnaryStreamCall[Any, ResponseT]:
         """Start the Generate RPC for ``request`` on the worker's grpc.aio channel."""
-        return cast("grpc.aio.UnaryStreamCall[Any, ResponseT]", self.stub.Generate(self.encode(request), metadata=self.metadata))
+        return cast("grpc.aio.UnaryStreamCall[Any, ResponseT]", self.stub.Generate(self._encoded(request), metadata=self.metadata))
 
     def _generate_route(self) -> tuple[str, Callable[[bytes], Any]]:
         """The Generate method's path and its reply's parser (from the runtime's service)."""
@@ -254,7 +263,7 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
         if native is None:
             return self._open_generate(request)
         path, parse = self._generate_route()
-        return await native.unary_stream(path, self.encode(request).SerializeToString(), self.metadata, parse)
+        return await native.unary_stream(path, self._encoded(request).SerializeToString(), self.metadata, parse)
 
     @abstractmethod
     def _decode(self, response: ResponseT) -> WireChunk | WireComplete | None:

@@ -365,3 +365,13 @@ async def test_the_other_runtimes_take_stop_sequences_and_forced_tools(start_eng
     received = gw.engine.state.requests[-1].sampling
     schema = sent(received, "json_schema") or sent(received, "guide")  # TensorRT-LLM's guided_decoding
     assert json.loads(schema)["minItems"] == 1  # constrained decoding
+
+
+@pytest.mark.parametrize("extra", [{"max_tokens": 2**40}, {"top_k": 2**40}], ids=["max_tokens", "top_k"])
+async def test_a_value_past_the_engines_range_is_400_not_500(start_engine_gateway: Start, extra: dict[str, Any]) -> None:
+    gw = await start_engine_gateway()
+    for stream in (False, True):
+        body = {"model": QWEN_MODEL, "max_tokens": 8, "messages": HELLO, "stream": stream, **extra}
+        response = await gw.http.post("/v1/messages", json=body)
+        assert response.status_code == 400 and response.json()["error"]["code"] == 400, response.text
+    assert gw.engine.state.requests == []
