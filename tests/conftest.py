@@ -20,7 +20,7 @@ from administration.lifecycle import LIFECYCLE
 from common.config import GatewayConfig, install_config
 from inference.routing.breaker import Resilience
 from inference.routing.registry import REGISTRY
-from inference.routing.workers import WorkerRecord
+from inference.routing.workers import WorkerRecord, WorkerStatus
 from inference.dataplane import reset_data_plane
 from standins.mock_provider import ProviderConfig, ProviderState, build_provider_app, provider_state
 from standins.mock_worker import MockWorkerConfig, MockWorkerState, build_app, mock_state
@@ -174,7 +174,7 @@ def record_for(worker: RunningWorker | str, model: str | None = None, status: st
     url = worker if isinstance(worker, str) else worker.url
     model_id = model if model is not None or isinstance(worker, str) else worker.model
     return WorkerRecord(
-        id=str(uuid.uuid4()), url=url, model_id=model_id, runtime_type="sglang", status=status, api_key=api_key
+        id=str(uuid.uuid4()), url=url, model_id=model_id, runtime_type="sglang", status=WorkerStatus(status), api_key=api_key
     )
 
 
