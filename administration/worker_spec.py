@@ -419,7 +419,18 @@ def spec_schema(fields: tuple[str, ...] | None = None, required: tuple[str, ...]
     schema: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         schema["required"] = list(required)
+    if fields is None:
+        schema["anyOf"] = _EXTERNAL_OVER_HTTP
     return schema
+
+
+# The rule between fields of a full spec (parse_worker_spec), as JSON Schema: the URL is http(s), or
+# neither spelling of the runtime names an external provider.
+_EXTERNAL_OVER_HTTP = [
+    {"properties": {"url": {"pattern": "^https?://"}}},
+    {"properties": {name: {"enum": [runtime for runtime in RUNTIME_NAMES if runtime != RuntimeType.EXTERNAL]}
+                    for name in ("runtime_type", "runtime")}},
+]
 
 
 @dataclass(frozen=True, slots=True)

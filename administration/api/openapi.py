@@ -36,10 +36,19 @@ from administration.api.fanout import (
 )
 from administration.api.methods import ControlPlaneView, control_route
 from administration.api.parse import FunctionCallView, ParsedFunctionCalls, ReasoningView, SeparatedReasoning
-from administration.api.tokenizers import NAME_MAX, TokenizersView, TokenizerStatusView, TokenizerView
+from administration.api.tokenizers import (
+    NAME_MAX,
+    NO_NUL,
+    NOT_BLANK,
+    PATH_FORMAT,
+    TokenizersView,
+    TokenizerStatusView,
+    TokenizerView,
+)
 from administration.api.workers import WorkersView, WorkerView
 from administration.models import JobState, JobType, TokenizerStatus, WorkerStatus
 from administration.worker_spec import PATCH_FIELDS, spec_schema
+from administration.workers import WorkerAlreadyExists, WorkerCreateInProgress
 from inference.pipeline.reasoning import REASONING_PARSERS
 from inference.pipeline.tools import TOOL_PARSERS
 from inference.routing.load_report import GATEWAY_VERSION, LoadsReport
@@ -213,6 +222,12 @@ _WORKER_STORE_DOWN = {503: OpenApiResponse(WORKER_ERROR, "The store is unavailab
 _STORE_DOWN = {503: OpenApiResponse(ADMIN_ERROR, "The store is unavailable (Retry-After)")}
 _NOT_A_UUID = {400: OpenApiResponse(WORKER_ERROR, "BAD_REQUEST: worker_id is not a UUID")}
 _NO_WORKER = {404: OpenApiResponse(WORKER_ERROR, "WORKER_NOT_FOUND")}
+# POST's conflicts with the stored fleet, the only 409s of the worker routes (spec 3, Errors).
+_URL_TAKEN = {409: OpenApiResponse(
+    {**WORKER_ERROR, "properties": {"error": _STRING, "code": {
+        "type": "string", "enum": [WorkerAlreadyExists.code, WorkerCreateInProgress.code]}}},
+    "The URL is registered, or its registration is running (the message names the id)",
+)}
 _QUEUE_DOWN = {500: OpenApiResponse(WORKER_ERROR, "INTERNAL_SERVER_ERROR: the job queue is unavailable")}
 _BAD_PROFILE_BODY = {
     400: OpenApiResponse(ADMIN_ERROR, "The body is not a JSON object"),
@@ -231,8 +246,7 @@ extend_schema_view(
     post=extend_schema(
         operation_id="register_worker", summary="Register a worker (202; the job runs in the background)",
         request={"application/json": spec_schema()},
-        responses={202: CREATED, **_BODY_REFUSED, **_AUTH, 409: OpenApiResponse(WORKER_ERROR, "The URL is registered"),
-                   **_QUEUE_DOWN, **_WORKER_STORE_DOWN},
+        responses={202: CREATED, **_BODY_REFUSED, **_AUTH, **_URL_TAKEN, **_QUEUE_DOWN, **_WORKER_STORE_DOWN},
     ),
 )(WorkersView)
 
@@ -244,18 +258,18 @@ extend_schema_view(
     patch=extend_schema(
         operation_id="update_worker", summary="Change the named fields in place (not the overload block)",
         parameters=[_WORKER_ID], request={"application/json": spec_schema(PATCH_FIELDS, required=())},
-        responses={202: ACCEPTED, **_BODY_REFUSED, **_AUTH, **_NO_WORKER, 409: OpenApiResponse(WORKER_ERROR),
+        responses={202: ACCEPTED, **_BODY_REFUSED, **_AUTH, **_NO_WORKER,
                    **_QUEUE_DOWN, **_WORKER_STORE_DOWN},
     ),
     put=extend_schema(
         operation_id="replace_worker", summary="Replace the spec and register again under the same id",
         parameters=[_WORKER_ID], request={"application/json": spec_schema()},
-        responses={202: ACCEPTED, **_BODY_REFUSED, **_AUTH, **_NO_WORKER, 409: OpenApiResponse(WORKER_ERROR),
+        responses={202: ACCEPTED, **_BODY_REFUSED, **_AUTH, **_NO_WORKER,
                    **_QUEUE_DOWN, **_WORKER_STORE_DOWN},
     ),
     delete=extend_schema(
         operation_id="remove_worker", summary="Drain and remove", parameters=[_WORKER_ID],
-        responses={202: ACCEPTED, **_NOT_A_UUID, **_AUTH, **_NO_WORKER, 409: OpenApiResponse(WORKER_ERROR),
+        responses={202: ACCEPTED, **_NOT_A_UUID, **_AUTH, **_NO_WORKER,
                    **_QUEUE_DOWN, **_WORKER_STORE_DOWN},
     ),
 )(WorkerView)
@@ -289,13 +303,14 @@ ADD_TOKENIZER = {
     "type": "object",
     "required": ["name", "source"],
     "properties": {
-        "name": {"type": "string", "minLength": 1, "maxLength": 255, "description": "Unique"},
-        "source": {"type": "string", "minLength": 1, "maxLength": 2048,
+        "name": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": NOT_BLANK, "description": "Unique"},
+        "source": {"type": "string", "minLength": 1, "maxLength": 2048, "pattern": NOT_BLANK, "format": PATH_FORMAT,
                    "description": "Model hub id, local path (directory or tokenizer.json), or grpc://worker; "
-                                  f"no \"/\"-separated part longer than {NAME_MAX} bytes"},
-        "chat_template_path": {"type": "string", "nullable": True, "maxLength": 2048,
+                                  f"no \"/\"-separated part longer than {NAME_MAX} bytes in UTF-8"},
+        "chat_template_path": {"type": "string", "nullable": True, "maxLength": 2048, "pattern": NO_NUL,
+                               "format": PATH_FORMAT,
                                "description": "A Jinja2 chat template file over the model's own; "
-                                              f"no \"/\"-separated part longer than {NAME_MAX} bytes"},
+                                              f"no \"/\"-separated part longer than {NAME_MAX} bytes in UTF-8"},
     },
 }
 TOKENIZER_ACCEPTED = {

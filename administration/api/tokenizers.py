@@ -32,7 +32,7 @@ from administration.tokenizers import (
 
 __all__ = [
     "TokenizersView", "TokenizerView", "TokenizerStatusView", "TokenizerRecord", "TokenizerStatusBody",
-    "tokenizer_record", "tokenizer_status", "TOKENIZER_NOT_FOUND",
+    "tokenizer_record", "tokenizer_status", "TOKENIZER_NOT_FOUND", "NAME_MAX", "NOT_BLANK", "NO_NUL", "PATH_FORMAT",
 ]  # fmt: skip
 
 TOKENIZER_NOT_FOUND = "tokenizer_not_found"  # the record route's 404 type (spec 3, Errors)
@@ -40,6 +40,15 @@ NAME_MAX = 255
 """The longest file name (one path component, in bytes) the usual file systems hold: a source or
 template path with a longer part can name no file, and the load would fail on it, so it is refused
 at the request."""
+NOT_BLANK = r"^[^\x00]*[^\s\x00][^\x00]*$"
+"""A required text field as the description's pattern: no NUL, and a character that is not white space
+(str.strip()'s white space is the regular expression's \\s)."""
+NO_NUL = r"^[^\x00]*$"
+"""An optional text field as the description's pattern: no NUL."""
+PATH_FORMAT = "file-path"
+"""The description's format of a source or template path: no "/"-separated part longer than NAME_MAX
+bytes in UTF-8 (a byte count, which no pattern expresses; a pattern counting characters instead makes
+schemathesis's generation from the description take minutes)."""
 
 
 def _column_length(name: str) -> int:
