@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-grpc gateway test typecheck contracts protos bench install clean
+.PHONY: run run-grpc gateway test fuzz typecheck contracts protos bench install clean
 
 # The first run installs everything (a few minutes): pip's own lines show how far it is.
 $(STAMP): requirements.txt requirements-dev.txt
@@ -43,6 +43,13 @@ gateway: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(ARGS)
+
+# The fuzzers alone: schemathesis against the control plane's own description and the served OpenAI
+# routes, and the hypothesis fuzzers of the hostile-input suite (also part of make test).
+FUZZ := tests/hostile/test_control_plane_schema.py tests/hostile/test_openai_schema_fuzz.py \
+	tests/hostile/test_data_plane_fuzz.py tests/hostile/test_conversation_routes_fuzz.py
+fuzz: $(STAMP)
+	$(BIN)/python -m pytest $(FUZZ) $(ARGS)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy common gateway_project inference administration responses_api standins protos manage.py
