@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 
 from django.db import models
 
+from common.json_text import NO_NUL, storable
 from administration.models import Worker
 from administration.store_ranges import column_range
 from common.urls import WORKER_URL_MAX_LENGTH, WorkerUrlRefused, check_worker_url
@@ -138,17 +139,30 @@ def _read_object(value: Any, name: str) -> dict[str, Any]:
     return value
 
 
+def _read_free_object(value: Any, name: str) -> dict[str, Any]:
+    """A free-form object (metadata), as the store can hold it (a U+0000 in it becomes U+FFFD)."""
+    return storable(_read_object(value, name))
+
+
 def _read_string_map(value: Any, name: str) -> dict[str, str]:
-    mapping = _read_object(value, name)
+    """Free-form strings by name (labels, id2label), as the store can hold them, like metadata."""
+    mapping = _read_free_object(value, name)
     for key, item in mapping.items():
         _read_string(item, f"{name}.{key}")
     return dict(mapping)
 
 
-_string = Reader(_read_string, {"type": "string"})
+def _no_nul(value: str, name: str) -> None:
+    """A named string (an id, a name, a path) the store must hold as given: no U+0000 (Postgres
+    refuses it in text), refused rather than altered."""
+    if "\x00" in value:
+        raise SpecRuleError(f"{name} must not contain the NUL character (\\u0000)")
+
+
+_string = Reader(_read_string, {"type": "string", "pattern": NO_NUL}, _no_nul)
 _number = Reader(_read_number, {"type": "number"})
 _boolean = Reader(_read_boolean, {"type": "boolean"})
-_object = Reader(_read_object, {"type": "object"})
+_object = Reader(_read_free_object, {"type": "object"})
 _string_map = Reader(_read_string_map, {"type": "object", "additionalProperties": {"type": "string"}})
 # priority has a column of its own; the other integers live in the JSON settings column and get the
 # range of an unsigned integer column, so each could move to a column and every consumer (timers,

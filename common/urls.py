@@ -6,6 +6,9 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
+import httpx
+import yarl
+
 __all__ = [
     "url_has_credentials", "redact_credentials", "WorkerUrlRefused", "check_worker_url", "WORKER_URL_MAX_LENGTH",
     "WORKER_SCHEMES", "CREDENTIALS_REFUSED",
@@ -45,7 +48,11 @@ def check_worker_url(url: str) -> str:
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a malformed port
-    except ValueError:
+        # And as the clients that will use it read it (registration and health checks through httpx,
+        # the relay through aiohttp's yarl): a URL one of them refuses would fail a job after the 202.
+        httpx.URL(url)
+        yarl.URL(url).port  # noqa: B018
+    except (ValueError, httpx.InvalidURL):
         raise WorkerUrlRefused(f"url is invalid: {url}") from None
     if not parts.hostname:
         raise WorkerUrlRefused("url has no host")

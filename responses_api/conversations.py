@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import orjson
 
+from common.json_text import NUL_MESSAGE, nul_free
 from responses_api.items import ItemError, parse_item, valid_item_id
 from responses_api.limits import (
     ITEMS_PER_CREATE,
@@ -84,23 +85,6 @@ def known_id(value: str, limit: int = OBJECT_ID_MAX) -> bool:
 # --- bodies ---------------------------------------------------------------------------------------------
 
 
-def _nul_free(value: Any) -> bool:
-    """No string (key or value) holds U+0000, which Postgres cannot store in JSON. Iterative: a body
-    may nest as deep as the parser allows."""
-    pending = [value]
-    while pending:
-        current = pending.pop()
-        if isinstance(current, str):
-            if "\x00" in current:
-                return False
-        elif isinstance(current, dict):
-            pending.extend(current.keys())
-            pending.extend(current.values())
-        elif isinstance(current, list):
-            pending.extend(current)
-    return True
-
-
 def parse_body(raw: bytes, allowed: tuple[str, ...]) -> dict[str, Any]:
     """A JSON object body with no parameter outside ``allowed``."""
     if not raw.strip():
@@ -114,8 +98,8 @@ def parse_body(raw: bytes, allowed: tuple[str, ...]) -> dict[str, Any]:
     for key in body:
         if key not in allowed:
             raise RequestError(f"Unknown parameter: '{key}'")
-    if not _nul_free(body):
-        raise RequestError("Strings in the request body must not contain the NUL character (\\u0000)")
+    if not nul_free(body):
+        raise RequestError(NUL_MESSAGE)
     return body
 
 

@@ -10,7 +10,6 @@ Postgres they go back to the pool). Failures of the store itself (Postgres down)
 from __future__ import annotations
 
 import logging
-import re
 import time
 from datetime import datetime, timedelta
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence, TypeVar
@@ -20,6 +19,7 @@ from asgiref.sync import sync_to_async
 from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 
+from common.json_text import storable
 from common.outages import STORE
 from responses_api.background import RUN_STALE_SECS
 from responses_api.ids import new_conversation_id
@@ -73,19 +73,6 @@ async def _arun(func: Callable[..., T], *args: Any) -> T:
 def _chunks(values: Sequence[T]) -> Iterator[Sequence[T]]:
     for start in range(0, len(values), _CHUNK):
         yield values[start : start + _CHUNK]
-
-
-_NUL = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")  # an escaped U+0000, not an escaped backslash + "u0000"
-
-
-def _storable(value: T) -> T:
-    """``value`` as Postgres can store it in JSON: U+0000 (which it refuses) replaced by U+FFFD. Model
-    output may hold one; the API refuses client bodies that do. One C-speed check in the usual case."""
-    encoded = orjson.dumps(value)
-    if b"\\u0000" not in encoded:
-        return value
-    stored: T = orjson.loads(_NUL.sub(rb"\1\\ufffd", encoded))
-    return stored
 
 
 def _unix(moment: datetime) -> int:
@@ -192,7 +179,7 @@ def _touch_conversation(scope: str, conversation_id: str, now: datetime) -> bool
 def _save_response(
     scope: str, response: Mapping[str, Any], input_items: Sequence[Mapping[str, Any]], append: bool
 ) -> None:
-    response, input_items = _storable(dict(response)), _storable(list(input_items))
+    response, input_items = storable(dict(response)), storable(list(input_items))
     columns = ResponseColumns.of(response)
     now = timezone.now()
     outputs = output_items(response)
@@ -252,7 +239,7 @@ def _fail_abandoned(rows: Any, found: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _update_response(scope: str, response: Mapping[str, Any], only_from: Collection[str], append: bool) -> bool:
-    response = _storable(dict(response))
+    response = storable(dict(response))
     columns = ResponseColumns.of(response)
     now = timezone.now()
     outputs = output_items(response)
@@ -469,7 +456,7 @@ def _conversation_history(scope: str, conversation_id: str) -> list[dict[str, An
 
 
 def _append_items(scope: str, conversation_id: str, items: Sequence[Mapping[str, Any]]) -> int:
-    items = _storable(list(items))
+    items = storable(list(items))
     now = timezone.now()
     with transaction.atomic():
         if not _touch_conversation(scope, conversation_id, now):
