@@ -9,7 +9,12 @@ import subprocess
 
 from standins.fixtures import FIXTURE_MODELS, FIXTURE_SPECS, REPOSITORY
 
-OUTSIDE = re.compile(r"""/work/|\.\./shared|parents\[\d+\]\s*/\s*["']shared["']|\.parent\s*/\s*["']shared["']""")
+# Written in pieces, so that this file does not itself hold the paths it looks for.
+_MACHINE = "/" + "work" + "/"
+_BESIDE = r"\.\./" + "shared"
+OUTSIDE = re.compile(
+    "|".join((re.escape(_MACHINE), _BESIDE, r"""parents\[\d+\]\s*/\s*["']shared["']""", r"""\.parent\s*/\s*["']shared["']"""))
+)
 
 
 def _tracked(*patterns: str) -> list[str]:
@@ -26,7 +31,7 @@ def test_no_tracked_file_reaches_outside_the_checkout() -> None:
         f"{name}:{number} {line.strip()}"
         for name in files
         for number, line in enumerate((REPOSITORY / name).read_text().splitlines(), 1)
-        if OUTSIDE.search(line) and name != "tests/test_stands_alone.py"
+        if OUTSIDE.search(line)
     ]
     assert outside == []
 

@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator
 import orjson
 
 from inference import errors
+from inference.pipeline.choices import joined
 from inference.pipeline.events import Event, Finished, ReasoningDelta, TextDelta, ToolCallDelta
 from inference.pipeline.usage import UsageTally
 from inference.routing.workers import RuntimeType, WorkerHandle
@@ -168,30 +169,21 @@ class ServedMessages(ServedSurface):
         tally = UsageTally(run.prompt_tokens)
         async for _, added in turn_events(outputs, [choice], tally.add):
             events.extend(added)
-        thinking: list[str] = []
-        text: list[str] = []
+        text, thinking, deltas = joined(events)
+        finished = next((event for event in events if isinstance(event, Finished)), None)
         calls: dict[int, dict[str, Any]] = {}
         arguments: dict[int, list[str]] = {}
-        finished: Finished | None = None
-        for event in events:
-            if isinstance(event, TextDelta):
-                text.append(event.text)
-            elif isinstance(event, ReasoningDelta):
-                thinking.append(event.text)
-            elif isinstance(event, ToolCallDelta):
-                if event.name is not None:
-                    calls[event.index] = {"type": "tool_use", "id": tool_use_id(event.id), "name": event.name}
-                    arguments[event.index] = []
-                if event.index in arguments:
-                    arguments[event.index].append(event.arguments_delta)
-            else:
-                finished = event
+        for delta in deltas:
+            if delta.name is not None:
+                calls[delta.index] = {"type": "tool_use", "id": tool_use_id(delta.id), "name": delta.name}
+                arguments[delta.index] = []
+            if delta.index in arguments:
+                arguments[delta.index].append(delta.arguments_delta)
         content: list[dict[str, Any]] = []
         if thinking:
-            content.append({"type": "thinking", "thinking": "".join(thinking), "signature": ""})
-        joined = "".join(text)
-        if joined:
-            content.append({"type": "text", "text": joined})
+            content.append({"type": "thinking", "thinking": thinking, "signature": ""})
+        if text:
+            content.append({"type": "text", "text": text})
         for index in sorted(calls):
             content.append({**calls[index], "input": _input("".join(arguments[index]))})
         reason, sequence = stop_reason(finished, bool(calls))
