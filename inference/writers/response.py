@@ -106,7 +106,7 @@ class ResponseWriter:
 
     # --- whole bodies relayed as they arrive (too long to hold) ----------------------------------------
     async def open_whole(self, status: int, content_type: bytes, length: int | None, upstream_secs: float = 0.0) -> None:
-        """The head of a whole body that follows in :meth:`part`\s: with the upstream's length when it
+        """The head of a whole body that follows in calls of :meth:`part`: with the upstream's length when it
         declared one, else the server frames it (chunked)."""
         headers = [(b"x-request-id", self.request_id)]
         if length is not None:
