@@ -125,6 +125,9 @@ class ModelTokenizer:
     special_token_ids: frozenset[int] = frozenset()
     fast: BpeEncoder | None = None
     """tiktoken for texts without added special tokens, when it reproduces this tokenizer."""
+    # Facts of this tokenizer a request asks for again and again (a parser's markers as ids): looked
+    # up once, then read from here on the request path.
+    _facts: dict[tuple[str, tuple[str, ...]], Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def vocab_size(self) -> int:
@@ -179,13 +182,24 @@ class ModelTokenizer:
         )
 
     def special_ids(self, texts: Sequence[str]) -> frozenset[int]:
-        """The ids of those ``texts`` that are one special token of this tokenizer."""
-        found = (self.tokenizer.token_to_id(text) for text in texts)
-        return frozenset(int(token_id) for token_id in found if token_id in self.special_token_ids)
+        """The ids of those ``texts`` that are one special token of this tokenizer (once per texts)."""
+        key = ("special_ids", tuple(texts))
+        known: frozenset[int] | None = self._facts.get(key)
+        if known is None:
+            found = (self.tokenizer.token_to_id(text) for text in texts)
+            known = self._facts[key] = frozenset(int(token_id) for token_id in found if token_id in self.special_token_ids)
+        return known
 
     def single_token_id(self, text: str) -> int | None:
         """The id of ``text`` when it is exactly one token (a stop string the engine can take as a
-        stop token id), else None."""
+        stop token id), else None (once per text)."""
+        key = ("single_token_id", (text,))
+        if key not in self._facts:
+            self._facts[key] = self._single_token_id(text)
+        known: int | None = self._facts[key]
+        return known
+
+    def _single_token_id(self, text: str) -> int | None:
         if not text:
             return None
         token_id = self.tokenizer.token_to_id(text)

@@ -7,6 +7,7 @@ import asyncio
 import json
 import shutil
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,13 @@ async def test_long_encodes_run_off_the_event_loop(monkeypatch: pytest.MonkeyPat
     await qwen.aencode(long * 4)
     task.cancel()
     assert ticks > 1
+
+
+def test_a_parsers_markers_are_looked_up_once_per_tokenizer() -> None:
+    tokenizer = load_tokenizer(str(FIXTURES / "qwen3"))
+    first = tokenizer.special_ids(("<|im_start|>", "<|im_end|>", "not a token"))
+    assert first == {151644, 151645}
+    assert tokenizer.special_ids(("<|im_start|>", "<|im_end|>", "not a token")) is first  # from memory
+    assert tokenizer.single_token_id("</think>") == 151668 and tokenizer.single_token_id("</think>") == 151668
+    assert tokenizer.single_token_id("two words") is None and tokenizer.single_token_id("two words") is None
+    assert replace(tokenizer, chat_template=None)._facts == {}  # a copy learns its own facts
