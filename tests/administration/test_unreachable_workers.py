@@ -20,9 +20,9 @@ from django.test import AsyncClient
 from administration.models import Worker
 from administration.registry_sync import RegistrySync
 from administration.workers import drain_worker
-from common.config import GatewayConfig, install_config
-from inference.routing.registry import REGISTRY
+from common.config import GatewayConfig
 from standins.mock_worker import MockWorkerConfig, build_app, mock_state
+from tests.administration.fleet import running_fleet
 from tests.conftest import free_port, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -38,13 +38,8 @@ PATIENT = GatewayConfig(
 
 @pytest.fixture
 async def fleet() -> AsyncIterator[RegistrySync]:
-    install_config(PATIENT, export=False)
-    running = RegistrySync(PATIENT)
-    await running.astart()
-    yield running
-    await running.astop()
-    REGISTRY.publish([], {})
-    install_config(GatewayConfig(), export=False)
+    async with running_fleet(PATIENT) as running:
+        yield running
 
 
 class HangUp:

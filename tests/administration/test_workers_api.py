@@ -11,8 +11,9 @@ from django.test import AsyncClient
 
 from administration.registry_sync import RegistrySync
 from administration.models import Worker, WorkerStatus
-from common.config import GatewayConfig, install_config
+from common.config import GatewayConfig
 from inference.routing.registry import REGISTRY
+from tests.administration.fleet import running_fleet
 from tests.conftest import free_port, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,13 +30,8 @@ FAST = GatewayConfig(
 
 @pytest.fixture
 async def fleet() -> AsyncIterator[RegistrySync]:
-    install_config(FAST, export=False)
-    running = RegistrySync(FAST)
-    await running.astart()
-    yield running
-    await running.astop()
-    REGISTRY.publish([], {})
-    install_config(GatewayConfig(), export=False)
+    async with running_fleet(FAST) as running:
+        yield running
 
 
 @pytest.fixture
