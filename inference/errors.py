@@ -48,6 +48,8 @@ __all__ = [
     "context_length_exceeded",
     "tokenization_failed",
     "parse_error",
+    "no_prefill_servers",
+    "prefill_failed",
 ]
 
 # Error type per status where the spec names one; other statuses use the snake-cased status text.
@@ -97,6 +99,7 @@ class ErrorCode(str, Enum):
     PARSE_ERROR = "parse_error"
     MCP_CONNECTION_FAILED = "mcp_connection_failed"
     MCP_MAX_ITERATIONS = "mcp_max_iterations"
+    NO_PREFILL_SERVERS = "no_prefill_servers"
 
 
 class GatewayError(Exception):
@@ -342,3 +345,24 @@ def mcp_max_iterations(rounds: int) -> GatewayError:
     return GatewayError(
         502, ErrorCode.MCP_MAX_ITERATIONS, f"The model was still calling MCP tools after {rounds} rounds of the tool loop"
     )
+
+
+def no_prefill_servers() -> GatewayError:
+    """PD: no prefill worker can take the request (spec 1, 503 service_unavailable)."""
+    return GatewayError(503, ErrorCode.NO_PREFILL_SERVERS, "No prefill servers available")
+
+
+# A prefill worker's error status, as the client sees it (the reference gateway's mapping).
+_PREFILL_CODES: dict[int, tuple[int, str]] = {
+    400: (400, "prefill_bad_request"),
+    404: (404, "prefill_not_found"),
+    500: (500, "prefill_internal_error"),
+    502: (502, "prefill_bad_gateway"),
+    503: (503, "prefill_unavailable"),
+}
+
+
+def prefill_failed(status: int, detail: str) -> GatewayError:
+    """PD: the prefill worker answered ``status`` (an error) while its decode worker waited."""
+    answered, code = _PREFILL_CODES.get(status, (500, "prefill_error"))
+    return GatewayError(answered, code, f"Prefill server error ({status}): {detail}")

@@ -5,6 +5,10 @@ Prints ``mock worker serving MODEL on http://HOST:PORT`` once listening; stop it
 With ``--grpc``: serve the gRPC engine stand-in instead (``--runtime sglang|vllm|trtllm|tokenspeed|mlx``,
 ``--tokenizer`` a fixture tokenizer folder or tokenizer.json; :mod:`standins.grpc_engine`), which
 prints ``mock grpc engine (RUNTIME) serving MODEL on grpc://HOST:PORT``.
+
+With ``--role prefill|decode``: the HTTP worker as one side of SGLang-style PD disaggregation
+(:mod:`standins.pd_worker`; ``--bootstrap-port`` for a prefill worker's bootstrap server,
+``--kv-timeout`` for how long a decode waits for its KV, ``--pd-fault`` to fail on command).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from standins.grpc_engine import REPLIES, RUNTIMES, GrpcEngineConfig, run_grpc_engine
 from standins.mock_worker import MockWorkerConfig, run_mock_worker
+from standins.pd_worker import PD_FAULTS, PD_ROLES, PdWorkerConfig, run_pd_worker
 
 __all__ = ["Command"]
 
@@ -40,6 +45,13 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--max-model-len", type=int, default=None, help="context window, reported and enforced (default 4096; 32768 with --grpc)"
+        )
+        pd_options = parser.add_argument_group("prefill/decode disaggregation stand-in (--role)")
+        pd_options.add_argument("--role", choices=PD_ROLES, default=None, help="serve as a prefill or decode worker")
+        pd_options.add_argument("--bootstrap-port", type=int, default=None, help="a prefill worker's bootstrap port")
+        pd_options.add_argument("--kv-timeout", type=float, default=30.0, help="seconds a decode waits for its KV")
+        pd_options.add_argument(
+            "--pd-fault", action="append", choices=PD_FAULTS, default=[], help="fail every request on this side so"
         )
         grpc_options = parser.add_argument_group("gRPC engine stand-in (--grpc)")
         grpc_options.add_argument("--grpc", action="store_true", help="serve an engine's gRPC service instead of HTTP")
@@ -74,9 +86,24 @@ class Command(BaseCommand):
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        if options["role"]:
+            self._serve_pd(config, options)
+            return
         try:
             run_mock_worker(config, options["host"], options["port"])
         except OSError as exc:  # e.g. the port is taken
+            raise CommandError(f"cannot serve on {options['host']}:{options['port']}: {exc}") from None
+
+    def _serve_pd(self, config: MockWorkerConfig, options: dict[str, Any]) -> None:
+        try:
+            pd = PdWorkerConfig(
+                options["role"], options["bootstrap_port"], options["kv_timeout"], tuple(options["pd_fault"])
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        try:
+            run_pd_worker(config, pd, options["host"], options["port"])
+        except OSError as exc:
             raise CommandError(f"cannot serve on {options['host']}:{options['port']}: {exc}") from None
 
     def _serve_grpc(self, options: dict[str, Any]) -> None:

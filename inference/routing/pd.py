@@ -1,0 +1,205 @@
+"""Prefill/decode disaggregation on the routing side: which prefill and decode workers may serve a
+request together, the pair a request gets, and the bootstrap fields that let the two meet.
+
+A PD pool is built once per registry change (never per request): each prefill and decode worker as
+a :class:`PdMember`, its handle with its :class:`PdTraits` (bootstrap port, pairing key, KV
+connector). The request path calls :func:`select_pair` and :func:`inject_bootstrap`.
+
+Pairing (spec 3): a prefill and a decode worker pair only when their ``pd_pairing`` keys are equal:
+the ``pairing_protocol`` label when the worker has one, else ``runtime/transport/layout`` (layout:
+the KV connector the worker reports or was given, ``default`` when none), so an SGLang prefill is
+never paired with a vLLM decode, nor a NIXL prefill with a Mooncake decode.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from inference import errors
+from inference.routing.breaker import BreakerState
+from inference.routing.policies.base import SelectionPolicy, SelectionRequest
+from inference.routing.workers import WorkerHandle, WorkerRecord
+
+__all__ = [
+    "GRPC_DEFAULT_BOOTSTRAP_PORT",
+    "MAX_HTTP_ROOM",
+    "MAX_GRPC_ROOM",
+    "PdTraits",
+    "PdMember",
+    "PdPair",
+    "pd_pairing",
+    "bootstrap_host",
+    "pair_context_length",
+    "select_pair",
+    "http_room",
+    "grpc_room",
+    "inject_bootstrap",
+    "batch_size",
+]
+
+GRPC_DEFAULT_BOOTSTRAP_PORT = 8998  # sent on gRPC (and the Mooncake-style path) when bootstrap_port is unset
+MAX_HTTP_ROOM = 2**63 - 1  # a room id is random in [0, 2^63 - 1] (as SGLang's own router draws it)
+MAX_GRPC_ROOM = 2**31 - 2  # SGLang's DisaggregatedParams.bootstrap_room is an int32: [0, i32::MAX)
+_random = random.SystemRandom()
+
+
+@dataclass(frozen=True, slots=True)
+class PdTraits:
+    """What PD needs to know about a prefill or decode worker, from its spec fields and labels."""
+
+    bootstrap_port: int | None = None
+    pairing_protocol: str | None = None  # the pairing_protocol label: an explicit pairing key
+    kv_connector: str | None = None  # the spec field, else what the engine reported
+    kv_engine_id: str | None = None
+
+
+def pd_pairing(record: WorkerRecord, traits: PdTraits) -> str:
+    """The worker's pairing key, shown as ``pd_pairing`` (spec 3): ``pairing_protocol`` when set,
+    else ``runtime/transport/layout``."""
+    if traits.pairing_protocol:
+        return traits.pairing_protocol
+    layout = (traits.kv_connector or "default").lower()
+    return f"{record.runtime_type}/{record.transport}/{layout}"
+
+
+def bootstrap_host(record: WorkerRecord) -> str:
+    """The host a decode worker reaches the prefill worker's bootstrap server on: its URL's host."""
+    from urllib.parse import urlsplit  # noqa: PLC0415 - once per pool build, not per request
+
+    host = urlsplit(record.url).hostname
+    return host or ""
+
+
+@dataclass(frozen=True, slots=True)
+class PdMember:
+    """A prefill or decode worker of the pool, with what is derived from it once."""
+
+    handle: WorkerHandle
+    traits: PdTraits
+    pairing: str  # pd_pairing(record, traits)
+    host: str  # bootstrap_host(record)
+    context_length: int | None = None  # its context window when known
+
+    @classmethod
+    def of(cls, handle: WorkerHandle, traits: PdTraits, context_length: int | None = None) -> PdMember:
+        record = handle.record
+        if context_length is None and record.engine is not None:
+            context_length = record.engine.context_length
+        return cls(handle, traits, pd_pairing(record, traits), bootstrap_host(record), context_length)
+
+
+@dataclass(frozen=True, slots=True)
+class PdPair:
+    prefill: PdMember
+    decode: PdMember
+
+    @property
+    def context_length(self) -> int | None:
+        """The smaller context window of the two: what a request's length is checked against."""
+        return pair_context_length(self.prefill.context_length, self.decode.context_length)
+
+
+def pair_context_length(prefill: int | None, decode: int | None) -> int | None:
+    """The smaller of two context windows; one side's when the other is unknown."""
+    if prefill is None:
+        return decode
+    if decode is None:
+        return prefill
+    return min(prefill, decode)
+
+
+def _usable(members: Sequence[PdMember], exclude: frozenset[str], now: float) -> list[PdMember]:
+    usable = []
+    for member in members:
+        load = member.handle.load
+        if member.handle.id in exclude or load.overloaded:
+            continue
+        if load.breaker.state is BreakerState.CLOSED or load.breaker.allows(now):
+            usable.append(member)
+    return usable
+
+
+def select_pair(
+    prefills: Sequence[PdMember],
+    decodes: Sequence[PdMember],
+    model: str | None,
+    prefill_policy: SelectionPolicy,
+    decode_policy: SelectionPolicy,
+    request: SelectionRequest,
+    exclude: frozenset[str] = frozenset(),
+) -> PdPair:
+    """The (prefill, decode) pair for a request: the prefill chosen by ``prefill_policy`` among the
+    usable prefill workers that have a usable decode worker with the same pairing key, then the
+    decode by ``decode_policy`` among those.
+
+    Raises 503 no_prefill_servers when no prefill worker can take the request, 503
+    no_healthy_workers when prefill workers can but no decode worker pairs with any of them.
+    """
+    now = time.monotonic()
+    usable_prefills = _usable(prefills, exclude, now)
+    if not usable_prefills:
+        raise errors.no_prefill_servers()
+    usable_decodes = _usable(decodes, exclude, now)
+    keys = {member.pairing for member in usable_decodes}
+    pairable = [member for member in usable_prefills if member.pairing in keys]
+    if not pairable:
+        raise errors.no_healthy_workers(model)
+    by_handle = {member.handle.id: member for member in pairable}
+    prefill = by_handle[prefill_policy.select([member.handle for member in pairable], request).id]
+    partners = {member.handle.id: member for member in usable_decodes if member.pairing == prefill.pairing}
+    decode = partners[decode_policy.select([member.handle for member in partners.values()], request).id]
+    return PdPair(prefill, decode)
+
+
+def http_room() -> int:
+    """A bootstrap room for an HTTP PD request: random in [0, 2^63 - 1]."""
+    return _random.randint(0, MAX_HTTP_ROOM)
+
+
+def grpc_room() -> int:
+    """A bootstrap room for a gRPC PD request (SGLang's int32 field): random in [0, 2^31 - 2]."""
+    return _random.randint(0, MAX_GRPC_ROOM)
+
+
+def inject_bootstrap(body: Mapping[str, Any], prefill: PdMember, batch_size: int | None = None) -> dict[str, Any]:
+    """``body`` with the prefill worker's ``bootstrap_host``, ``bootstrap_port`` (null when it has
+    none) and a fresh ``bootstrap_room``; for a batch of ``batch_size`` prompts, lists of that many
+    (one room each). The same body goes to both sides."""
+    injected = dict(body)
+    port = prefill.traits.bootstrap_port
+    if batch_size is None:
+        injected["bootstrap_host"] = prefill.host
+        injected["bootstrap_port"] = port
+        injected["bootstrap_room"] = http_room()
+    else:
+        injected["bootstrap_host"] = [prefill.host] * batch_size
+        injected["bootstrap_port"] = [port] * batch_size
+        injected["bootstrap_room"] = [http_room() for _ in range(batch_size)]
+    return injected
+
+
+def batch_size(path: str, body: Mapping[str, Any]) -> int | None:
+    """How many prompts a request carries when it is a batch (each gets its own room), else None:
+    a list of prompts for /v1/completions (strings or token lists), a list of texts or of token
+    lists for /generate, ``n`` above 1 for chat completions (as the reference gateway counts)."""
+    if path == "/v1/completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            return len(prompt)
+        return None
+    if path == "/generate":
+        text = body.get("text")
+        if isinstance(text, list):
+            return len(text) or None
+        ids = body.get("input_ids")
+        if isinstance(ids, list) and ids and isinstance(ids[0], list):
+            return len(ids)
+        return None
+    if path == "/v1/chat/completions":
+        n = body.get("n")
+        if isinstance(n, int) and not isinstance(n, bool) and n > 1:
+            return n
+    return None

@@ -1,0 +1,274 @@
+"""HTTP prefill/decode dual dispatch over the HTTP relay (:mod:`inference.upstreams.http`).
+
+One request goes to a prefill worker and its decode worker at once, with the same body (the
+bootstrap fields already injected, :func:`inference.routing.pd.inject_bootstrap`). The client gets
+the decode worker's answer (status, body, stream); the prefill answer is drained, and kept only for
+its ``meta_info.input_token_logprobs`` when logprobs were asked (merged in front of the decode's).
+
+No side is left waiting for the other: a transport failure of either side before the decode's
+answer is known cancels the other at once (closing its connection, which aborts the request on the
+worker) and fails the attempt; a decode error status cancels the prefill; a prefill that fails
+(transport, or an error status) while the decode answer is being relayed ends the relay (the error
+in-band once the response started) and closes the decode connection; and a prefill still running
+when the decode answer ended is cancelled. The total request timeout of the relay bounds each side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from time import perf_counter
+from typing import Any
+
+import orjson
+
+from inference import errors
+from inference.errors import GatewayError
+from inference.upstreams.base import RelayAnswer, RelayRequest
+from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.upstreams.http import HttpRelay
+from inference.writers import ResponseWriter
+
+__all__ = ["PdHttpDispatch", "PdAnswer", "PdTimings"]
+
+log = logging.getLogger(__name__)
+
+_ERROR_DETAIL_BYTES = 2048
+
+
+class PdTimings:
+    """When each side answered, for the gw_pd_* metrics: seconds from dispatch to the decode's
+    answer head (the PD time to first byte) and to the prefill's whole answer."""
+
+    __slots__ = ("started", "decode_head_secs", "prefill_secs")
+
+    def __init__(self) -> None:
+        self.started = perf_counter()
+        self.decode_head_secs: float | None = None
+        self.prefill_secs: float | None = None
+
+
+async def _cancelled(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel ``tasks`` and wait until they ended (their connections closed)."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        try:
+            result = await task
+        except BaseException:  # noqa: BLE001 - each side's own ending is of no interest here
+            continue
+        if isinstance(result, RelayAnswer):
+            await result.discard()
+
+
+def _input_logprobs(body: bytes | None) -> list[Any] | None:
+    if not body:
+        return None
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    meta = answer.get("meta_info") if isinstance(answer, dict) else None
+    logprobs = meta.get("input_token_logprobs") if isinstance(meta, dict) else None
+    return logprobs if isinstance(logprobs, list) else None
+
+
+def _merged(answer: Any, prefill_logprobs: list[Any]) -> bool:
+    """Put the prefill's input logprobs in front of the decode answer's; False when it has none."""
+    meta = answer.get("meta_info") if isinstance(answer, dict) else None
+    own = meta.get("input_token_logprobs") if isinstance(meta, dict) else None
+    if not isinstance(own, list):
+        return False
+    assert isinstance(meta, dict)
+    meta["input_token_logprobs"] = prefill_logprobs + own
+    return True
+
+
+class PdHttpDispatch:
+    """Sends a PD request to both sides; one per process, over the gateway's HTTP relay."""
+
+    def __init__(self, relay: HttpRelay) -> None:
+        self._relay = relay
+
+    async def open(self, prefill: RelayRequest, decode: RelayRequest, logprobs: bool = False) -> PdAnswer:
+        """Send both requests concurrently; return once the decode worker's status is known.
+
+        Raises UpstreamFailure when either side could not be reached, timed out or broke off before
+        the decode's status was known (the other side cancelled), and GatewayError
+        (prefill_failed) when the prefill worker answered an error status first."""
+        timings = PdTimings()
+        prefill_task = asyncio.create_task(self._prefill(prefill, logprobs, timings))
+        decode_task = asyncio.create_task(self._relay.open(decode))
+        try:
+            waiting: set[asyncio.Task[Any]] = {prefill_task, decode_task}
+            while not decode_task.done():
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if prefill_task in done:
+                    waiting.discard(prefill_task)
+                    failure = prefill_task.exception()
+                    if failure is not None:
+                        log.warning("PD prefill %s failed, decode %s cancelled: %s", prefill.worker.url, decode.worker.url, failure)
+                        raise failure
+            answer = decode_task.result()
+        except BaseException:
+            await _cancelled(prefill_task, decode_task)
+            raise
+        timings.decode_head_secs = perf_counter() - timings.started
+        if not 200 <= answer.status < 300:
+            # The decode worker refused or failed: its answer is the client's; nothing waits for the prefill.
+            await _cancelled(prefill_task)
+            return PdAnswer(answer, None, decode, logprobs, timings)
+        return PdAnswer(answer, prefill_task, decode, logprobs, timings)
+
+    async def _prefill(self, request: RelayRequest, keep: bool, timings: PdTimings) -> bytes | None:
+        """The prefill side: its answer read to the end (kept when ``keep`` or an error status)."""
+        answer = await self._relay.open(request)
+        ok = 200 <= answer.status < 300
+        limit = self._relay.max_answer_bytes if ok else _ERROR_DETAIL_BYTES
+        held: list[bytes] = []
+        size = 0
+        async for chunk in answer.chunks():
+            if (keep or not ok) and size < limit:
+                held.append(chunk)
+                size += len(chunk)
+        timings.prefill_secs = perf_counter() - timings.started
+        body = b"".join(held)
+        if not ok:
+            raise errors.prefill_failed(answer.status, body[:_ERROR_DETAIL_BYTES].decode("utf-8", "replace"))
+        return body if keep and size <= limit else None
+
+
+class PdAnswer(RelayAnswer):
+    """The decode worker's answer, relayed while the prefill side is watched."""
+
+    __slots__ = ("_decode", "_prefill", "_request", "_logprobs", "timings")
+
+    def __init__(
+        self,
+        decode: RelayAnswer,
+        prefill: asyncio.Task[bytes | None] | None,
+        request: RelayRequest,
+        logprobs: bool,
+        timings: PdTimings,
+    ) -> None:
+        super().__init__(decode.status, decode.content_type)
+        self._decode = decode
+        self._prefill = prefill
+        self._request = request
+        self._logprobs = logprobs
+        self.timings = timings
+
+    @property
+    def _streamed(self) -> bool:
+        return self._request.stream and self.status == 200 and self.content_type.startswith("text/event-stream")
+
+    async def discard(self) -> None:
+        if self._prefill is not None:
+            await _cancelled(self._prefill)
+        await self._decode.discard()
+
+    async def forward(self, writer: ResponseWriter) -> bool:
+        prefill = self._prefill
+        if prefill is None:
+            return await self._decode.forward(writer)
+        if self._logprobs:
+            try:
+                prefill_body = await prefill
+            except BaseException:
+                await self._decode.discard()
+                raise
+            logprobs = _input_logprobs(prefill_body)
+            if logprobs is not None:
+                return await self._forward_merged(writer, logprobs)
+            return await self._decode.forward(writer)
+        forwarding = asyncio.create_task(self._decode.forward(writer))
+        try:
+            done, _ = await asyncio.wait({forwarding, prefill}, return_when=asyncio.FIRST_COMPLETED)
+            if forwarding in done:
+                return forwarding.result()
+            failure = prefill.exception()
+            if failure is None:
+                return await forwarding
+            log.warning("PD prefill %s failed while its decode answered: %s", self._request.worker.url, failure)
+            await _cancelled(forwarding)
+            return await self._prefill_broke(writer, failure)
+        except BaseException:
+            await _cancelled(forwarding)
+            raise
+        finally:
+            if not prefill.done():
+                await _cancelled(prefill)  # the decode answer ended: nothing needs the prefill any more
+
+    async def _prefill_broke(self, writer: ResponseWriter, failure: BaseException) -> bool:
+        """The prefill side failed after the decode answer's status was known."""
+        error = failure.in_band() if isinstance(failure, UpstreamFailure) else failure
+        if not writer.started:
+            raise failure
+        assert isinstance(error, GatewayError)
+        if self._streamed:
+            await writer.break_stream(error)
+            return False
+        writer.abort(error.message)
+
+    async def _forward_merged(self, writer: ResponseWriter, logprobs: list[Any]) -> bool:
+        """The decode answer with the prefill's input logprobs in front of its own."""
+        if not self._streamed:
+            body = b"".join([chunk async for chunk in self._decode.chunks()])
+            try:
+                answer = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                answer = None
+            if answer is not None and _merged(answer, logprobs):
+                body = orjson.dumps(answer)
+            await writer.whole(self.status, self.content_type.encode("latin-1"), body)
+            return True
+        await writer.open_stream()
+        pending = b""
+        try:
+            async for chunk in self._decode.chunks():
+                pending += chunk
+                *events, pending = pending.split(b"\n\n")
+                if events:
+                    await writer.chunk(b"".join(_merged_event(event, logprobs) + b"\n\n" for event in events))
+        except UpstreamFailure as failure:
+            await writer.break_stream(failure.in_band())
+            return False
+        if pending.strip():
+            await writer.chunk(_merged_event(pending, logprobs) + b"\n\n")
+        await writer.end_stream()
+        return True
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        prefill = self._prefill
+        try:
+            async for chunk in self._decode.chunks():
+                if prefill is not None and prefill.done() and not prefill.cancelled():
+                    failure = prefill.exception()
+                    if isinstance(failure, UpstreamFailure):
+                        raise failure
+                    if failure is not None:
+                        raise UpstreamFailure(FailureKind.BROKEN, f"prefill failed: {failure}")
+                yield chunk
+        finally:
+            if prefill is not None and not prefill.done():
+                await _cancelled(prefill)
+
+
+def _merged_event(event: bytes, logprobs: list[Any]) -> bytes:
+    """One SSE event with the prefill's input logprobs merged into its data, if it carries any."""
+    if not event.startswith(b"data:"):
+        return event
+    data = event[5:].strip()
+    if data == b"[DONE]":
+        return event
+    try:
+        answer = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return event
+    if not _merged(answer, logprobs):
+        return event
+    return b"data: " + orjson.dumps(answer)
