@@ -50,6 +50,8 @@ __all__ = [
     "build_pd_app",
     "pd_state",
     "run_pd_worker",
+    "wait_for_kv",
+    "bootstrap_app",
 ]
 
 PdRole = Literal["prefill", "decode"]
@@ -200,7 +202,7 @@ def _drop(request: web.Request) -> None:
         request.transport.close()
 
 
-async def _wait_for_kv(state: PdState, host: str, port: int | None, room: int) -> str | None:
+async def wait_for_kv(state: PdState, host: str, port: int | None, room: int) -> str | None:
     """None when the prefill side announced the room's KV as ready, else why not."""
     assert state.session is not None
     url = f"http://{host}:{port or DEFAULT_BOOTSTRAP_PORT}/_pd/bootstrap/{room}"
@@ -285,7 +287,7 @@ async def _decode(
         return _error(500, "decode failed on command (mock.pd_fault)")
     state.kv_waits += 1
     problems = await asyncio.gather(
-        *(_wait_for_kv(state, host, port, room) for host, port, room in zip(boot.hosts, boot.ports, boot.rooms))
+        *(wait_for_kv(state, host, port, room) for host, port, room in zip(boot.hosts, boot.ports, boot.rooms))
     )
     for room, problem in zip(boot.rooms, problems):
         if problem is not None:
@@ -295,7 +297,7 @@ async def _decode(
     return response
 
 
-def _pd_routes(state: PdState) -> list[web.RouteDef]:
+def _bootstrap_route(state: PdState) -> web.RouteDef:
     async def bootstrap(request: web.Request) -> web.Response:
         if state.config.role != "prefill":
             return _error(404, "not a prefill worker")
@@ -312,6 +314,31 @@ def _pd_routes(state: PdState) -> list[web.RouteDef]:
         label = "pending" if ready is None else ("ready" if ready else "failed")
         return web.json_response({"room": room, "state": label})
 
+    return web.get("/_pd/bootstrap/{room}", bootstrap)
+
+
+def bootstrap_app(state: PdState) -> web.Application:
+    """A prefill side's bootstrap server alone (for a gRPC prefill stand-in): where decode workers
+    learn that a room's KV is ready; it also opens and closes the state's client session."""
+    app = web.Application()
+    app.add_routes([_bootstrap_route(state)])
+    _own_session(app, state)
+    return app
+
+
+def _own_session(app: web.Application, state: PdState) -> None:
+    async def open_session(_app: web.Application) -> None:
+        state.session = aiohttp.ClientSession()
+
+    async def close_session(_app: web.Application) -> None:
+        if state.session is not None:
+            await state.session.close()
+
+    app.on_startup.append(open_session)
+    app.on_cleanup.append(close_session)
+
+
+def _pd_routes(state: PdState) -> list[web.RouteDef]:
     async def summary(_request: web.Request) -> web.Response:
         return web.Response(body=orjson.dumps(state.summary()), headers=_JSON_HEADERS)
 
@@ -320,7 +347,7 @@ def _pd_routes(state: PdState) -> list[web.RouteDef]:
         return web.Response(body=orjson.dumps(state.summary()), headers=_JSON_HEADERS)
 
     return [
-        web.get("/_pd/bootstrap/{room}", bootstrap),
+        _bootstrap_route(state),
         web.get("/_mock/pd", summary),
         web.delete("/_mock/pd", reset),
     ]
@@ -334,16 +361,7 @@ def build_pd_app(config: MockWorkerConfig, pd: PdWorkerConfig) -> web.Applicatio
     app[_STATE] = state
     app.middlewares.append(_pd_middleware(state))
     app.add_routes(_pd_routes(state))
-
-    async def open_session(_app: web.Application) -> None:
-        state.session = aiohttp.ClientSession()
-
-    async def close_session(_app: web.Application) -> None:
-        if state.session is not None:
-            await state.session.close()
-
-    app.on_startup.append(open_session)
-    app.on_cleanup.append(close_session)
+    _own_session(app, state)
     return app
 
 
