@@ -5,6 +5,7 @@ once with the other side cancelled (never left waiting for a bootstrap that does
 from __future__ import annotations
 
 import contextlib
+from collections.abc import MutableMapping
 from typing import Any, AsyncIterator
 
 import orjson
@@ -23,7 +24,7 @@ from tests.pd_fleet import PdWorker, serving_pd_worker
 
 
 class Sent(list):
-    async def __call__(self, message: dict[str, Any]) -> None:
+    async def __call__(self, message: MutableMapping[str, Any]) -> None:
         self.append(message)
 
     @property
@@ -183,7 +184,7 @@ async def test_a_hanging_prefill_during_a_decode_stream_is_cancelled_when_the_st
 
 
 def test_input_logprobs_of_the_prefill_go_in_front_of_the_decodes() -> None:
-    answer = {"text": "x", "meta_info": {"input_token_logprobs": [[-0.5, 3, None]]}}
+    answer: dict[str, Any] = {"text": "x", "meta_info": {"input_token_logprobs": [[-0.5, 3, None]]}}
     assert _merged(answer, [[-0.1, 1, None], [-0.2, 2, None]])
     assert answer["meta_info"]["input_token_logprobs"] == [[-0.1, 1, None], [-0.2, 2, None], [-0.5, 3, None]]
     assert not _merged({"text": "x", "meta_info": {}}, [[-0.1, 1, None]])
