@@ -1,0 +1,121 @@
+"""Prefill/decode disaggregation for engines the gateway serves (gRPC): SGLang-style parallel
+dispatch. The same request goes to the prefill and the decode engine at once, each with the same
+:class:`~inference.upstreams.engine.DisaggregationParams` (the prefill worker's bootstrap host, its
+bootstrap port or 8998, a fresh room); the answer is the decode engine's outputs, streamed as they
+come; the prefill engine's outputs are read and dropped.
+
+Neither side outlives a failure of the other: a prefill that fails before the decode ended cancels
+the decode iteration (the gRPC client cancels its RPC and sends Abort) and raises the prefill's
+failure; a decode that fails or is cancelled (the client went away) cancels the prefill the same
+way; a prefill still running when the decode ended is cancelled.
+
+vLLM's sequential prefill-then-decode with kv_transfer_params is not here: the engine request and
+output types do not carry kv_transfer_params yet (see :func:`pd_engine_refusal`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from inference.errors import GatewayError
+from inference.routing.pd import GRPC_DEFAULT_BOOTSTRAP_PORT, PdMember, grpc_room
+from inference.upstreams.engine import DisaggregationParams, EngineClient, EngineOutput, EngineRequest
+from inference.upstreams.failures import FailureKind, UpstreamFailure
+
+__all__ = ["PARALLEL_PD_RUNTIMES", "disaggregation_for", "parallel_pd", "pd_engine_refusal"]
+
+log = logging.getLogger(__name__)
+
+PARALLEL_PD_RUNTIMES = frozenset({"sglang", "tokenspeed"})  # runtimes that carry the bootstrap rendezvous
+
+
+def pd_engine_refusal(runtime: str) -> GatewayError | None:
+    """None when the gateway serves PD for ``runtime``'s engines, else the reference's refusal
+    (400 runtime_pd_not_supported)."""
+    if runtime in PARALLEL_PD_RUNTIMES:
+        return None
+    return GatewayError(400, "runtime_pd_not_supported", "This runtime does not support PD disaggregated mode")
+
+
+def disaggregation_for(prefill: PdMember) -> DisaggregationParams:
+    """The rendezvous both engines get: the prefill worker's host, its bootstrap port (8998 when
+    unset) and a fresh room (SGLang's field is an int32)."""
+    port = prefill.traits.bootstrap_port or GRPC_DEFAULT_BOOTSTRAP_PORT
+    return DisaggregationParams(bootstrap_host=prefill.host, bootstrap_port=port, bootstrap_room=grpc_room())
+
+
+async def _drain(outputs: AsyncIterator[EngineOutput]) -> None:
+    async with aclosing(outputs) as iterator:  # type: ignore[type-var]  # an async generator
+        async for _ in iterator:
+            pass
+
+
+async def _stop(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    try:
+        await task
+    except BaseException:  # noqa: BLE001 - the stopped side's own ending is of no interest
+        pass
+
+
+def _failed(task: asyncio.Task[None]) -> BaseException | None:
+    if not task.done() or task.cancelled():
+        return None
+    return task.exception()
+
+
+async def parallel_pd(
+    prefill: EngineClient, decode: EngineClient, request: EngineRequest, disaggregation: DisaggregationParams
+) -> AsyncIterator[EngineOutput]:
+    """The decode engine's outputs for ``request`` sent to both engines with ``disaggregation``.
+    Raises UpstreamFailure as :meth:`EngineClient.generate` does (nothing yielded yet: retryable)."""
+    paired = dataclasses.replace(request, disaggregation=disaggregation)
+    prefill_task = asyncio.create_task(_drain(prefill.generate(paired)))
+    outputs = decode.generate(paired)
+    step: asyncio.Future[EngineOutput] | None = None
+    try:
+        # Until the prefill ended, each decode step is awaited beside it: a prefill failure must
+        # not wait for a decode output that may never come.
+        while not prefill_task.done():
+            if step is None:
+                step = asyncio.ensure_future(anext(outputs))
+            racing: set[asyncio.Future[Any]] = {step, prefill_task}
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+            failure = _failed(prefill_task)
+            if failure is not None:
+                raise _as_failure(failure)
+            if step.done():
+                done, step = step, None
+                try:
+                    output = done.result()
+                except StopAsyncIteration:
+                    return
+                yield output
+        if step is not None:
+            pending, step = step, None
+            try:
+                output = await pending
+            except StopAsyncIteration:
+                return
+            yield output
+        async for output in outputs:
+            yield output
+    finally:
+        if step is not None and not step.done():
+            await _stop(step)
+        if not prefill_task.done():
+            await _stop(prefill_task)
+        elif not prefill_task.cancelled() and prefill_task.exception() is not None:
+            log.warning("PD prefill on %s failed: %s", prefill.url, prefill_task.exception())
+        await outputs.aclose()  # type: ignore[attr-defined]  # an async generator
+
+
+def _as_failure(failure: BaseException) -> BaseException:
+    if isinstance(failure, (UpstreamFailure, GatewayError)):
+        return failure
+    return UpstreamFailure(FailureKind.BROKEN, f"prefill failed: {type(failure).__name__}: {failure}")
