@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from inference import errors
 from inference.routing.breaker import BreakerState
 from inference.routing.policies.base import SelectionPolicy, SelectionRequest
-from inference.routing.workers import WorkerHandle, WorkerRecord
+from inference.routing.workers import WorkerHandle, WorkerRecord, WorkerStatus, WorkerType
 
 __all__ = [
     "GRPC_DEFAULT_BOOTSTRAP_PORT",
@@ -38,6 +39,8 @@ __all__ = [
     "grpc_room",
     "inject_bootstrap",
     "batch_size",
+    "PdPool",
+    "build_pd_pool",
 ]
 
 GRPC_DEFAULT_BOOTSTRAP_PORT = 8998  # sent on gRPC (and the Mooncake-style path) when bootstrap_port is unset
@@ -203,3 +206,59 @@ def batch_size(path: str, body: Mapping[str, Any]) -> int | None:
         if isinstance(n, int) and not isinstance(n, bool) and n > 1:
             return n
     return None
+
+
+_NONE: Mapping[str, tuple[PdMember, ...]] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class PdPool:
+    """The ready prefill and decode workers, per model (and those that serve any model), built
+    once per registry change."""
+
+    prefill_by_model: Mapping[str, tuple[PdMember, ...]] = field(default_factory=lambda: _NONE)
+    decode_by_model: Mapping[str, tuple[PdMember, ...]] = field(default_factory=lambda: _NONE)
+    prefill_any: tuple[PdMember, ...] = ()
+    decode_any: tuple[PdMember, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.prefill_by_model or self.decode_by_model or self.prefill_any or self.decode_any)
+
+    def members(self, model: str | None) -> tuple[Sequence[PdMember], Sequence[PdMember]]:
+        """The prefill and decode candidates for a canonical ``model`` (None: every one)."""
+        if model is None:
+            return (
+                tuple({id(m): m for ms in self.prefill_by_model.values() for m in ms}.values()) + self.prefill_any,
+                tuple({id(m): m for ms in self.decode_by_model.values() for m in ms}.values()) + self.decode_any,
+            )
+        return (
+            self.prefill_by_model.get(model) or self.prefill_any,
+            self.decode_by_model.get(model) or self.decode_any,
+        )
+
+
+def build_pd_pool(
+    handles: Iterable[WorkerHandle],
+    traits_of: Callable[[WorkerRecord], PdTraits],
+    context_of: Callable[[WorkerRecord], int | None] = lambda record: None,
+) -> PdPool:
+    """The pool of the ready prefill and decode workers among ``handles`` (registration order kept)."""
+    by_model: dict[WorkerType, dict[str, list[PdMember]]] = {WorkerType.PREFILL: {}, WorkerType.DECODE: {}}
+    any_model: dict[WorkerType, list[PdMember]] = {WorkerType.PREFILL: [], WorkerType.DECODE: []}
+    for handle in handles:
+        record = handle.record
+        kind = record.worker_type
+        if kind not in by_model or record.status != WorkerStatus.READY:
+            continue
+        member = PdMember.of(handle, traits_of(record), context_of(record))
+        served = record.served_models
+        if not served:
+            any_model[kind].append(member)
+        for model in served:
+            by_model[kind].setdefault(model, []).append(member)
+    return PdPool(
+        MappingProxyType({m: tuple(ms) for m, ms in by_model[WorkerType.PREFILL].items()}),
+        MappingProxyType({m: tuple(ms) for m, ms in by_model[WorkerType.DECODE].items()}),
+        tuple(any_model[WorkerType.PREFILL]),
+        tuple(any_model[WorkerType.DECODE]),
+    )

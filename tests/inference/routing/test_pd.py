@@ -8,7 +8,7 @@ import pytest
 from inference.errors import GatewayError
 from inference.routing.pd import (
     MAX_GRPC_ROOM, PdMember, PdTraits, batch_size, grpc_room, http_room, inject_bootstrap, pair_context_length,
-    pd_pairing, select_pair,
+    build_pd_pool, pd_pairing, select_pair,
 )
 from inference.routing.policies import RoundRobin
 from inference.routing.workers import WorkerHandle, WorkerLoad, WorkerRecord, WorkerStatus, WorkerType
@@ -98,3 +98,20 @@ def test_batch_sizes_as_the_reference_counts_them() -> None:
     assert batch_size("/generate", {"text": ["a", "b", "c"]}) == 3
     assert batch_size("/v1/chat/completions", {"n": 3}) == 3
     assert batch_size("/v1/chat/completions", {"n": 1}) is None
+
+
+def test_the_pool_holds_ready_prefill_and_decode_workers_per_model() -> None:
+    def handle(name: str, kind: WorkerType, model: str | None = "m", status: str = "ready") -> WorkerHandle:
+        record = WorkerRecord(id=name, url=f"http://{name}:1", model_id=model, runtime_type="sglang",
+                              status=WorkerStatus(status), worker_type=kind)
+        return WorkerHandle(record, WorkerLoad())
+
+    handles = [handle("p1", P), handle("p2", P, status="not_ready"), handle("d1", D), handle("d-any", D, model=None),
+               handle("r", WorkerType.REGULAR)]
+    pool = build_pd_pool(handles, lambda record: PdTraits(bootstrap_port=9000 if record.id == "p1" else None))
+    prefills, decodes = pool.members("m")
+    assert [m.handle.id for m in prefills] == ["p1"] and prefills[0].traits.bootstrap_port == 9000
+    assert [m.handle.id for m in decodes] == ["d1"]
+    prefills, decodes = pool.members("other")
+    assert prefills == () and [m.handle.id for m in decodes] == ["d-any"]
+    assert bool(pool) and not build_pd_pool([handle("r", WorkerType.REGULAR)], lambda record: PdTraits())
