@@ -7,8 +7,9 @@ connector). The request path calls :func:`select_pair` and :func:`inject_bootstr
 
 Pairing (spec 3): a prefill and a decode worker pair only when their ``pd_pairing`` keys are equal:
 the ``pairing_protocol`` label when the worker has one, else ``runtime/transport/layout`` (layout:
-the KV connector the worker reports or was given, ``default`` when none), so an SGLang prefill is
-never paired with a vLLM decode, nor a NIXL prefill with a Mooncake decode.
+``dpN`` for a worker of dp_size N, ``single`` without one; the value the admin API shows as
+``pd_pairing``), so an SGLang prefill is never paired with a vLLM decode, nor a gRPC prefill with
+an HTTP decode.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class PdTraits:
     pairing_protocol: str | None = None  # the pairing_protocol label: an explicit pairing key
     kv_connector: str | None = None  # the spec field, else what the engine reported
     kv_engine_id: str | None = None
+    dp_size: int | None = None
 
 
 def pd_pairing(record: WorkerRecord, traits: PdTraits) -> str:
@@ -64,8 +66,8 @@ def pd_pairing(record: WorkerRecord, traits: PdTraits) -> str:
     else ``runtime/transport/layout``."""
     if traits.pairing_protocol:
         return traits.pairing_protocol
-    layout = (traits.kv_connector or "default").lower()
-    return f"{record.runtime_type}/{record.transport}/{layout}"
+    layout = f"dp{traits.dp_size}" if traits.dp_size else "single"
+    return f"{record.runtime_type}/{record.transport.value}/{layout}"
 
 
 def bootstrap_host(record: WorkerRecord) -> str:

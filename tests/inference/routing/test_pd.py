@@ -27,8 +27,10 @@ P, D = WorkerType.PREFILL, WorkerType.DECODE
 
 def test_the_pairing_key_is_the_label_else_runtime_transport_layout() -> None:
     assert member("p", P, pairing="mooncake-v1").pairing == "mooncake-v1"
-    assert member("p", P).pairing == "sglang/http/default"
-    assert member("p", P, runtime="vllm", kv="NixlConnector", url="grpc://p:1").pairing == "vllm/grpc/nixlconnector"
+    assert member("p", P).pairing == "sglang/http/single"
+    assert member("p", P, runtime="vllm", kv="NixlConnector", url="grpc://p:1").pairing == "vllm/grpc/single"
+    record = member("p", P).handle.record
+    assert pd_pairing(record, PdTraits(dp_size=2)) == "sglang/http/dp2"
     record = member("p", P).handle.record
     assert pd_pairing(record, PdTraits(pairing_protocol="x")) == "x"
 
