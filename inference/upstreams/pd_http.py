@@ -30,11 +30,27 @@ from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.http import HttpRelay
 from inference.writers import ResponseWriter
 
-__all__ = ["PdHttpDispatch", "PdAnswer", "PdTimings"]
+__all__ = ["PdHttpDispatch", "PdAnswer", "PdFailure", "PdTimings"]
 
 log = logging.getLogger(__name__)
 
 _ERROR_DETAIL_BYTES = 2048
+
+
+class PdFailure(UpstreamFailure):
+    """An upstream failure of one side of a PD pair: ``side`` (prefill or decode) and that side's
+    worker, so the failure is counted against the worker that failed, not its partner."""
+
+    def __init__(self, side: str, worker_id: str, failure: UpstreamFailure) -> None:
+        super().__init__(failure.kind, f"{side} {failure.detail}", failure.timeout_secs, rejected=failure.rejected)
+        self.side = side
+        self.worker_id = worker_id
+
+
+def _sided(side: str, request: RelayRequest, failure: BaseException) -> BaseException:
+    if isinstance(failure, UpstreamFailure) and not isinstance(failure, PdFailure):
+        return PdFailure(side, request.worker.id, failure)
+    return failure
 
 
 class PdTimings:
@@ -109,8 +125,11 @@ class PdHttpDispatch:
                     failure = prefill_task.exception()
                     if failure is not None:
                         log.warning("PD prefill %s failed, decode %s cancelled: %s", prefill.worker.url, decode.worker.url, failure)
-                        raise failure
-            answer = decode_task.result()
+                        raise _sided("prefill", prefill, failure)
+            try:
+                answer = decode_task.result()
+            except UpstreamFailure as failure:
+                raise _sided("decode", decode, failure) from None
         except BaseException:
             await _cancelled(prefill_task, decode_task)
             raise
@@ -118,8 +137,8 @@ class PdHttpDispatch:
         if not 200 <= answer.status < 300:
             # The decode worker refused or failed: its answer is the client's; nothing waits for the prefill.
             await _cancelled(prefill_task)
-            return PdAnswer(answer, None, decode, logprobs, timings)
-        return PdAnswer(answer, prefill_task, decode, logprobs, timings)
+            return PdAnswer(answer, None, decode, prefill, logprobs, timings)
+        return PdAnswer(answer, prefill_task, decode, prefill, logprobs, timings)
 
     async def _prefill(self, request: RelayRequest, keep: bool, timings: PdTimings) -> bytes | None:
         """The prefill side: its answer read to the end (kept when ``keep`` or an error status)."""
@@ -142,13 +161,14 @@ class PdHttpDispatch:
 class PdAnswer(RelayAnswer):
     """The decode worker's answer, relayed while the prefill side is watched."""
 
-    __slots__ = ("_decode", "_prefill", "_request", "_logprobs", "timings")
+    __slots__ = ("_decode", "_prefill", "_request", "_prefill_request", "_logprobs", "timings")
 
     def __init__(
         self,
         decode: RelayAnswer,
         prefill: asyncio.Task[bytes | None] | None,
         request: RelayRequest,
+        prefill_request: RelayRequest,
         logprobs: bool,
         timings: PdTimings,
     ) -> None:
@@ -156,6 +176,7 @@ class PdAnswer(RelayAnswer):
         self._decode = decode
         self._prefill = prefill
         self._request = request
+        self._prefill_request = prefill_request
         self._logprobs = logprobs
         self.timings = timings
 
@@ -175,9 +196,9 @@ class PdAnswer(RelayAnswer):
         if self._logprobs:
             try:
                 prefill_body = await prefill
-            except BaseException:
+            except BaseException as broke:
                 await self._decode.discard()
-                raise
+                raise _sided("prefill", self._prefill_request, broke) from None
             logprobs = _input_logprobs(prefill_body)
             if logprobs is not None:
                 return await self._forward_merged(writer, logprobs)
@@ -204,7 +225,7 @@ class PdAnswer(RelayAnswer):
         """The prefill side failed after the decode answer's status was known."""
         error = failure.in_band() if isinstance(failure, UpstreamFailure) else failure
         if not writer.started:
-            raise failure
+            raise _sided("prefill", self._prefill_request, failure)
         assert isinstance(error, GatewayError)
         if self._streamed:
             await writer.break_stream(error)
@@ -249,7 +270,7 @@ class PdAnswer(RelayAnswer):
                 if prefill is not None and prefill.done() and not prefill.cancelled():
                     failure = prefill.exception()
                     if isinstance(failure, UpstreamFailure):
-                        raise failure
+                        raise _sided("prefill", self._prefill_request, failure)
                     if failure is not None:
                         raise UpstreamFailure(FailureKind.BROKEN, f"prefill failed: {failure}")
                 yield chunk

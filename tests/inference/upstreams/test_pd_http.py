@@ -15,9 +15,8 @@ from inference.auth import ANONYMOUS
 from inference.errors import GatewayError
 from inference.routing.pd import PdPair, inject_bootstrap, batch_size
 from inference.upstreams.base import RelayRequest
-from inference.upstreams.failures import UpstreamFailure
 from inference.upstreams.http import HttpRelay
-from inference.upstreams.pd_http import PdHttpDispatch, _merged_event, _merged
+from inference.upstreams.pd_http import PdFailure, PdHttpDispatch, _merged_event, _merged
 from inference.writers import OPENAI_SSE, ResponseClock, ResponseWriter
 from tests.conftest import until
 from tests.pd_fleet import PdWorker, serving_pd_worker
@@ -111,8 +110,10 @@ async def test_a_prefill_without_a_bootstrap_port_sends_null() -> None:
 async def test_a_prefill_transport_failure_cancels_the_waiting_decode() -> None:
     async with pd_pair() as (prefill, decode, pair, dispatch):
         prefill_request, decode_request = requests(pair, "/v1/chat/completions", chat(mock={"pd_fault": "prefill_drop"}))
-        with pytest.raises(UpstreamFailure):
+        with pytest.raises(PdFailure) as caught:
             await dispatch.open(prefill_request, decode_request)
+        assert (caught.value.side, caught.value.worker_id) == ("prefill", pair.prefill.handle.id)
+        assert caught.value.to_error().status == 502
 
         async def decode_cancelled() -> bool:
             return decode.pd.cancelled == 1 and decode.mock.in_flight == 0
@@ -140,8 +141,9 @@ async def test_a_decode_transport_failure_cancels_a_hanging_prefill() -> None:
     async with pd_pair() as (prefill, decode, pair, dispatch):
         body = chat(mock={"pd_fault": ["prefill_hang", "decode_drop"]})
         prefill_request, decode_request = requests(pair, "/v1/chat/completions", body)
-        with pytest.raises(UpstreamFailure):
+        with pytest.raises(PdFailure) as caught:
             await dispatch.open(prefill_request, decode_request)
+        assert (caught.value.side, caught.value.worker_id) == ("decode", pair.decode.handle.id)
 
         async def prefill_cancelled() -> bool:
             return prefill.pd.cancelled == 1 and prefill.mock.in_flight == 0
