@@ -348,10 +348,10 @@ class ScriptedEngine:
     """The runtime-neutral part: check the prompt, script the choices, pace the chunks; embed,
     abort, flush, report loads and model facts, and zip the tokenizer."""
 
-    def __init__(self, config: GrpcEngineConfig, state: GrpcEngineState) -> None:
+    def __init__(self, config: GrpcEngineConfig, state: GrpcEngineState, model: ScriptedModel | None = None) -> None:
         self.config = config
         self.state = state
-        self.model = ScriptedModel(config)
+        self.model = model if model is not None else ScriptedModel(config)  # engines of one config may share one
         self.started = time.time()
 
     async def run(

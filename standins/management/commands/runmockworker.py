@@ -6,6 +6,10 @@ With ``--grpc``: serve the gRPC engine stand-in instead (``--runtime sglang|vllm
 ``--tokenizer`` a fixture tokenizer folder or tokenizer.json; :mod:`standins.grpc_engine`), which
 prints ``mock grpc engine (RUNTIME) serving MODEL on grpc://HOST:PORT``.
 
+With ``--zmq``: run the ZMQ engine-core stand-in (:mod:`standins.zmq_engine`), which dials in to the
+gateway's ZMQ worker ``--zmq-url ipc://PATH`` (``--zmq-handshake-address``, ``--dp-size N``) and
+prints ``mock zmq engine serving MODEL via HANDSHAKE (dp_size N)`` once registered.
+
 With ``--role prefill|decode``: the HTTP worker as one side of SGLang-style PD disaggregation
 (:mod:`standins.pd_worker`; ``--bootstrap-port`` for a prefill worker's bootstrap server,
 ``--kv-timeout`` for how long a decode waits for its KV, ``--pd-fault`` to fail on command).
@@ -66,12 +70,20 @@ class Command(BaseCommand):
         )
         grpc_options.add_argument("--text", default=None, help="the reply's text")
         grpc_options.add_argument("--chunk-tokens", type=int, default=3, help="tokens per streamed chunk")
+        zmq_options = parser.add_argument_group("ZMQ engine-core stand-in (--zmq; also --tokenizer, --reply, ...)")
+        zmq_options.add_argument("--zmq", action="store_true", help="dial in to a gateway's ZMQ worker as vLLM's EngineCore")
+        zmq_options.add_argument("--zmq-url", default=None, help="the worker's ipc://PATH URL (required with --zmq)")
+        zmq_options.add_argument("--zmq-handshake-address", default=None, help="tcp:// handshake address (default: derived from the path)")
+        zmq_options.add_argument("--dp-size", type=int, default=1, help="data-parallel engines to start (indexes 0..N-1)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not 0 <= options["port"] <= 65535:
             raise CommandError("--port must be between 0 and 65535")
         if options["grpc"]:
             self._serve_grpc(options)
+            return
+        if options["zmq"]:
+            self._serve_zmq(options)
             return
         if not options["model"]:
             raise CommandError("--model is required")
@@ -132,3 +144,24 @@ class Command(BaseCommand):
             run_grpc_engine(config, options["host"], options["port"])
         except (OSError, RuntimeError) as exc:
             raise CommandError(f"cannot serve on {options['host']}:{options['port']}: {exc}") from None
+
+    def _serve_zmq(self, options: dict[str, Any]) -> None:
+        from standins.zmq_engine import ZmqEngineConfig, handshake_address_for, run_zmq_engine
+
+        if not options["tokenizer"] or not options["zmq_url"]:
+            raise CommandError("--tokenizer and --zmq-url are required with --zmq")
+        if options["dp_size"] < 1:
+            raise CommandError("--dp-size must be at least 1")
+        try:
+            handshake = options["zmq_handshake_address"] or handshake_address_for(options["zmq_url"])
+            config = ZmqEngineConfig(
+                tokenizer=options["tokenizer"], model=options["model"] or "mock-model", reply=options["reply"],
+                text=options["text"] or None, chunk_tokens=options["chunk_tokens"], delay_ms=options["delay_ms"],
+                max_model_len=options["max_model_len"] or 32768,
+            )  # fmt: skip
+            tokenizer_file = config.scripted().tokenizer_file  # scripted() checks reply, chunk and length
+            if not tokenizer_file.is_file():
+                raise ValueError(f"no tokenizer at {tokenizer_file}")
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        run_zmq_engine(config, handshake, options["dp_size"])

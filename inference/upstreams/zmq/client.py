@@ -1,0 +1,658 @@
+"""The engine client of a ZMQ worker (``ipc://PATH``): vLLM's EngineCore in headless mode, over
+pyzmq's asyncio sockets. The gateway binds, the engines dial in (wire layouts: :mod:`.codec`,
+addresses: :mod:`.addresses`).
+
+One socket set per worker, shared by its ``dp_size`` engines:
+
+- **Startup.** :meth:`ZmqEngineClient.start` binds the handshake ROUTER, the input ROUTER and the
+  output PULL and returns at once; background tasks answer each engine's HELLO with INIT (the
+  data-plane addresses and the parallel config), take its READY, then its ready response on the
+  input socket (max_model_len, block_size, data_parallel_rank, ...). :meth:`wait_ready` waits for
+  all ``dp_size`` engines (identities: the 2-byte little-endian index). An engine that says HELLO
+  again (a restart) is handshaken again.
+- **Requests.** Each generation picks a rank (the request's ``data_parallel_rank``, else the rank
+  with the fewest requests in flight from this client) and sends ADD frames to that engine's
+  identity; ``n`` choices are ``n`` engine requests ``{index}_{request_id}``, as vLLM's front end
+  fans them out. The engine has no tokenizer: the first configured EOS id goes in
+  ``eos_token_id``, the others into ``stop_token_ids`` (unless ``ignore_eos``), and ``max_tokens``
+  is clamped to the context window the engine reported.
+- **Demultiplexing.** One reader task decodes the output socket and routes each
+  EngineCoreOutput by request id to that generation's queue; the generator turns them into neutral
+  :class:`EngineOutput`. Closing or cancelling the generator sends ABORT for the choices still
+  running.
+- **Death.** ``ENGINE_CORE_DEAD`` on the output socket, an engine's connection to it dropping
+  (socket monitor), or :meth:`health` timing out ends every request in flight at once with an
+  ``UpstreamFailure`` (BROKEN), and the worker stays unserved until its engines handshake again.
+- **Load.** The scheduler stats piggy-backed on each EngineCoreOutputs are kept per rank and
+  answered by :meth:`loads` without a call.
+- **Data-parallel waves** (``dp_size`` > 1). With no DP coordinator in the INIT message this client
+  does the coordinator's part: it stamps each ADD with the current wave, wakes the other engines
+  with START_DP_WAVE ``(wave, chosen index)`` when the engines are paused, follows
+  ``wave_complete`` and ``start_wave``.
+
+Nothing here blocks the event loop: every socket is a ``zmq.asyncio`` socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import recv_monitor_message
+
+from inference.routing.load_report import EngineLoad
+from inference.upstreams.engine import (
+    CommandResult,
+    ConstraintKind,
+    EngineClient,
+    EngineHealth,
+    EngineOutput,
+    EngineRequest,
+    Finish,
+    FinishReason,
+    ModelInfo,
+    ProfileOptions,
+    TokenizerBundle,
+)
+from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.upstreams.zmq import codec
+from inference.upstreams.zmq.addresses import ZmqAddresses, bind, zmq_addresses
+
+__all__ = ["EngineRank", "ZmqEngineClient"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HEALTH_TIMEOUT_SECS = 5.0
+HEALTH_UTILITY = "is_sleeping"  # a utility every EngineCore answers, cheaply
+
+
+class RankState(Enum):
+    NEW = "new"  # no HELLO yet
+    CONNECTED = "connected"  # INIT sent
+    STARTED = "started"  # READY received
+    READY = "ready"  # READY and the ready response on the input socket: serving
+    DEAD = "dead"
+
+
+@dataclass
+class EngineRank:
+    """One data-parallel engine of the worker, as the handshake and its outputs left it."""
+
+    index: int
+    state: RankState = RankState.NEW
+    registered: bool = False  # the ready response arrived on the input socket
+    num_gpu_blocks: int = 0
+    ready_response: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)  # the last SchedulerStats
+    in_flight: int = 0
+
+    @property
+    def identity(self) -> bytes:
+        return codec.engine_identity(self.index)
+
+
+@dataclass
+class _Flight:
+    """One generation in flight: its engine requests (one per choice) and its queue."""
+
+    rank: int
+    choices: dict[str, int]  # engine request id → choice index
+    queue: asyncio.Queue[codec.EngineCoreOutput | UpstreamFailure] = field(default_factory=asyncio.Queue)
+
+
+class ZmqEngineClient(EngineClient):
+    """vLLM's EngineCore over ZMQ, for one ``ipc://PATH`` worker of ``dp_size`` engines."""
+
+    runtime = "vllm"
+    transport = "zmq"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        model_id: str = "",
+        dp_size: int = 1,
+        handshake_address: str | None = None,
+        eos_token_ids: tuple[int, ...] = (),
+        tokenizer_path: str = "",
+        max_model_len: int | None = None,
+        health_timeout_secs: float = DEFAULT_HEALTH_TIMEOUT_SECS,
+    ) -> None:
+        super().__init__(url, api_key=api_key)
+        if dp_size < 1:
+            raise ValueError("dp_size must be at least 1")
+        self.addresses: ZmqAddresses = zmq_addresses(url, handshake_address)  # ZmqAddressError
+        self.handshake_endpoint = self.addresses.handshake  # the bound one (tcp://HOST:* picks a port)
+        self.model_id = model_id
+        self.dp_size = dp_size
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.tokenizer_path = tokenizer_path
+        self.configured_max_model_len = max_model_len
+        self.health_timeout_secs = health_timeout_secs
+        self.ranks = [EngineRank(index) for index in range(dp_size)]
+        self._flights: dict[str, _Flight] = {}  # engine request id → its generation
+        self._utility: dict[int, asyncio.Future[codec.UtilityOutput]] = {}
+        self._ready = asyncio.Event()
+        self._context: zmq.asyncio.Context | None = None
+        self._handshake: zmq.asyncio.Socket | None = None
+        self._input: zmq.asyncio.Socket | None = None
+        self._output: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._rotation = 0
+        self.current_wave = 0
+        self.engines_running = False
+
+    # Lifecycle.
+
+    async def start(self) -> None:
+        """Bind the three sockets and start answering engines (returns at once). Raises
+        ``ZmqAddressError`` when the handshake address (or a data-plane path) is already bound."""
+        if self._context is not None:
+            return
+        context = zmq.asyncio.Context()
+        sockets: list[zmq.asyncio.Socket] = []
+        try:
+            handshake = context.socket(zmq.ROUTER)
+            sockets.append(handshake)
+            handshake.setsockopt(zmq.LINGER, 0)
+            bind(handshake, self.addresses.handshake)
+            inputs = context.socket(zmq.ROUTER)
+            sockets.append(inputs)
+            inputs.setsockopt(zmq.LINGER, 0)
+            inputs.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone engine is an error, not a silent drop
+            inputs.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted engine takes its identity back
+            bind(inputs, self.addresses.input)
+            output = context.socket(zmq.PULL)
+            sockets.append(output)
+            output.setsockopt(zmq.LINGER, 0)
+            monitor = output.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            bind(output, self.addresses.output)
+        except BaseException:
+            context.destroy(linger=0)
+            raise
+        self._context, self._handshake, self._input, self._output = context, handshake, inputs, output
+        self.handshake_endpoint = handshake.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._tasks = [
+            asyncio.create_task(self._handshake_loop(handshake), name=f"zmq-handshake {self.url}"),
+            asyncio.create_task(self._registration_loop(inputs), name=f"zmq-input {self.url}"),
+            asyncio.create_task(self._output_loop(output), name=f"zmq-output {self.url}"),
+            asyncio.create_task(self._monitor_loop(monitor), name=f"zmq-monitor {self.url}"),
+        ]
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Until every engine finished its handshake; ``UpstreamFailure`` (TIMEOUT) after ``timeout``."""
+        if self._context is None:
+            await self.start()
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except TimeoutError:
+            waiting = [rank.index for rank in self.ranks if rank.state is not RankState.READY]
+            raise UpstreamFailure(
+                FailureKind.TIMEOUT, f"engines {waiting} of {self.url} did not finish the handshake", timeout or 0.0
+            ) from None
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    async def close(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._fail_all(f"the ZMQ worker {self.url} was closed")
+        if self._output is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._output.disable_monitor()
+        if self._context is not None:
+            self._context.destroy(linger=0)  # closes every socket, the monitor's too
+        self._context = self._handshake = self._input = self._output = None
+
+    # Background tasks.
+
+    async def _handshake_loop(self, socket: zmq.asyncio.Socket) -> None:
+        while True:
+            frames = await socket.recv_multipart()
+            if len(frames) != 2:
+                logger.warning("ZMQ handshake on %s: a message of %d frames ignored", self.url, len(frames))
+                continue
+            identity, payload = frames
+            rank = self._rank_of(identity)
+            try:
+                message = codec.decode_handshake(payload)
+            except ValueError as exc:
+                logger.warning("ZMQ handshake on %s: %s", self.url, exc)
+                continue
+            status = message.get("status")
+            if rank is None:
+                logger.warning("ZMQ handshake on %s: %s from engine %d outside dp_size %d", self.url, status,
+                               codec.engine_index(identity), self.dp_size)  # fmt: skip
+                continue
+            if status == "HELLO":
+                if rank.state is not RankState.NEW:  # a restarted engine: it starts over
+                    self._rank_gone(rank)
+                init = codec.handshake_init(
+                    [self.addresses.input], [self.addresses.output], data_parallel_size=self.dp_size
+                )
+                await socket.send_multipart((identity, init))
+                rank.state = RankState.CONNECTED
+            elif status == "READY" and rank.state is RankState.CONNECTED:
+                rank.num_gpu_blocks = int(message.get("num_gpu_blocks") or 0)
+                rank.state = RankState.STARTED
+                self._maybe_ready(rank)
+            else:
+                logger.warning("ZMQ handshake on %s: unexpected %s from engine %d in state %s", self.url,
+                               status, rank.index, rank.state.value)  # fmt: skip
+
+    async def _registration_loop(self, socket: zmq.asyncio.Socket) -> None:
+        """The input ROUTER only hears each engine's ready response (its registration)."""
+        while True:
+            frames = await socket.recv_multipart()
+            rank = self._rank_of(frames[0]) if frames else None
+            if rank is None or len(frames) < 2:
+                continue
+            try:
+                rank.ready_response = codec.decode_ready_response(frames[1])
+            except msgspec.DecodeError as exc:
+                logger.warning("ZMQ worker %s: engine %d's ready response does not decode: %s", self.url, rank.index, exc)
+                continue
+            rank.registered = True
+            self._maybe_ready(rank)
+
+    async def _output_loop(self, socket: zmq.asyncio.Socket) -> None:
+        while True:
+            frames = await socket.recv_multipart(copy=True)
+            if len(frames) == 1 and frames[0] == codec.ENGINE_CORE_DEAD:
+                self._engines_died("the engine core died (ENGINE_CORE_DEAD)")
+                continue
+            try:
+                outputs = codec.decode_outputs(frames[0])
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                logger.warning("ZMQ worker %s: outputs that do not decode: %s", self.url, exc)
+                continue
+            self._take(outputs)
+
+    async def _monitor_loop(self, monitor: zmq.asyncio.Socket) -> None:
+        """An engine's connection to the output socket dropping: its process is gone."""
+        while True:
+            event = await recv_monitor_message(monitor)
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._engines_died("an engine's connection to the gateway dropped")
+
+    # State.
+
+    def _rank_of(self, identity: bytes) -> EngineRank | None:
+        if len(identity) != 2:
+            return None
+        index = codec.engine_index(identity)
+        return self.ranks[index] if index < self.dp_size else None
+
+    def _maybe_ready(self, rank: EngineRank) -> None:
+        if rank.registered and rank.state is RankState.STARTED:
+            rank.state = RankState.READY
+            logger.info("ZMQ worker %s: engine %d ready", self.url, rank.index)
+        if all(r.state is RankState.READY for r in self.ranks):
+            self._ready.set()
+
+    def _rank_gone(self, rank: EngineRank) -> None:
+        rank.state = RankState.NEW
+        rank.registered = False
+        self._ready.clear()
+
+    def _engines_died(self, why: str) -> None:
+        """Every request in flight ends at once; the worker is unserved until its engines
+        handshake again (which engine died is not said, and vLLM treats any as all)."""
+        logger.warning("ZMQ worker %s: %s; ending %d requests in flight", self.url, why, len(self._flights))
+        for rank in self.ranks:
+            rank.state = RankState.DEAD
+            rank.registered = False
+        self._ready.clear()
+        self.engines_running = False
+        self._fail_all(f"ZMQ worker {self.url}: {why}")
+
+    def _fail_all(self, detail: str) -> None:
+        """End every generation and utility call waiting on this worker (each its own failure)."""
+        for flight in {id(f): f for f in self._flights.values()}.values():
+            flight.queue.put_nowait(UpstreamFailure(FailureKind.BROKEN, detail))
+        for future in self._utility.values():
+            if not future.done():
+                future.set_exception(UpstreamFailure(FailureKind.BROKEN, detail))
+
+    def _take(self, outputs: codec.EngineCoreOutputs) -> None:
+        index = outputs.engine_index
+        if outputs.scheduler_stats is not None and 0 <= index < self.dp_size:
+            self.ranks[index].stats = outputs.scheduler_stats
+        for output in outputs.outputs:
+            flight = self._flights.get(output.request_id)
+            if flight is not None:
+                flight.queue.put_nowait(output)
+        utility = outputs.utility_output
+        if utility is not None:
+            future = self._utility.pop(utility.call_id, None)
+            if future is not None and not future.done():
+                future.set_result(utility)
+        if outputs.wave_complete is not None:  # the engines paused: the next ADD starts a wave
+            self.current_wave = outputs.wave_complete + 1
+            self.engines_running = False
+        elif outputs.start_wave is not None:  # an ADD arrived for a finished wave: wake the others
+            self.current_wave = max(self.current_wave, outputs.start_wave)
+            self.engines_running = True
+            self._send_soon(self._wake_others(index))
+
+    def _send_soon(self, coroutine: Any) -> None:
+        task = asyncio.ensure_future(coroutine)
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+    # Sending.
+
+    async def _send(self, rank: int, kind: codec.RequestType, payload: bytes) -> None:
+        socket = self._input
+        if socket is None:
+            raise UpstreamFailure(FailureKind.CONNECT, f"the ZMQ worker {self.url} is not started")
+        try:
+            await socket.send_multipart((codec.engine_identity(rank), kind.value, payload))
+        except zmq.ZMQError as exc:
+            raise UpstreamFailure(FailureKind.CONNECT, f"engine {rank} of {self.url} is unreachable: {exc}") from None
+
+    async def _wake_others(self, chosen: int) -> None:
+        payload = codec.encode((self.current_wave, chosen))
+        for rank in self.ranks:
+            if rank.index != chosen and rank.state is RankState.READY:
+                await self._send(rank.index, codec.RequestType.START_DP_WAVE, payload)
+
+    def _serving(self) -> None:
+        if not self._ready.is_set():
+            raise UpstreamFailure(FailureKind.CONNECT, f"the engines of {self.url} are not connected")
+
+    def _pick_rank(self, request: EngineRequest) -> int:
+        wanted = request.data_parallel_rank
+        if wanted is not None:
+            if not 0 <= wanted < self.dp_size:
+                raise UpstreamFailure.refused(f"data_parallel_rank {wanted} is outside dp_size {self.dp_size}")
+            return wanted
+        start = self._rotation
+        self._rotation = (self._rotation + 1) % self.dp_size
+        return min(range(self.dp_size), key=lambda r: (self.ranks[r].in_flight, (r - start) % self.dp_size))
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The context window: the smallest of what the engines reported and the configured one."""
+        reported = [int(r.ready_response["max_model_len"]) for r in self.ranks if r.ready_response.get("max_model_len")]
+        known = reported + ([self.configured_max_model_len] if self.configured_max_model_len else [])
+        return min(known) if known else None
+
+    def encode(self, request: EngineRequest, request_id: str, index: int) -> codec.EngineCoreRequest:
+        """The EngineCoreRequest of one choice of ``request``."""
+        s = request.sampling
+        prompt_len = len(request.input_ids)
+        limit = self.max_model_len
+        max_tokens = s.max_new_tokens
+        if limit is not None:
+            if prompt_len >= limit:
+                raise UpstreamFailure.refused(
+                    f"the prompt ({prompt_len} tokens) does not fit the context length {limit}"
+                )
+            max_tokens = limit - prompt_len if max_tokens is None else min(max_tokens, limit - prompt_len)
+        eos = self.eos_token_ids[0] if self.eos_token_ids else None
+        stop_ids = list(s.stop_token_ids)
+        if not s.ignore_eos:
+            stop_ids += [token for token in self.eos_token_ids[1:] if token not in stop_ids]
+        top = s.top_logprobs if (s.logprobs or s.top_logprobs) else None
+        params = codec.SamplingParams(
+            n=1,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            repetition_penalty=s.repetition_penalty,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=max(0, s.top_k),
+            min_p=s.min_p,
+            seed=None if s.seed is None else s.seed + index,
+            stop_token_ids=stop_ids or None,
+            ignore_eos=s.ignore_eos,
+            max_tokens=max_tokens,
+            min_tokens=s.min_new_tokens,
+            logprobs=top,
+            prompt_logprobs=s.top_logprobs if request.return_prompt_logprobs else None,
+            detokenize=False,
+            skip_special_tokens=s.skip_special_tokens,
+            spaces_between_special_tokens=s.spaces_between_special_tokens,
+            output_kind=1,  # delta: the engine core sends new tokens only anyway
+            _eos_token_id=eos,
+            _all_stop_token_ids=sorted(set(stop_ids) | ({eos} if eos is not None else set())),
+            structured_outputs=_structured(request),
+            logit_bias={token: bias for token, bias in s.logit_bias} or None,
+        )
+        return codec.EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=list(request.input_ids),
+            mm_features=None,
+            sampling_params=params,
+            pooling_params=None,
+            eos_token_id=eos,
+            arrival_time=time.time(),
+            lora_request=None,
+            cache_salt=None,
+            data_parallel_rank=request.data_parallel_rank,
+            current_wave=self.current_wave if self.dp_size > 1 else 0,
+        )
+
+    # The seam.
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        self._serving()
+        n = max(1, request.sampling.n)
+        ids = {request.request_id if n == 1 else f"{i}_{request.request_id}": i for i in range(n)}
+        if any(engine_id in self._flights for engine_id in ids):
+            raise UpstreamFailure.refused(f"request id {request.request_id} is already running on {self.url}")
+        rank = self._pick_rank(request)
+        messages = [codec.encode(self.encode(request, engine_id, i)) for engine_id, i in ids.items()]
+        flight = _Flight(rank=rank, choices=dict(ids))
+        for engine_id in ids:
+            self._flights[engine_id] = flight
+        self.ranks[rank].in_flight += 1
+        open_ids = set(ids)
+        yielded = False
+        try:
+            for message in messages:
+                await self._send(rank, codec.RequestType.ADD, message)
+            if self.dp_size > 1 and not self.engines_running:
+                self.engines_running = True
+                await self._wake_others(rank)
+            completion = dict.fromkeys(ids.values(), 0)
+            cached = dict.fromkeys(ids.values(), 0)
+            while open_ids:
+                item = await flight.queue.get()
+                if isinstance(item, UpstreamFailure):
+                    open_ids.clear()  # the engine is gone: nothing to abort
+                    raise item.broke_off() if yielded else item
+                if item.request_id not in open_ids:  # a choice already ended (a late output after an abort)
+                    continue
+                index = ids[item.request_id]
+                if item.finish_reason == codec.WireFinishReason.ERROR:
+                    open_ids.discard(item.request_id)
+                    failure = UpstreamFailure(FailureKind.BROKEN, f"the engine failed request {item.request_id}")
+                    raise failure.broke_off() if yielded else failure
+                completion[index] += len(item.new_token_ids)
+                cached[index] = max(cached[index], item.num_cached_tokens)
+                finish = None
+                if item.finish_reason is not None:
+                    open_ids.discard(item.request_id)
+                    finish = self._finish(item)
+                elif not item.new_token_ids:
+                    continue
+                yielded = True
+                yield EngineOutput(
+                    index=index,
+                    token_ids=tuple(item.new_token_ids),
+                    prompt_tokens=len(request.input_ids),
+                    completion_tokens=completion[index],
+                    cached_tokens=cached[index],
+                    finish=finish,
+                )
+        finally:
+            for engine_id in ids:
+                self._flights.pop(engine_id, None)
+            self.ranks[rank].in_flight -= 1
+            if open_ids:  # closed or cancelled before the end: stop the engine's work
+                with contextlib.suppress(UpstreamFailure):
+                    await self._send(rank, codec.RequestType.ABORT, codec.encode(sorted(open_ids)))
+
+    def _finish(self, output: codec.EngineCoreOutput) -> Finish:
+        reason = output.finish_reason
+        if reason == codec.WireFinishReason.LENGTH:
+            return Finish(FinishReason.LENGTH)
+        if reason == codec.WireFinishReason.ABORT:
+            return Finish(FinishReason.ABORT)
+        stop = output.stop_reason
+        if isinstance(stop, int):
+            return Finish(FinishReason.STOP, matched_token_id=stop)
+        if isinstance(stop, str):
+            return Finish(FinishReason.STOP, matched_stop_str=stop)
+        last = output.new_token_ids[-1] if output.new_token_ids else None
+        return Finish(FinishReason.STOP, matched_token_id=last if last in self.eos_token_ids else None)
+
+    async def abort(self, request_id: str) -> None:
+        """Send ABORT for the request's choices and end them here with finish ``abort``: the engine
+        core sends nothing for a request its client aborted (vLLM's front end ends the stream itself)."""
+        flight = self._flights.get(request_id) or next(
+            (f for f in self._flights.values() if any(i.split("_", 1)[-1] == request_id for i in f.choices)), None
+        )  # the request id, or the parent id of n choices
+        if flight is None:
+            return
+        with contextlib.suppress(UpstreamFailure):
+            await self._send(flight.rank, codec.RequestType.ABORT, codec.encode(sorted(flight.choices)))
+        for engine_id in flight.choices:
+            flight.queue.put_nowait(codec.EngineCoreOutput(engine_id, [], finish_reason=codec.WireFinishReason.ABORT))
+
+    async def _call_utility(self, rank: int, method: str, *args: Any) -> codec.UtilityOutput:
+        call_id = uuid.uuid4().int >> 64
+        future: asyncio.Future[codec.UtilityOutput] = asyncio.get_running_loop().create_future()
+        self._utility[call_id] = future
+        try:
+            await self._send(rank, codec.RequestType.UTILITY, codec.encode((0, call_id, method, list(args))))
+            return await future
+        finally:
+            self._utility.pop(call_id, None)
+
+    async def health(self) -> EngineHealth:
+        """Every engine answers a utility call within the health timeout. A timeout is an
+        engine that stopped answering: the requests in flight end."""
+        if not self._ready.is_set():
+            waiting = [rank.index for rank in self.ranks if rank.state is not RankState.READY]
+            return EngineHealth(False, f"engines {waiting} are not connected")
+        try:
+            async with asyncio.timeout(self.health_timeout_secs):
+                answers = await asyncio.gather(*(self._call_utility(r.index, HEALTH_UTILITY) for r in self.ranks))
+        except TimeoutError:
+            self._engines_died(f"no answer to a health check within {self.health_timeout_secs:g}s")
+            return EngineHealth(False, "health check timed out")
+        except UpstreamFailure as failure:
+            return EngineHealth(False, failure.detail)
+        failed = [answer.failure_message for answer in answers if answer.failure_message]
+        return EngineHealth(not failed, "; ".join(str(f) for f in failed))
+
+    async def model_info(self) -> ModelInfo:
+        first = next((r.ready_response for r in self.ranks if r.ready_response), {})
+        return ModelInfo(
+            model_path=self.model_id,
+            served_model_name=self.model_id,
+            tokenizer_path=self.tokenizer_path,
+            max_context_length=self.max_model_len,
+            eos_token_ids=self.eos_token_ids,
+            max_req_input_len=(self.max_model_len - 1) if self.max_model_len else None,
+            model_type=str(first.get("model_type", "")),
+        )
+
+    async def server_info(self) -> dict[str, Any]:
+        return {
+            "transport": "zmq",
+            "runtime": self.runtime,
+            "model_id": self.model_id,
+            "dp_size": self.dp_size,
+            "handshake_address": self.addresses.handshake,
+            "max_model_len": self.max_model_len,
+            "engines": [
+                {"dp_rank": r.index, "state": r.state.value, "num_gpu_blocks": r.num_gpu_blocks, **r.ready_response}
+                for r in self.ranks
+            ],
+        }
+
+    async def loads(self) -> tuple[EngineLoad, ...]:
+        return tuple(self._load(rank) for rank in self.ranks)
+
+    def _load(self, rank: EngineRank) -> EngineLoad:
+        stats = rank.stats
+        running = int(stats.get("num_running_reqs") or 0)
+        waiting = int(stats.get("num_waiting_reqs") or 0)
+        usage = float(stats.get("kv_cache_usage") or 0.0)
+        prefix = stats.get("prefix_cache_stats") or {}
+        queries = int(prefix.get("queries") or 0) if isinstance(prefix, dict) else 0
+        hits = int(prefix.get("hits") or 0) if isinstance(prefix, dict) else 0
+        block_size = int(rank.ready_response.get("block_size") or 0)
+        blocks = rank.num_gpu_blocks or int(rank.ready_response.get("num_gpu_blocks") or 0)
+        capacity = blocks * block_size
+        max_running = int(rank.ready_response.get("max_num_seqs") or 0)
+        return EngineLoad(
+            dp_rank=rank.index,
+            num_running_reqs=running,
+            num_waiting_reqs=waiting,
+            num_waiting_uncached_tokens=0,
+            num_total_reqs=running + waiting,
+            num_used_tokens=int(usage * capacity),
+            max_total_num_tokens=capacity,
+            token_usage=usage,
+            gen_throughput=0.0,
+            cache_hit_rate=hits / queries if queries else 0.0,
+            utilization=running / max_running if max_running else 0.0,
+            max_running_requests=max_running,
+        )
+
+    async def flush_cache(self) -> CommandResult:
+        raise self.unsupported("FlushCache")  # the spec: flush skips ZMQ workers
+
+    async def start_profile(self, options: ProfileOptions) -> CommandResult:
+        raise self.unsupported("StartProfile")
+
+    async def stop_profile(self) -> CommandResult:
+        raise self.unsupported("StopProfile")
+
+    async def tokenizer(self) -> TokenizerBundle:
+        raise self.unsupported("GetTokenizer (the engine core has no tokenizer: configure a local tokenizer path)")
+
+    @classmethod
+    def offers(cls, rpc: str) -> bool:
+        return rpc not in ("FlushCache", "StartProfile", "StopProfile", "GetTokenizer", "Embed")
+
+
+def _structured(request: EngineRequest) -> codec.StructuredOutputsParams | None:
+    constraint = request.sampling.constraint
+    if constraint is None:
+        return None
+    kind, value = constraint.kind, constraint.value
+    if kind is ConstraintKind.CHOICE:
+        assert isinstance(value, tuple)
+        return codec.StructuredOutputsParams(choice=list(value))
+    if kind is ConstraintKind.JSON_OBJECT:
+        return codec.StructuredOutputsParams(json_object=True)
+    assert isinstance(value, str)
+    if kind is ConstraintKind.JSON_SCHEMA:
+        return codec.StructuredOutputsParams(json=value)
+    if kind is ConstraintKind.REGEX:
+        return codec.StructuredOutputsParams(regex=value)
+    if kind is ConstraintKind.GRAMMAR:
+        return codec.StructuredOutputsParams(grammar=value)
+    return codec.StructuredOutputsParams(structural_tag=value)

@@ -1,0 +1,388 @@
+"""The project's stand-in for vLLM's EngineCore in headless mode, over ZMQ: it dials in to a
+gateway's ZMQ worker exactly as a headless vLLM engine does, and answers with the same scripted
+replies as the gRPC stand-in (:mod:`standins.scripted_engine`), driven by a fixture tokenizer.
+
+A test aid and a first-time user's engine: ``python manage.py runmockworker --zmq --tokenizer PATH
+--zmq-url ipc://PATH [--dp-size N]``, or in-process with :class:`ZmqEngineGroup`. It reads and
+writes vLLM's layouts itself, by position (as vLLM's msgspec Structs lay them out), independently
+of the gateway's codec, so tests against it check the gateway's wire, not the codec against itself.
+
+What it does, as vLLM's EngineCoreProc does:
+
+- **Startup.** A DEALER with identity ``index.to_bytes(2, "little")`` connects to the handshake
+  address and sends ``{"status": "HELLO", "local": False, "headless": True}``; it reads the INIT
+  (EngineHandshakeMetadata: the input and output addresses, the parallel config), connects a
+  DEALER (same identity) to the input address and a PUSH to the output address, sends ``READY``
+  with its ``num_gpu_blocks``, and registers on the input socket with its ready response
+  (EngineCoreReadyResponse: max_model_len, num_gpu_blocks, block_size, dtype, vllm_version,
+  world_size, data_parallel_size, data_parallel_rank, max_num_seqs, ...).
+- **ADD** runs the request with the scripted reply: outputs of ``chunk_tokens`` new tokens, each an
+  EngineCoreOutputs with the scheduler stats piggy-backed; the last with its finish reason (0 stop,
+  1 length). The engine has no tokenizer: it stops at EOS only when the request's
+  ``eos_token_id`` (or a stop token id) names it, and otherwise runs on to ``max_tokens`` (vLLM's
+  default 16 when the map leaves it out); a stop token id is reported as the ``stop_reason``; a
+  prompt it cannot take (empty, ids outside the vocabulary, at or past the context length) ends
+  with finish reason 3 (error).
+- **ABORT** (a list of ids) ends those requests without another output (the client ends their
+  streams itself, as vLLM's front end does); **UTILITY** calls are answered
+  with an empty result (none while ``state.healthy`` is False: a hung engine); **START_DP_WAVE**
+  is recorded. With ``dp_size`` > 1 an engine that runs out of requests reports ``wave_complete``.
+- :meth:`ZmqEngineCore.die` sends ``ENGINE_CORE_DEAD`` and stops, as a dying engine core does.
+
+Everything received is in :class:`ZmqEngineState` (``engine.state``): the decoded requests as the
+gRPC stand-in records them, plus each ADD's raw positional array, the INIT maps, the waves, the
+utility calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, NoReturn, cast
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from standins.scripted_engine import (
+    MOCK_ENGINE_VERSION,
+    REPLIES,
+    GrpcEngineConfig,
+    GrpcEngineState,
+    Sampling,
+    ScriptedEngine,
+    ScriptedModel,
+)
+
+__all__ = [
+    "REPLIES", "ZmqEngineConfig", "ZmqEngineCore", "ZmqEngineGroup", "ZmqEngineState", "handshake_address_for",
+    "run_zmq_engine", "scripted_model",
+]  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+# vLLM's wire (vllm/v1/engine/__init__.py, core.py): request types, finish reasons, the death frame.
+ADD, ABORT, START_DP_WAVE, UTILITY = b"\x00", b"\x01", b"\x02", b"\x03"
+STOP, LENGTH, ABORTED, ERROR = 0, 1, 2, 3
+ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+_FINISH = {"stop": STOP, "length": LENGTH, "abort": ABORTED}
+# EngineCoreRequest's positions, and SamplingParams' default max_tokens when the map leaves it out.
+REQUEST_ID, PROMPT_TOKEN_IDS, SAMPLING_PARAMS, EOS_TOKEN_ID, DATA_PARALLEL_RANK = 0, 1, 3, 5, 9
+DEFAULT_MAX_TOKENS = 16
+
+
+def handshake_address_for(url: str) -> str:
+    """The handshake address a gateway binds for an ``ipc://PATH`` worker when the worker spec
+    gives none: ``tcp://127.0.0.1:PORT``, PORT = 20000 + (FNV-1a 64-bit of the PATH bytes mod 10000)."""
+    if not url.startswith("ipc://") or len(url) == len("ipc://"):
+        raise ValueError(f"a ZMQ worker's URL is ipc://<path>, not {url!r}")
+    value = 0xCBF29CE484222325
+    for byte in url[len("ipc://") :].encode("utf-8"):
+        value = ((value ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"tcp://127.0.0.1:{20000 + value % 10000}"
+
+
+def _encode(value: Any) -> bytes:
+    return msgspec.msgpack.encode(value)
+
+
+def _decode(payload: bytes) -> Any:
+    return msgspec.msgpack.decode(payload)
+
+
+def _output(request_id: str, tokens: list[int], finish: int | None = None, stop_reason: int | None = None,
+            cached: int = 0) -> list[Any]:
+    """An EngineCoreOutput: request_id, new_token_ids, new_logprobs, new_prompt_logprobs_tensors,
+    pooling_output, finish_reason, stop_reason, events, kv_transfer_params, trace_headers,
+    num_cached_tokens."""
+    return [request_id, tokens, None, None, None, finish, stop_reason, None, None, None, cached]
+
+
+@dataclass(frozen=True)
+class ZmqEngineConfig:
+    tokenizer: str  # a tokenizer.json, or the folder holding it
+    model: str = "mock-model"
+    reply: str = "text"
+    text: str | None = None
+    chunk_tokens: int = 3
+    delay_ms: float = 0.0
+    max_model_len: int = 32768
+    block_size: int = 16
+    num_gpu_blocks: int = 4096
+    max_num_seqs: int = 256
+
+    def scripted(self) -> GrpcEngineConfig:
+        extra = {"text": self.text} if self.text is not None else {}
+        return GrpcEngineConfig(
+            runtime="vllm", tokenizer=self.tokenizer, model=self.model, reply=self.reply,
+            chunk_tokens=self.chunk_tokens, delay_ms=self.delay_ms, max_context_length=self.max_model_len, **extra,
+        )  # fmt: skip
+
+
+@dataclass
+class ZmqEngineState(GrpcEngineState):
+    """The gRPC stand-in's record (requests, aborts, ``healthy``), plus the ZMQ wire's own."""
+
+    adds: list[list[Any]] = field(default_factory=list)  # each ADD's payload as the positional array sent
+    abort_messages: list[list[str]] = field(default_factory=list)  # each ABORT's list of ids
+    inits: list[dict[str, Any]] = field(default_factory=list)  # the INIT maps received
+    waves: list[list[Any]] = field(default_factory=list)  # START_DP_WAVE payloads: [wave, exclude index]
+    utility_calls: list[list[Any]] = field(default_factory=list)  # [client index, call id, method, args]
+    stats: dict[str, Any] = field(default_factory=dict)  # SchedulerStats fields to report instead
+    outputs_sent: int = 0
+
+
+@lru_cache(maxsize=8)
+def scripted_model(config: ZmqEngineConfig) -> ScriptedModel:
+    """The model of a config, shared by its engines (reading a large vocabulary takes ~0.4 s)."""
+    return ScriptedModel(config.scripted())
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Refusal:
+    """What :meth:`ScriptedEngine.check_prompt` calls to refuse a prompt (a gRPC context's abort)."""
+
+    async def abort(self, code: Any, details: str) -> NoReturn:
+        raise _Refused(details)
+
+
+class ZmqEngineCore:
+    """One engine core (one data-parallel index) dialing in to ``handshake_address``."""
+
+    def __init__(self, config: ZmqEngineConfig, handshake_address: str, index: int = 0, dp_size: int = 1) -> None:
+        self.config = config
+        self.handshake_address = handshake_address
+        self.index = index
+        self.dp_size = dp_size
+        self.state = ZmqEngineState()
+        self.engine = ScriptedEngine(config.scripted(), self.state, scripted_model(config))
+        self.identity = index.to_bytes(2, "little")
+        self.ready = asyncio.Event()
+        self.current_wave = 0
+        self._step = 0
+        self._prefix = {"requests": 0, "queries": 0, "hits": 0}
+        self._context = zmq.asyncio.Context()
+        self._input: zmq.asyncio.Socket | None = None
+        self._output: zmq.asyncio.Socket | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._main: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Dial in (in the background); ``ready`` is set once registered."""
+        self._main = asyncio.create_task(self._serve(), name=f"zmq stand-in engine {self.index}")
+
+    async def _serve(self) -> None:
+        handshake = self._context.socket(zmq.DEALER)
+        handshake.setsockopt(zmq.IDENTITY, self.identity)
+        handshake.setsockopt(zmq.LINGER, 0)
+        handshake.connect(self.handshake_address)
+        try:
+            await handshake.send(_encode({"status": "HELLO", "local": False, "headless": True}))
+            init = _decode(await handshake.recv())
+            self.state.inits.append(init)
+            addresses = init["addresses"]
+            self._input = self._context.socket(zmq.DEALER)
+            self._input.setsockopt(zmq.IDENTITY, self.identity)
+            self._input.setsockopt(zmq.LINGER, 0)
+            self._input.connect(addresses["inputs"][0])
+            self._output = self._context.socket(zmq.PUSH)
+            self._output.setsockopt(zmq.LINGER, 1000)
+            self._output.connect(addresses["outputs"][0])
+            await handshake.send(_encode({"status": "READY", "local": False, "headless": True,
+                                          "num_gpu_blocks": self.config.num_gpu_blocks, "dp_stats_address": None}))  # fmt: skip
+        finally:
+            handshake.close(linger=500)
+        await self._input.send(_encode(self.ready_response(init)))
+        self.ready.set()
+        await self._input_loop(self._input)
+
+    def ready_response(self, init: dict[str, Any]) -> dict[str, Any]:
+        """EngineCoreReadyResponse, a map by field name."""
+        config = self.config
+        dp_size = int(init.get("parallel_config", {}).get("data_parallel_size", self.dp_size))
+        return {
+            "max_model_len": config.max_model_len,
+            "num_gpu_blocks": config.num_gpu_blocks,
+            "block_size": config.block_size,
+            "dp_stats_address": None,
+            "dtype": "bfloat16",
+            "vllm_version": MOCK_ENGINE_VERSION,
+            "world_size": 1,
+            "data_parallel_size": dp_size,
+            "tensor_parallel_size": 1,
+            "pipeline_parallel_size": 1,
+            "decode_context_parallel_size": 1,
+            "data_parallel_rank": self.index,
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_model_len,
+            "instance_id": f"mock-{self.index}",
+        }
+
+    async def _input_loop(self, socket: zmq.asyncio.Socket) -> None:
+        while True:
+            frames = await socket.recv_multipart()
+            kind, payload = frames[0], frames[1]
+            if kind == ADD:
+                raw = _decode(payload)
+                self.state.adds.append(raw)
+                self._spawn(self._run(raw))
+            elif kind == ABORT:
+                ids = [str(i) for i in _decode(payload)]
+                self.state.abort_messages.append(ids)
+                for request_id in ids:
+                    self.engine.abort(request_id, "abort")
+            elif kind == START_DP_WAVE:
+                wave = list(_decode(payload))
+                self.state.waves.append(wave)
+                if wave[1] != self.index and wave[0] >= self.current_wave:
+                    self.current_wave = wave[0]
+            elif kind == UTILITY:
+                call = list(_decode(payload))
+                self.state.utility_calls.append(call)
+                if self.state.healthy:  # UtilityOutput: call_id, failure_message, result
+                    await self._send(utility_output=[call[1], None, None])
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def scheduler_stats(self) -> dict[str, Any]:
+        """SchedulerStats as a map: this engine's own counts, ``state.stats`` over them."""
+        running = len(self.state.running)
+        stats: dict[str, Any] = {
+            "num_running_reqs": running,
+            "num_waiting_reqs": 0,
+            "step_counter": self._step,
+            "current_wave": self.current_wave,
+            "kv_cache_usage": min(1.0, running / self.config.max_num_seqs),
+            "prefix_cache_stats": {"reset": False, **self._prefix},
+            "num_corrupted_reqs": 0,
+        }
+        stats.update(self.state.stats)
+        return stats
+
+    async def _send(self, outputs: list[list[Any]] | None = None, *, utility_output: list[Any] | None = None,
+                    wave_complete: int | None = None) -> None:
+        """One EngineCoreOutputs: engine_index, outputs, scheduler_stats, timestamp, utility_output,
+        finished_requests, wave_complete."""
+        if self._output is None:
+            return
+        self._step += 1
+        stats = None if utility_output is not None else self.scheduler_stats()
+        finished = [o[0] for o in outputs or () if o[5] is not None] or None
+        message = [self.index, outputs or [], stats, time.monotonic(), utility_output, finished, wave_complete]
+        await self._output.send(_encode(message))
+        self.state.outputs_sent += 1
+
+    async def _run(self, raw: list[Any]) -> None:
+        request_id = str(raw[REQUEST_ID])
+        params: dict[str, Any] = dict(raw[SAMPLING_PARAMS] or {})
+        ids = tuple(raw[PROMPT_TOKEN_IDS] or ())
+        eos = raw[EOS_TOKEN_ID]
+        ignore_eos = bool(params.get("ignore_eos", False))
+        stop_ids = set(params.get("stop_token_ids") or ())
+        if eos is not None and not ignore_eos:
+            stop_ids.add(eos)
+        model_eos = self.engine.model.eos_token_id
+        # The engine knows no EOS of its own: one the request does not name is just another token.
+        blind = model_eos is not None and model_eos not in stop_ids
+        sampling = Sampling(
+            n=1, max_new_tokens=params.get("max_tokens", DEFAULT_MAX_TOKENS), stop_token_ids=frozenset(stop_ids),
+            ignore_eos=ignore_eos or blind, logprobs=False, top_logprobs=0, stream=True,
+        )  # fmt: skip
+        cached = self.engine.cached_prefix(ids) if ids else 0
+        self._prefix["requests"] += 1
+        self._prefix["queries"] += len(ids)
+        self._prefix["hits"] += cached
+        steps = self.engine.run(request_id, ids, "", sampling, params, cast(Any, _Refusal()))
+        try:
+            async with contextlib.aclosing(steps):
+                async for _served, _index, new, choice, finished in steps:
+                    if finished and choice.finish == "abort":
+                        break  # an engine core sends nothing for a request its client aborted
+                    finish = stop_reason = None
+                    if finished:
+                        finish = _FINISH[choice.finish]
+                        if choice.finish == "stop" and choice.matched is not None and choice.matched != eos:
+                            stop_reason = choice.matched  # a stop token id; EOS is no stop reason
+                    await self._send([_output(request_id, list(new), finish, stop_reason, cached)])
+        except _Refused as refused:
+            log.info("Request %s refused: %s", request_id, refused)
+            await self._send([_output(request_id, [], ERROR)])
+        if self.dp_size > 1 and not self.state.running:
+            await self._send(wave_complete=self.current_wave)
+            self.current_wave += 1
+
+    async def die(self) -> None:
+        """Send ENGINE_CORE_DEAD, then stop (the requests in flight are not answered)."""
+        if self._output is not None:
+            await self._output.send(ENGINE_CORE_DEAD)
+        await self.stop()
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks) + ([self._main] if self._main is not None else [])
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._input is not None:
+            self._input.close(linger=0)
+        if self._output is not None:
+            self._output.close(linger=1000)  # what was sent (ENGINE_CORE_DEAD) still leaves
+        self._input = self._output = None
+        await asyncio.to_thread(self._context.term)
+
+
+class ZmqEngineGroup:
+    """``dp_size`` engine cores (indexes 0..N-1) dialing in to one worker::
+
+        group = ZmqEngineGroup(ZmqEngineConfig(tokenizer=".../qwen3"), "tcp://127.0.0.1:PORT", dp_size=2)
+        await group.start()          # dials in; await group.ready() once the gateway listens
+        ... group.engines[0].state.requests ...
+        await group.stop()
+    """
+
+    def __init__(self, config: ZmqEngineConfig, handshake_address: str, dp_size: int = 1) -> None:
+        self.engines = [ZmqEngineCore(config, handshake_address, index, dp_size) for index in range(dp_size)]
+
+    async def start(self) -> None:
+        for engine in self.engines:
+            engine.start()
+
+    async def ready(self) -> None:
+        await asyncio.gather(*(engine.ready.wait() for engine in self.engines))
+
+    async def stop(self) -> None:
+        for engine in self.engines:
+            await engine.stop()
+
+
+def run_zmq_engine(config: ZmqEngineConfig, handshake_address: str, dp_size: int = 1) -> None:
+    """Dial in and serve until SIGINT/SIGTERM. Once every engine registered, prints one line to
+    stdout (flushed): ``mock zmq engine serving MODEL via HANDSHAKE (dp_size N)``."""
+
+    async def serve() -> None:
+        group = ZmqEngineGroup(config, handshake_address, dp_size)
+        await group.start()
+        try:
+            await group.ready()
+            sys.stdout.write(f"mock zmq engine serving {config.model} via {handshake_address} (dp_size {dp_size})\n")
+            sys.stdout.flush()
+            await asyncio.Event().wait()
+        finally:
+            await group.stop()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
