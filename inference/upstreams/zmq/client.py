@@ -38,11 +38,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import msgspec
@@ -53,13 +51,10 @@ from zmq.utils.monitor import recv_monitor_message
 from inference.routing.load_report import EngineLoad
 from inference.upstreams.engine import (
     CommandResult,
-    ConstraintKind,
     EngineClient,
     EngineHealth,
     EngineOutput,
     EngineRequest,
-    Finish,
-    FinishReason,
     ModelInfo,
     ProfileOptions,
     TokenizerBundle,
@@ -67,6 +62,8 @@ from inference.upstreams.engine import (
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.zmq import codec
 from inference.upstreams.zmq.addresses import ZmqAddresses, bind, zmq_addresses
+from inference.upstreams.zmq.ranks import EngineRank, RankState
+from inference.upstreams.zmq.requests import engine_core_request, finish_of
 
 __all__ = ["EngineRank", "ZmqEngineClient"]
 
@@ -74,31 +71,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_HEALTH_TIMEOUT_SECS = 5.0
 HEALTH_UTILITY = "is_sleeping"  # a utility every EngineCore answers, cheaply
-
-
-class RankState(Enum):
-    NEW = "new"  # no HELLO yet
-    CONNECTED = "connected"  # INIT sent
-    STARTED = "started"  # READY received
-    READY = "ready"  # READY and the ready response on the input socket: serving
-    DEAD = "dead"
-
-
-@dataclass
-class EngineRank:
-    """One data-parallel engine of the worker, as the handshake and its outputs left it."""
-
-    index: int
-    state: RankState = RankState.NEW
-    registered: bool = False  # the ready response arrived on the input socket
-    num_gpu_blocks: int = 0
-    ready_response: dict[str, Any] = field(default_factory=dict)
-    stats: dict[str, Any] = field(default_factory=dict)  # the last SchedulerStats
-    in_flight: int = 0
-
-    @property
-    def identity(self) -> bytes:
-        return codec.engine_identity(self.index)
 
 
 @dataclass
@@ -395,60 +367,11 @@ class ZmqEngineClient(EngineClient):
         return min(known) if known else None
 
     def encode(self, request: EngineRequest, request_id: str, index: int) -> codec.EngineCoreRequest:
-        """The EngineCoreRequest of one choice of ``request``."""
-        s = request.sampling
-        prompt_len = len(request.input_ids)
-        limit = self.max_model_len
-        max_tokens = s.max_new_tokens
-        if limit is not None:
-            if prompt_len >= limit:
-                raise UpstreamFailure.refused(
-                    f"the prompt ({prompt_len} tokens) does not fit the context length {limit}"
-                )
-            max_tokens = limit - prompt_len if max_tokens is None else min(max_tokens, limit - prompt_len)
-        eos = self.eos_token_ids[0] if self.eos_token_ids else None
-        stop_ids = list(s.stop_token_ids)
-        if not s.ignore_eos:
-            stop_ids += [token for token in self.eos_token_ids[1:] if token not in stop_ids]
-        top = s.top_logprobs if (s.logprobs or s.top_logprobs) else None
-        params = codec.SamplingParams(
-            n=1,
-            presence_penalty=s.presence_penalty,
-            frequency_penalty=s.frequency_penalty,
-            repetition_penalty=s.repetition_penalty,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=max(0, s.top_k),
-            min_p=s.min_p,
-            seed=None if s.seed is None else s.seed + index,
-            stop_token_ids=stop_ids or None,
-            ignore_eos=s.ignore_eos,
-            max_tokens=max_tokens,
-            min_tokens=s.min_new_tokens,
-            logprobs=top,
-            prompt_logprobs=s.top_logprobs if request.return_prompt_logprobs else None,
-            detokenize=False,
-            skip_special_tokens=s.skip_special_tokens,
-            spaces_between_special_tokens=s.spaces_between_special_tokens,
-            output_kind=1,  # delta: the engine core sends new tokens only anyway
-            _eos_token_id=eos,
-            _all_stop_token_ids=sorted(set(stop_ids) | ({eos} if eos is not None else set())),
-            structured_outputs=_structured(request),
-            logit_bias={token: bias for token, bias in s.logit_bias} or None,
-        )
-        return codec.EngineCoreRequest(
-            request_id=request_id,
-            prompt_token_ids=list(request.input_ids),
-            mm_features=None,
-            sampling_params=params,
-            pooling_params=None,
-            eos_token_id=eos,
-            arrival_time=time.time(),
-            lora_request=None,
-            cache_salt=None,
-            data_parallel_rank=request.data_parallel_rank,
+        """The EngineCoreRequest of choice ``index`` of ``request``."""
+        return engine_core_request(
+            request, request_id, index, eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len,
             current_wave=self.current_wave if self.dp_size > 1 else 0,
-        )
+        )  # fmt: skip
 
     # The seam.
 
@@ -491,7 +414,7 @@ class ZmqEngineClient(EngineClient):
                 finish = None
                 if item.finish_reason is not None:
                     open_ids.discard(item.request_id)
-                    finish = self._finish(item)
+                    finish = finish_of(item, self.eos_token_ids)
                 elif not item.new_token_ids:
                     continue
                 yielded = True
@@ -510,20 +433,6 @@ class ZmqEngineClient(EngineClient):
             if open_ids:  # closed or cancelled before the end: stop the engine's work
                 with contextlib.suppress(UpstreamFailure):
                     await self._send(rank, codec.RequestType.ABORT, codec.encode(sorted(open_ids)))
-
-    def _finish(self, output: codec.EngineCoreOutput) -> Finish:
-        reason = output.finish_reason
-        if reason == codec.WireFinishReason.LENGTH:
-            return Finish(FinishReason.LENGTH)
-        if reason == codec.WireFinishReason.ABORT:
-            return Finish(FinishReason.ABORT)
-        stop = output.stop_reason
-        if isinstance(stop, int):
-            return Finish(FinishReason.STOP, matched_token_id=stop)
-        if isinstance(stop, str):
-            return Finish(FinishReason.STOP, matched_stop_str=stop)
-        last = output.new_token_ids[-1] if output.new_token_ids else None
-        return Finish(FinishReason.STOP, matched_token_id=last if last in self.eos_token_ids else None)
 
     async def abort(self, request_id: str) -> None:
         """Send ABORT for the request's choices and end them here with finish ``abort``: the engine
@@ -592,34 +501,7 @@ class ZmqEngineClient(EngineClient):
         }
 
     async def loads(self) -> tuple[EngineLoad, ...]:
-        return tuple(self._load(rank) for rank in self.ranks)
-
-    def _load(self, rank: EngineRank) -> EngineLoad:
-        stats = rank.stats
-        running = int(stats.get("num_running_reqs") or 0)
-        waiting = int(stats.get("num_waiting_reqs") or 0)
-        usage = float(stats.get("kv_cache_usage") or 0.0)
-        prefix = stats.get("prefix_cache_stats") or {}
-        queries = int(prefix.get("queries") or 0) if isinstance(prefix, dict) else 0
-        hits = int(prefix.get("hits") or 0) if isinstance(prefix, dict) else 0
-        block_size = int(rank.ready_response.get("block_size") or 0)
-        blocks = rank.num_gpu_blocks or int(rank.ready_response.get("num_gpu_blocks") or 0)
-        capacity = blocks * block_size
-        max_running = int(rank.ready_response.get("max_num_seqs") or 0)
-        return EngineLoad(
-            dp_rank=rank.index,
-            num_running_reqs=running,
-            num_waiting_reqs=waiting,
-            num_waiting_uncached_tokens=0,
-            num_total_reqs=running + waiting,
-            num_used_tokens=int(usage * capacity),
-            max_total_num_tokens=capacity,
-            token_usage=usage,
-            gen_throughput=0.0,
-            cache_hit_rate=hits / queries if queries else 0.0,
-            utilization=running / max_running if max_running else 0.0,
-            max_running_requests=max_running,
-        )
+        return tuple(rank.load() for rank in self.ranks)
 
     async def flush_cache(self) -> CommandResult:
         raise self.unsupported("FlushCache")  # the spec: flush skips ZMQ workers
@@ -636,23 +518,3 @@ class ZmqEngineClient(EngineClient):
     @classmethod
     def offers(cls, rpc: str) -> bool:
         return rpc not in ("FlushCache", "StartProfile", "StopProfile", "GetTokenizer", "Embed")
-
-
-def _structured(request: EngineRequest) -> codec.StructuredOutputsParams | None:
-    constraint = request.sampling.constraint
-    if constraint is None:
-        return None
-    kind, value = constraint.kind, constraint.value
-    if kind is ConstraintKind.CHOICE:
-        assert isinstance(value, tuple)
-        return codec.StructuredOutputsParams(choice=list(value))
-    if kind is ConstraintKind.JSON_OBJECT:
-        return codec.StructuredOutputsParams(json_object=True)
-    assert isinstance(value, str)
-    if kind is ConstraintKind.JSON_SCHEMA:
-        return codec.StructuredOutputsParams(json=value)
-    if kind is ConstraintKind.REGEX:
-        return codec.StructuredOutputsParams(regex=value)
-    if kind is ConstraintKind.GRAMMAR:
-        return codec.StructuredOutputsParams(grammar=value)
-    return codec.StructuredOutputsParams(structural_tag=value)
