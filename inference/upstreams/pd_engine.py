@@ -20,8 +20,10 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from time import perf_counter
 from typing import Any
 
+from common import pd_metrics
 from inference.errors import GatewayError
 from inference.routing.pd import GRPC_DEFAULT_BOOTSTRAP_PORT, PdMember, grpc_room
 from inference.upstreams.engine import DisaggregationParams, EngineClient, EngineOutput, EngineRequest
@@ -49,10 +51,12 @@ def disaggregation_for(prefill: PdMember) -> DisaggregationParams:
     return DisaggregationParams(bootstrap_host=prefill.host, bootstrap_port=port, bootstrap_room=grpc_room())
 
 
-async def _drain(outputs: AsyncIterator[EngineOutput]) -> None:
+async def _drain(outputs: AsyncIterator[EngineOutput], model: str | None, runtime: str) -> None:
+    started = perf_counter()
     async with aclosing(outputs) as iterator:  # type: ignore[type-var]  # an async generator
         async for _ in iterator:
             pass
+    pd_metrics.record_pd_prefill(model, runtime, perf_counter() - started)
 
 
 async def _stop(task: asyncio.Future[Any]) -> None:
@@ -70,12 +74,18 @@ def _failed(task: asyncio.Task[None]) -> BaseException | None:
 
 
 async def parallel_pd(
-    prefill: EngineClient, decode: EngineClient, request: EngineRequest, disaggregation: DisaggregationParams
+    prefill: EngineClient,
+    decode: EngineClient,
+    request: EngineRequest,
+    disaggregation: DisaggregationParams,
+    model: str | None = None,
 ) -> AsyncIterator[EngineOutput]:
     """The decode engine's outputs for ``request`` sent to both engines with ``disaggregation``.
     Raises UpstreamFailure as :meth:`EngineClient.generate` does (nothing yielded yet: retryable)."""
     paired = dataclasses.replace(request, disaggregation=disaggregation)
-    prefill_task = asyncio.create_task(_drain(prefill.generate(paired)))
+    started = perf_counter()
+    first = True
+    prefill_task = asyncio.create_task(_drain(prefill.generate(paired), model, prefill.runtime))
     outputs = decode.generate(paired)
     step: asyncio.Future[EngineOutput] | None = None
     try:
@@ -95,6 +105,9 @@ async def parallel_pd(
                     output = done.result()
                 except StopAsyncIteration:
                     return
+                if first:
+                    first = False
+                    pd_metrics.record_pd_ttft(model, prefill.runtime, perf_counter() - started)
                 yield output
         if step is not None:
             pending, step = step, None
@@ -102,8 +115,14 @@ async def parallel_pd(
                 output = await pending
             except StopAsyncIteration:
                 return
+            if first:
+                first = False
+                pd_metrics.record_pd_ttft(model, prefill.runtime, perf_counter() - started)
             yield output
         async for output in outputs:
+            if first:
+                first = False
+                pd_metrics.record_pd_ttft(model, prefill.runtime, perf_counter() - started)
             yield output
     finally:
         if step is not None and not step.done():

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from common import pd_metrics
 from inference import errors
 from inference.errors import GatewayError
 from inference.upstreams.base import RelayAnswer, RelayRequest
@@ -107,14 +108,20 @@ class PdHttpDispatch:
     def __init__(self, relay: HttpRelay) -> None:
         self._relay = relay
 
-    async def open(self, prefill: RelayRequest, decode: RelayRequest, logprobs: bool = False) -> PdAnswer:
+    async def open(
+        self, prefill: RelayRequest, decode: RelayRequest, logprobs: bool = False, model: str | None = None
+    ) -> PdAnswer:
         """Send both requests concurrently; return once the decode worker's status is known.
+
+        The prefill worker's load (requests in flight) and circuit breaker are kept here, for as
+        long as its side runs; the decode worker's are the caller's (the attempts loop's).
 
         Raises UpstreamFailure when either side could not be reached, timed out or broke off before
         the decode's status was known (the other side cancelled), and GatewayError
         (prefill_failed) when the prefill worker answered an error status first."""
         timings = PdTimings()
         prefill_task = asyncio.create_task(self._prefill(prefill, logprobs, timings))
+        _account(prefill_task, prefill, model)
         decode_task = asyncio.create_task(self._relay.open(decode))
         try:
             waiting: set[asyncio.Task[Any]] = {prefill_task, decode_task}
@@ -134,6 +141,8 @@ class PdHttpDispatch:
             await _cancelled(prefill_task, decode_task)
             raise
         timings.decode_head_secs = perf_counter() - timings.started
+        if 200 <= answer.status < 300:
+            pd_metrics.record_pd_ttft(model, prefill.worker.record.runtime_type, timings.decode_head_secs)
         if not 200 <= answer.status < 300:
             # The decode worker refused or failed: its answer is the client's; nothing waits for the prefill.
             await _cancelled(prefill_task)
@@ -156,6 +165,28 @@ class PdHttpDispatch:
         if not ok:
             raise errors.prefill_failed(answer.status, body[:_ERROR_DETAIL_BYTES].decode("utf-8", "replace"))
         return body if keep and size <= limit else None
+
+
+def _account(task: asyncio.Task[bytes | None], request: RelayRequest, model: str | None) -> None:
+    """The prefill worker's in-flight count and breaker while its side runs; its duration."""
+    load = request.worker.load
+    load.in_flight += 1
+    started = perf_counter()
+
+    def ended(done: asyncio.Task[bytes | None]) -> None:
+        load.in_flight -= 1
+        if done.cancelled():
+            return
+        failure = done.exception()
+        if isinstance(failure, UpstreamFailure):
+            load.breaker.record(not failure.rejected)
+        elif failure is None:
+            load.breaker.record(False)
+            pd_metrics.record_pd_prefill(model, request.worker.record.runtime_type, perf_counter() - started)
+        elif isinstance(failure, GatewayError):  # an error status: an answer, judged as the relay judges one
+            load.breaker.record(load.breaker.config.counts_as_failure(failure.status))
+
+    task.add_done_callback(ended)
 
 
 class PdAnswer(RelayAnswer):

@@ -194,3 +194,28 @@ def test_input_logprobs_of_the_prefill_go_in_front_of_the_decodes() -> None:
     merged = orjson.loads(_merged_event(event, [[-0.1, 1, None]])[6:])
     assert merged["meta_info"]["input_token_logprobs"] == [[-0.1, 1, None], [-0.5, 3, None]]
     assert _merged_event(b"data: [DONE]", [[-0.1, 1, None]]) == b"data: [DONE]"
+
+
+async def test_the_prefill_side_is_counted_on_its_worker_and_in_the_pd_metrics() -> None:
+    from common.pd_metrics import PD_PREFILL_DURATION, PD_TTFT
+    from common.telemetry import REGISTRY
+
+    def samples(name: str) -> float:
+        return REGISTRY.get_sample_value(name, {"backend_type": "pd", "model": "mock-model", "runtime": "sglang"}) or 0.0
+
+    assert PD_TTFT is not None and PD_PREFILL_DURATION is not None
+    ttft, prefill_count = samples("gw_pd_ttft_seconds_count"), samples("gw_pd_prefill_duration_seconds_count")
+    async with pd_pair() as (prefill, decode, pair, dispatch):
+        prefill_request, decode_request = requests(pair, "/v1/chat/completions", chat())
+        answer = await dispatch.open(prefill_request, decode_request, model="mock-model")
+        sent = Sent()
+        await answer.forward(ResponseWriter(sent, b"rid-1", ResponseClock(0.0), OPENAI_SSE))
+        assert pair.prefill.handle.load.in_flight == 0
+        assert samples("gw_pd_ttft_seconds_count") == ttft + 1
+        assert samples("gw_pd_prefill_duration_seconds_count") == prefill_count + 1
+
+        failing = requests(pair, "/v1/chat/completions", chat(mock={"pd_fault": ["prefill_drop", "decode_hang"]}))
+        with pytest.raises(PdFailure):
+            await dispatch.open(*failing)
+        assert pair.prefill.handle.load.in_flight == 0
+        assert pair.prefill.handle.load.breaker.failures == 1

@@ -1,0 +1,81 @@
+"""The PD disaggregation metrics of the catalog (spec 3): gw_pd_* histograms and counters, in the
+gateway's metrics registry (:mod:`common.telemetry`), with the helpers the PD dispatch calls.
+
+- ``gw_pd_ttft_seconds``: dispatch to the decode worker's answer head (HTTP) or first output (gRPC);
+- ``gw_pd_prefill_duration_seconds``: dispatch to the prefill side's end;
+- ``gw_pd_kv_transfer_duration_seconds``: sequential PD, the prefill's end to the decode's first
+  output (the KV transfer window);
+- ``gw_pd_kv_connector_mode_total{mode}``: sequential PD requests per connector mode;
+- ``gw_pd_bootstrap_failures_total``: requests whose bootstrap fields could not be injected;
+- ``gw_pd_kv_transfer_failures_total``: a KV handoff expected and not given (the decode recomputes);
+- ``gw_pd_admission_waits_total``, ``gw_pd_admission_sheds_total``: PD requests that waited for, or
+  were refused, an admission permit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+
+from common.telemetry import DEFAULT_DURATION_BUCKETS, REGISTRY, bounded_model
+
+__all__ = [
+    "PD_TTFT",
+    "PD_PREFILL_DURATION",
+    "PD_KV_TRANSFER_DURATION",
+    "PD_KV_CONNECTOR_MODE",
+    "PD_BOOTSTRAP_FAILURES",
+    "PD_KV_TRANSFER_FAILURES",
+    "PD_ADMISSION_WAITS",
+    "PD_ADMISSION_SHEDS",
+    "record_pd_ttft",
+    "record_pd_prefill",
+    "record_pd_kv_transfer",
+    "record_kv_connector_mode",
+]
+
+_PD = ("backend_type", "model", "runtime")
+
+PD_TTFT = Histogram("gw_pd_ttft_seconds", "PD: dispatch to the decode side's first answer", _PD,
+                    buckets=DEFAULT_DURATION_BUCKETS, registry=REGISTRY)
+PD_PREFILL_DURATION = Histogram("gw_pd_prefill_duration_seconds", "PD: dispatch to the prefill side's end", _PD,
+                                buckets=DEFAULT_DURATION_BUCKETS, registry=REGISTRY)
+PD_KV_TRANSFER_DURATION = Histogram(
+    "gw_pd_kv_transfer_duration_seconds", "PD: the prefill's end to the decode's first output (sequential PD)", _PD,
+    buckets=DEFAULT_DURATION_BUCKETS, registry=REGISTRY,
+)
+PD_KV_CONNECTOR_MODE = Counter("gw_pd_kv_connector_mode_total", "Sequential PD requests per KV connector mode",
+                               ("mode",), registry=REGISTRY)
+PD_BOOTSTRAP_FAILURES = Counter("gw_pd_bootstrap_failures_total", "PD requests whose bootstrap could not be injected",
+                                registry=REGISTRY)
+PD_KV_TRANSFER_FAILURES = Counter("gw_pd_kv_transfer_failures_total", "PD KV handoffs expected and not given",
+                                  registry=REGISTRY)
+PD_ADMISSION_WAITS = Counter("gw_pd_admission_waits_total", "PD requests that waited for admission", registry=REGISTRY)
+PD_ADMISSION_SHEDS = Counter("gw_pd_admission_sheds_total", "PD requests refused admission", registry=REGISTRY)
+
+_children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def _child(metric: Any, *labels: str) -> Any:
+    key = (id(metric), labels)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = metric.labels(*labels)
+    return found
+
+
+def record_pd_ttft(model: str | None, runtime: str, seconds: float) -> None:
+    _child(PD_TTFT, "pd", bounded_model(model), runtime).observe(seconds)
+
+
+def record_pd_prefill(model: str | None, runtime: str, seconds: float) -> None:
+    _child(PD_PREFILL_DURATION, "pd", bounded_model(model), runtime).observe(seconds)
+
+
+def record_pd_kv_transfer(model: str | None, runtime: str, seconds: float) -> None:
+    _child(PD_KV_TRANSFER_DURATION, "pd", bounded_model(model), runtime).observe(seconds)
+
+
+def record_kv_connector_mode(mode: str) -> None:
+    _child(PD_KV_CONNECTOR_MODE, mode).inc()
