@@ -19,7 +19,8 @@ One socket set per worker, shared by its ``dp_size`` engines:
 - **Demultiplexing.** One reader task decodes the output socket and routes each
   EngineCoreOutput by request id to that generation's queue; the generator turns them into neutral
   :class:`EngineOutput`. Closing or cancelling the generator sends ABORT for the choices still
-  running.
+  running. Logprobs and prompt logprobs (vLLM's tensors, inline or in aux frames) are decoded by
+  :mod:`.logprobs`; one that does not decode ends the generation with an ``UpstreamFailure``.
 - **Death.** ``ENGINE_CORE_DEAD`` on the output socket, an engine's connection to it dropping
   (socket monitor), or :meth:`health` timing out ends every request in flight at once with an
   ``UpstreamFailure`` (BROKEN), and the worker stays unserved until its engines handshake again.
@@ -62,8 +63,10 @@ from inference.upstreams.engine import (
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.zmq import codec
 from inference.upstreams.zmq.addresses import ZmqAddresses, bind, zmq_addresses
+from inference.upstreams.zmq.logprobs import ChoiceLogprobs, TensorError
 from inference.upstreams.zmq.ranks import EngineRank, RankState
 from inference.upstreams.zmq.requests import engine_core_request, finish_of
+from inference.upstreams.zmq.tensors import inline_aux_frames
 
 __all__ = ["EngineRank", "ZmqEngineClient"]
 
@@ -255,7 +258,7 @@ class ZmqEngineClient(EngineClient):
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 logger.warning("ZMQ worker %s: outputs that do not decode: %s", self.url, exc)
                 continue
-            self._take(outputs)
+            self._take(outputs, frames)
 
     async def _monitor_loop(self, monitor: zmq.asyncio.Socket) -> None:
         """An engine's connection to the output socket dropping: its process is gone."""
@@ -303,13 +306,16 @@ class ZmqEngineClient(EngineClient):
             if not future.done():
                 future.set_exception(UpstreamFailure(FailureKind.BROKEN, detail))
 
-    def _take(self, outputs: codec.EngineCoreOutputs) -> None:
+    def _take(self, outputs: codec.EngineCoreOutputs, frames: list[bytes] | None = None) -> None:
         index = outputs.engine_index
         if outputs.scheduler_stats is not None and 0 <= index < self.dp_size:
             self.ranks[index].stats = outputs.scheduler_stats
         for output in outputs.outputs:
             flight = self._flights.get(output.request_id)
             if flight is not None:
+                if frames is not None and len(frames) > 1:  # tensors in aux frames: the generator decodes them
+                    inline_aux_frames(output.new_logprobs, frames)
+                    inline_aux_frames(output.new_prompt_logprobs_tensors, frames)
                 flight.queue.put_nowait(output)
         utility = outputs.utility_output
         if utility is not None:
@@ -396,6 +402,7 @@ class ZmqEngineClient(EngineClient):
                 self.engines_running = True
                 await self._wake_others(rank)
             completion = dict.fromkeys(ids.values(), 0)
+            logprobs = {i: ChoiceLogprobs(request.sampling.top_logprobs) for i in ids.values()}
             cached = dict.fromkeys(ids.values(), 0)
             while open_ids:
                 item = await flight.queue.get()
@@ -409,6 +416,11 @@ class ZmqEngineClient(EngineClient):
                     open_ids.discard(item.request_id)
                     failure = UpstreamFailure(FailureKind.BROKEN, f"the engine failed request {item.request_id}")
                     raise failure.broke_off() if yielded else failure
+                try:
+                    token_logprobs = logprobs[index].take(item)
+                except TensorError as exc:  # the engine still runs it: the finally aborts it
+                    failure = UpstreamFailure(FailureKind.BROKEN, f"engine request {item.request_id}: {exc}")
+                    raise failure.broke_off() if yielded else failure from None
                 completion[index] += len(item.new_token_ids)
                 cached[index] = max(cached[index], item.num_cached_tokens)
                 finish = None
@@ -424,6 +436,8 @@ class ZmqEngineClient(EngineClient):
                     prompt_tokens=len(request.input_ids),
                     completion_tokens=completion[index],
                     cached_tokens=cached[index],
+                    logprobs=token_logprobs,
+                    prompt_logprobs=logprobs[index].pop_prompt(),
                     finish=finish,
                 )
         finally:
