@@ -8,7 +8,15 @@ from typing import Any
 from django.core.validators import RegexValidator
 from django.db import models
 
-from inference.routing.workers import RuntimeType, Transport, WorkerStatus, WorkerType, transport_of
+from inference.routing.workers import (
+    RuntimeType,
+    Transport,
+    WorkerKind,
+    WorkerStatus,
+    WorkerType,
+    kind_of,
+    transport_of,
+)
 
 __all__ = [
     "Worker", "WorkerStatus", "WorkerSource", "WorkerType", "JobType", "JobState", "TenantRateLimit", "RegistryChange",
@@ -99,6 +107,12 @@ class Worker(models.Model):
         connection mode the console and the API show. The ``connection_mode`` column keeps what a
         request gave in the spec's older form, which does not decide anything."""
         return transport_of(self.url)
+
+    @property
+    def kind(self) -> WorkerKind:
+        """What the gateway is to the worker (relays to it, serves it as an engine, or calls a
+        provider's API), from its URL and runtime (inference/routing/workers.py)."""
+        return kind_of(self.url, self.runtime_type)
 
     def setting(self, key: str, default: Any = None) -> Any:
         return self.settings.get(key, default)

@@ -1,11 +1,13 @@
 """Worker jobs (spec 3, Worker status): register, update, remove. Sync; run by Celery or on a job thread.
 
 Registration probes the worker until it answers (every --worker-startup-check-interval seconds,
-until --worker-startup-timeout-secs): an HTTP worker over HTTP (administration/discovery.py); a gRPC
-worker by its engine's HealthCheck (the runtime detected in the order sglang, vllm, trtllm,
-tokenspeed, mlx unless given), then GetModelInfo once, whose answer becomes labels under the
-operator's own (administration/engine_facts.py). The gRPC calls run on a short-lived client of
-their own (``asyncio.run`` in the job's thread), closed before the job goes on.
+until --worker-startup-timeout-secs): a relayed worker over HTTP (administration/discovery.py); an
+engine worker through its transport's connector (inference/upstreams/engine.py ENGINE_CONNECTORS:
+for gRPC, each engine's HealthCheck in the order sglang, vllm, trtllm, tokenspeed, mlx unless the
+runtime is given), then its model info once, whose answer becomes labels under the operator's own
+(administration/engine_facts.py). The engine calls run on a short-lived client of their own
+(``asyncio.run`` in the job's thread), closed before the job goes on. An engine over a transport
+without a connector is refused.
 
 Every job carries the worker's ``job_generation`` from when it was queued. Each write is a
 conditional UPDATE on that generation, so a job for a worker deleted or replaced since it was queued
@@ -37,9 +39,9 @@ from administration.reachability import Reachability
 from common.config import current_config
 from common.http_clients import tls_context
 from common.ssrf import SsrfPolicy
-from inference.routing.workers import RuntimeType, Transport, provider_of, transport_of
+from inference.routing.workers import RuntimeType, Transport, WorkerKind, provider_of
+from inference.upstreams import ENGINE_CONNECTORS, connect_engine
 from inference.upstreams.failures import FailureKind, UpstreamFailure
-from inference.upstreams.grpc import connect
 from inference.upstreams.registry import UnknownUpstream
 
 __all__ = [
@@ -51,7 +53,7 @@ log = logging.getLogger(__name__)
 
 JOB_STORE_PATIENCE_SECS = 600.0  # how long a job waits out an outage of the store before it is given up (job_runner)
 _PROBE_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
-_GRPC_PROBE_TIMEOUT_SECS = 10.0  # one gRPC probe: runtime detection and GetModelInfo together
+_ENGINE_PROBE_TIMEOUT_SECS = 10.0  # one engine probe: runtime detection and the model info together
 _FIRST_RETRY_SECS = 0.5
 
 
@@ -76,17 +78,20 @@ def _set_job(worker_id: uuid.UUID | str, generation: int, state: str, message: s
 
 
 def _check_spec(worker: Worker) -> None:
-    """What registration refuses of a spec the request accepted: a transport it cannot reach yet."""
-    if transport_of(worker.url) is Transport.ZMQ:
-        raise RegistrationFailed("ZMQ (ipc://) workers are not supported by this gateway yet")
+    """What registration refuses of a spec the request accepted: an engine over a transport the
+    gateway has no connector for."""
+    if worker.kind is WorkerKind.ENGINE and worker.transport not in ENGINE_CONNECTORS:
+        named = f"{worker.transport.display_name} ({worker.url.split('://', 1)[0]}://)"
+        raise RegistrationFailed(f"{named} workers are not supported by this gateway yet")
 
 
 def _discover(worker: Worker, generation: int) -> Discovery:
     """Probe until the worker answers, every startup check interval, until the startup timeout."""
     api_key = worker.api_key or _cli_key(worker)
-    if transport_of(worker.url) is Transport.GRPC:
+    if worker.kind is WorkerKind.ENGINE:
+        transport = worker.transport
         return _probe_until_up(
-            worker, generation, lambda: _discover_grpc_worker(worker.url, api_key, worker.runtime_type)
+            worker, generation, lambda: _discover_engine_worker(worker.url, transport, api_key, worker.runtime_type)
         )
     with httpx.Client(timeout=_PROBE_TIMEOUT, verify=tls_context(), trust_env=False) as client:
         return _probe_until_up(
@@ -140,18 +145,18 @@ def _probe_until_up(worker: Worker, generation: int, probe: Callable[[], Discove
             return discovery
 
 
-def _discover_grpc_worker(url: str, api_key: str | None, runtime_type: str) -> Discovery:
-    """One gRPC probe, in this (sync) thread: the runtime (given, or detected by HealthCheck) and
-    GetModelInfo's answer as labels. Raises WorkerUnreachable while the worker cannot be reached,
-    WorkerRefused when it answers but cannot be registered (no engine service, a refused key, a
-    runtime without a gRPC client, a failed GetModelInfo)."""
+def _discover_engine_worker(url: str, transport: Transport, api_key: str | None, runtime_type: str) -> Discovery:
+    """One engine probe, in this (sync) thread: the runtime (given, or detected by the transport's
+    connector) and the engine's model info as labels. Raises WorkerUnreachable while the worker
+    cannot be reached, WorkerRefused when it answers but cannot be registered (no engine service, a
+    refused key, a runtime without a client over the transport, a failed model info call)."""
     given = None if runtime_type == RuntimeType.UNSPECIFIED else runtime_type
     try:
-        runtime, labels = asyncio.run(_agrpc_facts(url, api_key, given))
+        runtime, labels = asyncio.run(_aengine_facts(url, api_key, given))
     except UnknownUpstream as exc:
-        raise WorkerRefused(f"runtime {given!r} has no gRPC engine client ({exc})") from None
+        raise WorkerRefused(f"runtime {given!r} has no {transport.display_name} engine client ({exc})") from None
     except TimeoutError:
-        raise WorkerUnreachable(f"no answer from {url} within {_GRPC_PROBE_TIMEOUT_SECS:g} s") from None
+        raise WorkerUnreachable(f"no answer from {url} within {_ENGINE_PROBE_TIMEOUT_SECS:g} s") from None
     except UpstreamFailure as exc:
         if exc.kind is FailureKind.BROKEN:
             raise WorkerRefused(str(exc)) from None
@@ -159,10 +164,10 @@ def _discover_grpc_worker(url: str, api_key: str | None, runtime_type: str) -> D
     return Discovery(runtime_type=runtime, model_ids=(), labels=labels)
 
 
-async def _agrpc_facts(url: str, api_key: str | None, runtime: str | None) -> tuple[str, dict[str, str]]:
-    """The worker's runtime and GetModelInfo labels, on a client of its own, closed before returning."""
-    async with asyncio.timeout(_GRPC_PROBE_TIMEOUT_SECS):
-        client = await connect(url, runtime, api_key=api_key, detect_timeout=_GRPC_PROBE_TIMEOUT_SECS)
+async def _aengine_facts(url: str, api_key: str | None, runtime: str | None) -> tuple[str, dict[str, str]]:
+    """The worker's runtime and model info labels, on a client of its own, closed before returning."""
+    async with asyncio.timeout(_ENGINE_PROBE_TIMEOUT_SECS):
+        client = await connect_engine(url, runtime, api_key=api_key, detect_timeout=_ENGINE_PROBE_TIMEOUT_SECS)
         try:
             return client.runtime, labels_from_model_info(await client.model_info())
         finally:
@@ -193,7 +198,7 @@ def run_registration(worker_id: str, generation: int) -> None:
         return
     _set_job(worker_id, generation, JobState.PROCESSING)
     _check_spec(worker)
-    external = worker.runtime_type == RuntimeType.EXTERNAL
+    external = worker.kind is WorkerKind.PROVIDER
     discovery = _discover_provider(worker) if external else _discover(worker, generation)
     labels = {**discovery.labels, **worker.labels}
     runtime_type = discovery.runtime_type

@@ -44,7 +44,7 @@ from common.ticks import sleep_to_mark
 from inference.dataplane import data_plane
 from inference.pipeline.tokenizer_registry import TOKENIZERS, TokenizerEntry
 from inference.routing.registry import REGISTRY, RegistrySnapshot
-from inference.routing.workers import RuntimeType, Transport, WorkerRecord, transport_of
+from inference.routing.workers import WorkerKind, WorkerRecord
 from inference.served.base import tokenizer_ready
 
 __all__ = [
@@ -131,11 +131,11 @@ class FleetState:
 
 
 def _health_target(worker: Worker, config: GatewayConfig, record: WorkerRecord) -> HealthTarget | None:
-    """HTTP workers are probed at --health-check-endpoint, gRPC workers by HealthCheck through their
-    engine client (the target carries their record); ZMQ and external workers are not checked."""
+    """Relayed (HTTP) workers are probed at --health-check-endpoint, engine workers by their engine
+    client's health check (the target carries their record); external providers are not checked."""
     block: dict[str, Any] = worker.setting("health", {})
     disabled = block.get("disable_health_check", config.disable_health_check)
-    if disabled or worker.runtime_type == RuntimeType.EXTERNAL or transport_of(worker.url) is Transport.ZMQ:
+    if disabled or record.kind is WorkerKind.PROVIDER:
         return None
     if worker.status not in (WorkerStatus.PENDING, WorkerStatus.READY, WorkerStatus.NOT_READY):
         return None
@@ -150,17 +150,15 @@ def _health_target(worker: Worker, config: GatewayConfig, record: WorkerRecord) 
         success_threshold=max(1, int(block.get("success_threshold", config.health_success_threshold))),
         failure_threshold=max(1, int(block.get("failure_threshold", config.health_failure_threshold))),
         worker_type=worker.worker_type,
-        engine=record if record.transport is Transport.GRPC else None,
+        engine=record if record.kind is WorkerKind.ENGINE else None,
     )
 
 
 def _load_target(worker: Worker, config: GatewayConfig, record: WorkerRecord) -> LoadTarget | None:
-    """Ready self-hosted HTTP and gRPC workers are polled for load (gRPC by GetLoads through their
-    engine client: the target carries their record); the overload block (either field turns
-    protection on) falls back to the --worker-overload-* flags."""
-    if worker.status != WorkerStatus.READY or worker.runtime_type == RuntimeType.EXTERNAL:
-        return None
-    if record.transport is Transport.ZMQ:
+    """Ready self-hosted workers are polled for load (engine workers through their engine client:
+    the target carries their record); the overload block (either field turns protection on) falls
+    back to the --worker-overload-* flags."""
+    if worker.status != WorkerStatus.READY or record.kind is WorkerKind.PROVIDER:
         return None
     block: dict[str, Any] = worker.setting("overload", {}) or {}
     waiting: int | None = None
@@ -176,7 +174,7 @@ def _load_target(worker: Worker, config: GatewayConfig, record: WorkerRecord) ->
         runtime_type=worker.runtime_type,
         waiting_requests=None if waiting is None else int(waiting),
         token_usage=None if usage is None else float(usage),
-        engine=record if record.transport is Transport.GRPC else None,
+        engine=record if record.kind is WorkerKind.ENGINE else None,
     )
 
 

@@ -22,7 +22,7 @@ from administration.registration import JOB_STORE_PATIENCE_SECS
 from administration.worker_spec import SpecRuleError, WorkerSpec, parse_worker_spec
 from common.config import PROVIDER_BACKENDS, GatewayConfig, current_config
 from inference.routing.breaker import DEFAULT_CAPACITY, DEFAULT_RETRYABLE, Resilience
-from inference.routing.workers import RuntimeType, Transport, WorkerRecord, transport_of
+from inference.routing.workers import RuntimeType, WorkerKind, WorkerRecord, kind_of
 
 __all__ = [
     "WorkerError",
@@ -416,7 +416,8 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
     workers present only their own key, and external providers only theirs, whatever registered them."""
     records = []
     for worker in Worker.objects.listed() if workers is None else workers:
-        external = worker.runtime_type == RuntimeType.EXTERNAL
+        kind = kind_of(worker.url, worker.runtime_type)
+        external = kind is WorkerKind.PROVIDER
         key = worker.api_key or (config.api_key if worker.source == WorkerSource.CLI and not external else None)
         records.append(
             WorkerRecord(
@@ -433,7 +434,7 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
                 named_provider=(str(worker.labels.get("provider") or "") or None) if external else None,
                 engine=(
                     engine_spec(worker.model_id, worker.model_cards, worker.labels, config)
-                    if transport_of(worker.url) is Transport.GRPC
+                    if kind is WorkerKind.ENGINE
                     else None
                 ),
             )

@@ -15,7 +15,7 @@ import orjson
 from common.http_clients import http_client
 from inference import errors
 from inference.routing.registry import REGISTRY
-from inference.routing.workers import Transport, WorkerHandle
+from inference.routing.workers import WorkerHandle, WorkerKind
 
 __all__ = ["CANCEL_TIMEOUT_SECS", "WorkerAnswer", "acancel_on_http_workers"]
 
@@ -33,7 +33,7 @@ class WorkerAnswer:
 def _http_workers() -> list[WorkerHandle]:
     return [
         handle for handle in REGISTRY.snapshot.workers
-        if handle.record.transport is Transport.HTTP and not handle.record.external
+        if handle.record.kind is WorkerKind.RELAYED
     ]  # fmt: skip
 
 

@@ -26,7 +26,7 @@ def validate_responses(body: dict[str, Any]) -> ValidatedRequest:
 
 
 RESPONSES = Surface(
-    "/v1/responses", validate_responses, RESPONSES_SSE, engine=Serve(ServedResponses), external=Serve(ServedResponses)
+    "/v1/responses", validate_responses, RESPONSES_SSE, engine=Serve(ServedResponses), provider=Serve(ServedResponses)
 )
 
 

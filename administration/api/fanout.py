@@ -9,12 +9,14 @@ authenticates through :mod:`administration.control_auth`, parses its input, call
 function and renders the result. The fan-out functions take the registry's worker handles and an
 httpx client.
 
-HTTP workers get the POST; gRPC workers the engine's FlushCache, StartProfile or StopProfile RPC,
-single attempt. Under ASGI the views run on the serving loop (the loop of the registry sync,
-:func:`~administration.registry_sync.on_serving_loop`), where the data plane's shared engine client
-of each worker is used; a view run on a loop of its own (a sync caller) opens a short-lived client
-per worker and closes it afterwards, as a channel belongs to the loop that opened it. A runtime
-without the RPC (or without a gRPC client) is reported under ``failed`` with the reason.
+HTTP workers (relayed ones and external providers) get the POST; engine workers the engine's
+FlushCache, StartProfile or StopProfile command through their engine client, single attempt (ZMQ
+engines are skipped by /flush_cache, as the spec says). Under ASGI the views run on the serving loop
+(the loop of the registry sync, :func:`~administration.registry_sync.on_serving_loop`), where the
+data plane's shared engine client of each worker is used; a view run on a loop of its own (a sync
+caller) opens a short-lived client per worker through its transport's connector and closes it
+afterwards, as a connection belongs to the loop that opened it. A runtime without the command (or
+without an engine client) is reported under ``failed`` with the reason.
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ from common.http_clients import http_client
 from inference.dataplane import data_plane
 from inference.routing.load_report import loads_report
 from inference.routing.registry import REGISTRY
-from inference.routing.workers import RuntimeType, Transport, WorkerHandle
+from inference.routing.workers import RuntimeType, Transport, WorkerHandle, WorkerKind
+from inference.upstreams import connect_engine
 from inference.upstreams.engine import CommandResult, EngineClient, ProfileOptions
 from inference.upstreams.failures import UpstreamFailure
-from inference.upstreams.grpc import connect
 from inference.upstreams.registry import UnknownUpstream
 
 __all__ = [
@@ -94,9 +96,9 @@ _Command = Callable[[EngineClient], Awaitable[CommandResult]]
 
 
 async def _acommand(handle: WorkerHandle, rpc: str, command: _Command, timeout: float) -> str | None:
-    """Run one control RPC on a gRPC worker (single attempt): through the data plane's shared engine
-    client on the serving loop, else on a short-lived client closed afterwards. None when the engine
-    reports success, else the reason."""
+    """Run one control command on an engine worker (single attempt): through the data plane's shared
+    engine client on the serving loop, else on a short-lived client closed afterwards. None when the
+    engine reports success, else the reason."""
     record = handle.record
     runtime = None if record.runtime_type == RuntimeType.UNSPECIFIED else record.runtime_type
     try:
@@ -104,7 +106,7 @@ async def _acommand(handle: WorkerHandle, rpc: str, command: _Command, timeout: 
             if on_serving_loop():
                 result = await command(data_plane().engines.client(record))
             else:
-                client = await connect(record.url, runtime, api_key=record.api_key)
+                client = await connect_engine(record.url, runtime, api_key=record.api_key)
                 try:
                     result = await command(client)
                 finally:
@@ -112,7 +114,8 @@ async def _acommand(handle: WorkerHandle, rpc: str, command: _Command, timeout: 
     except TimeoutError:
         return f"timed out after {timeout:g} seconds"
     except UnknownUpstream:
-        return f"{rpc} is not supported: the {record.runtime_type} runtime has no gRPC engine client"
+        over = record.transport.display_name
+        return f"{rpc} is not supported: the {record.runtime_type} runtime has no {over} engine client"
     except UpstreamFailure as exc:
         if "UNIMPLEMENTED" in exc.detail:
             return f"{rpc} is not supported by the {record.runtime_type} runtime ({exc.detail})"
@@ -135,12 +138,14 @@ async def _afan_out(handles: Sequence[WorkerHandle], calls: Iterable[Awaitable[s
 
 
 async def aflush_cache(client: httpx.AsyncClient, workers: Sequence[WorkerHandle]) -> tuple[int, dict[str, Any]]:
-    """POST {url}/flush_cache to every HTTP worker and FlushCache to every gRPC worker, in parallel
-    (45 s each); ZMQ workers are skipped. 200 when every called worker succeeds (or none was
+    """POST {url}/flush_cache to every HTTP worker (relayed, and external providers too) and
+    FlushCache to every engine worker, in parallel (45 s each); ZMQ engines are skipped (and
+    counted: the spec names that transport). 200 when every called worker succeeds (or none was
     called), 206 otherwise."""
-    http = [h for h in workers if h.record.transport is Transport.HTTP]
-    grpc = [h for h in workers if h.record.transport is Transport.GRPC]
-    zmq = [h for h in workers if h.record.transport is Transport.ZMQ]
+    http = [h for h in workers if h.record.kind is not WorkerKind.ENGINE]
+    engines = [h for h in workers if h.record.kind is WorkerKind.ENGINE]
+    zmq = [h for h in engines if h.record.transport is Transport.ZMQ]
+    grpc = [h for h in engines if h.record.transport is not Transport.ZMQ]
     outcome = await _afan_out(
         [*http, *grpc],
         [
@@ -210,9 +215,9 @@ async def aprofile(
     client: httpx.AsyncClient, workers: Sequence[WorkerHandle], action: str, options: dict[str, Any]
 ) -> tuple[int, dict[str, Any]] | None:
     """POST {url}/start_profile or /stop_profile to the targeted HTTP workers and StartProfile or
-    StopProfile to the targeted gRPC workers, in parallel (all, or the one whose URL
-    ``options["url"]`` names); ZMQ workers are reported failed. None when no worker matches; else
-    200 or 206."""
+    StopProfile to the targeted engine workers, in parallel (all, or the one whose URL
+    ``options["url"]`` names); an engine whose client has no profiling (ZMQ, three gRPC runtimes) is
+    reported failed. None when no worker matches; else 200 or 206."""
     wanted = options.get("url")
     targets = [h for h in workers if wanted is None or h.url == str(wanted).rstrip("/")]
     if not targets:
@@ -221,11 +226,8 @@ async def aprofile(
     engine_command = _profile_command(action, body)
     calls: list[Awaitable[str | None]] = []
     for handle in targets:
-        transport = handle.record.transport
-        if transport is Transport.HTTP:
+        if handle.record.kind is not WorkerKind.ENGINE:
             calls.append(_apost(client, handle, f"/{action}", body or None, PROFILE_TIMEOUT_SECS))
-        elif transport is not Transport.GRPC:
-            calls.append(_afailed(f"profiling is not supported over {transport}"))
         elif isinstance(engine_command, str):
             calls.append(_afailed(engine_command))
         else:

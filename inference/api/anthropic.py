@@ -47,9 +47,9 @@ _ANTHROPIC = frozenset(("anthropic",))
 ANTHROPIC_SURFACES = (
     Surface(
         "/v1/messages", validate_messages, ANTHROPIC_SSE,
-        http=Relay(MESSAGES_HEADERS),
+        relayed=Relay(MESSAGES_HEADERS),
         engine=Serve(ServedMessages),
-        external=PerRequest(
+        provider=PerRequest(
             runs_mcp_loop,  # X-GW-MCP: enabled with an mcp_toolset: the gateway runs the MCP tool loop
             Serve(MessagesMcpLoop, PROVIDER_MESSAGES_HEADERS, _ANTHROPIC),
             Relay(PROVIDER_MESSAGES_HEADERS, _ANTHROPIC, whole_answer=reserialize_message),
@@ -57,6 +57,6 @@ ANTHROPIC_SURFACES = (
     ),
     Surface(
         "/v1/messages/count_tokens", validate_count_tokens, ANTHROPIC_SSE,
-        http=Relay(MESSAGES_HEADERS), engine=Serve(ServedCountTokens), external=None,
+        relayed=Relay(MESSAGES_HEADERS), engine=Serve(ServedCountTokens), provider=None,
     ),
 )  # fmt: skip

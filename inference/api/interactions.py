@@ -17,6 +17,6 @@ __all__ = ["INTERACTIONS_SURFACES"]
 INTERACTIONS_SURFACES = (
     Surface(
         "/v1/interactions", framing=INTERACTIONS_SSE,
-        http=None, engine=None, external=Relay(providers=frozenset({"gemini"})),
+        relayed=None, engine=None, provider=Relay(providers=frozenset({"gemini"})),
     ),
 )  # fmt: skip

@@ -19,17 +19,18 @@ from common import telemetry
 from common.secrets import bearer_token
 from inference import errors
 from inference.admission import Admission
-from inference.api.surface import OPENAI_HEADERS, HeaderSet, PerRequest, Relay, Serve, Surface, kind_of
+from inference.api.surface import OPENAI_HEADERS, HeaderSet, PerRequest, Relay, Serve, Surface
 from inference.asgi_io import ClientDisconnected, Receive, Scope, Send, header, request_id_for
 from inference.auth import Identity, IdentityKind
 from inference.dataplane import DataPlane, data_plane
 from inference.errors import GatewayError
 from inference.kit import Passed, RoutePlan, pass_gate, run_attempts
 from inference.routing.selection import select_worker
-from inference.routing.workers import WorkerHandle
+from inference.routing.workers import WorkerHandle, WorkerKind, WorkerRecord
 from inference.served import ServedAnswer, ServedRequest, ServedSurface
 from inference.upstreams import RelayAnswer, RelayRequest
 from inference.upstreams.checked import checked_whole
+from inference.upstreams.engine import ENGINE_CLIENTS
 from inference.upstreams.provider import EXTERNAL
 from inference.writers import ResponseClock, ResponseWriter
 
@@ -59,6 +60,12 @@ def caller_key(scope: Scope, identity: Identity) -> str | None:
         return None
     token = bearer_token(header(scope, b"authorization"))
     return token.decode("latin-1") if token is not None else None
+
+
+def _servable(record: WorkerRecord) -> bool:
+    """Whether the gateway can serve a request on ``record`` itself: a provider always (by a surface
+    of its own), an engine when its runtime has a client over its transport."""
+    return record.kind is not WorkerKind.ENGINE or ENGINE_CLIENTS.serves(record.transport, record.runtime_type)
 
 
 class SurfaceRoute:
@@ -156,7 +163,7 @@ class SurfaceRoute:
         # Plain functions returning the upstream's own coroutines: no extra frame per attempt.
         def open_on(target: WorkerHandle) -> Awaitable[RelayAnswer | ServedAnswer]:
             record = target.record
-            handling = surface_of.handling(kind_of(record))
+            handling = surface_of.handling(record.kind)
             if type(handling) is PerRequest:
                 handling = handling.pick(checked, client_header)
             if type(handling) is Relay and handling.takes(record):
@@ -164,7 +171,7 @@ class SurfaceRoute:
                 if allowed.credentials:
                     allowed = allowed.for_worker(record, identity)
                 headers = forwarded_headers(scope, allowed)
-                if record.external:
+                if record.kind is WorkerKind.PROVIDER:
                     # A surface that passes the client's own credentials sends them as they are, unconverted.
                     key = None if handling.headers.credentials else caller_key(scope, identity)
                     opening = dp.relay_for(EXTERNAL, path).open(RelayRequest(
@@ -175,7 +182,7 @@ class SurfaceRoute:
                     return checked_whole(opening, handling.whole_answer, dp.config.max_buffered_response_bytes)
                 relay = dp.relay_for(record.transport, path)
                 return relay.open(RelayRequest(target, path, payload, stream, writer.request_id, headers, identity))
-            if type(handling) is Serve and handling.takes(record):
+            if type(handling) is Serve and handling.takes(record) and _servable(record):
                 return serve(target, handling)
             return refuse(target)
 

@@ -3,7 +3,8 @@ worker does with it.
 
 A :class:`Surface` names its path (the gateway's and the worker's), its validator, its stream
 framing (the closing event, and how an error after the response started is reported in-band; an
-error before it is always the standard envelope), and, per worker kind, one :data:`Handling`:
+error before it is always the standard envelope), and, per worker kind
+(:class:`~inference.routing.workers.WorkerKind`: relayed, engine, provider), one :data:`Handling`:
 
 - :class:`Relay`: the request goes to the same path on the worker (HTTP workers; external providers
   only those in ``providers`` when it is set), with the client headers of its :class:`HeaderSet`
@@ -22,37 +23,19 @@ Each API's router module lists its surfaces (inference/api/openai.py, responses_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Callable
 
 from inference import errors
 from inference.auth import Identity, IdentityKind
 from inference.kit import Validator
-from inference.routing.workers import WorkerRecord
+from inference.routing.workers import WorkerKind, WorkerRecord
 from inference.schemas.base import ValidatedRequest
 from inference.served import ServedSurface
 from inference.writers import OPENAI_SSE, Framing
 
 __all__ = [
-    "HeaderSet", "OPENAI_HEADERS", "Relay", "Serve", "PerRequest", "Handling", "Surface", "WorkerKind", "kind_of", "model_and_stream",
+    "HeaderSet", "OPENAI_HEADERS", "Relay", "Serve", "PerRequest", "Handling", "Surface", "model_and_stream",
 ]  # fmt: skip
-
-
-class WorkerKind(StrEnum):
-    """What the gateway is to a worker: a relay (HTTP workers), the full server in front of an
-    engine (gRPC), or a client of a third-party provider's API."""
-
-    HTTP = "http"
-    ENGINE = "engine"
-    EXTERNAL = "external"
-
-
-def kind_of(record: WorkerRecord) -> WorkerKind:
-    if record.engine is not None:
-        return WorkerKind.ENGINE
-    if record.external:
-        return WorkerKind.EXTERNAL
-    return WorkerKind.HTTP
 
 
 _AUTHORIZATION = b"authorization"
@@ -160,13 +143,13 @@ class Surface:
     path: str
     validate: Validator = model_and_stream
     framing: Framing = OPENAI_SSE
-    http: Handling = Relay()
+    relayed: Handling = Relay()
     engine: Handling = None
-    external: Handling = Relay()
+    provider: Handling = Relay()
 
     def handling(self, kind: WorkerKind) -> Handling:
         if kind is WorkerKind.ENGINE:
             return self.engine
-        if kind is WorkerKind.EXTERNAL:
-            return self.external
-        return self.http
+        if kind is WorkerKind.PROVIDER:
+            return self.provider
+        return self.relayed

@@ -28,7 +28,7 @@ from inference import errors
 from inference.asgi_io import ASGIApp, Receive, Scope, Send, request_id_for, send_error, send_json, send_response
 from inference.routing.load_report import loads_report
 from inference.routing.registry import RegistrySnapshot
-from inference.routing.workers import RuntimeType, Transport, WorkerHandle, WorkerStatus, WorkerType
+from inference.routing.workers import Transport, WorkerHandle, WorkerKind, WorkerStatus, WorkerType
 from inference.dataplane import data_plane
 
 __all__ = [
@@ -87,19 +87,19 @@ async def loads(scope: Scope, receive: Receive, send: Send) -> None:
 _PD_TYPES = (WorkerType.PREFILL, WorkerType.DECODE)
 
 
-def _is_http(handle: WorkerHandle) -> bool:
-    return handle.record.transport is Transport.HTTP and handle.record.runtime_type != RuntimeType.EXTERNAL
+def _relayed(handle: WorkerHandle) -> bool:
+    return handle.record.kind is WorkerKind.RELAYED
 
 
 def is_pd_mode(handles: Sequence[WorkerHandle]) -> bool:
     """HTTP PD mode: among the HTTP workers, no regular one and at least one prefill or decode one."""
-    types = {handle.record.worker_type for handle in handles if _is_http(handle)}
+    types = {handle.record.worker_type for handle in handles if _relayed(handle)}
     return WorkerType.REGULAR not in types and any(kind in types for kind in _PD_TYPES)
 
 
 def _first_ready(handles: Sequence[WorkerHandle], worker_type: WorkerType) -> WorkerHandle | None:
     for handle in handles:
-        if handle.record.status == WorkerStatus.READY and handle.record.worker_type == worker_type and _is_http(handle):
+        if handle.record.status == WorkerStatus.READY and handle.record.worker_type == worker_type and _relayed(handle):
             return handle
     return None
 
@@ -108,11 +108,10 @@ def _targets(snapshot: RegistrySnapshot, path: str, pair: bool) -> tuple[WorkerH
     """The worker(s) ``path`` goes to: one worker, or with ``pair`` in PD mode a prefill and a decode
     worker; else the error to answer."""
     handles = snapshot.workers
-    if not any(_is_http(handle) for handle in handles):
-        others = sorted({handle.record.transport for handle in handles} - {Transport.HTTP})
-        if others:
-            names = {"grpc": "gRPC", "zmq": "ZMQ"}
-            return errors.endpoint_not_supported(path, " and ".join(names.get(t, t) for t in others))
+    if not any(_relayed(handle) for handle in handles):
+        engines = sorted({handle.record.transport for handle in handles if handle.record.kind is WorkerKind.ENGINE})
+        if engines:
+            return errors.endpoint_not_supported(path, " and ".join(transport.display_name for transport in engines))
         return errors.no_healthy_workers(None)
     if not is_pd_mode(handles):
         regular = _first_ready(handles, WorkerType.REGULAR)

@@ -33,8 +33,9 @@ from typing import Any, Callable
 from tokenizers import Tokenizer
 
 from inference.pipeline.tokenizers import TokenizerLoadError
+from inference.upstreams import connect_engine
 from inference.upstreams.failures import UpstreamFailure
-from inference.upstreams.grpc import connect
+from inference.upstreams.registry import UnknownUpstream
 
 try:  # the hub client comes with ``tokenizers``; without it, the library's own download
     from huggingface_hub import snapshot_download as _hub_snapshot_download
@@ -119,16 +120,16 @@ def _from_hub(repo_id: str, work_dir: Path, download: Callable[..., Any] | None 
 async def afetch_worker_tokenizer(
     url: str, destination: Path, *, api_key: str | None = None, timeout: float = WORKER_FETCH_TIMEOUT_SECS
 ) -> Path:
-    """Fetch a gRPC worker's tokenizer (GetTokenizer; the client checks the sha256) and unpack it
-    into ``destination``. Raises :class:`TokenizerLoadError`."""
+    """Fetch an engine worker's tokenizer (gRPC's GetTokenizer; the client checks the sha256) and
+    unpack it into ``destination``. Raises :class:`TokenizerLoadError`."""
     try:
         async with asyncio.timeout(timeout):
-            client = await connect(url, api_key=api_key)
+            client = await connect_engine(url, api_key=api_key)
             try:
                 bundle = await client.tokenizer()
             finally:
                 await client.close()
-    except UpstreamFailure as error:
+    except (UpstreamFailure, UnknownUpstream) as error:
         raise TokenizerLoadError(f"cannot fetch the tokenizer of {url}: {error}") from error
     except TimeoutError:
         raise TokenizerLoadError(f"the tokenizer of {url} did not arrive within {timeout:g} s") from None

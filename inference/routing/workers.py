@@ -24,6 +24,8 @@ __all__ = [
     "RUNTIME_NAMES",
     "Transport",
     "transport_of",
+    "WorkerKind",
+    "kind_of",
     "WorkerLoad",
     "WorkerRecord",
     "WorkerHandle",
@@ -90,11 +92,27 @@ class WorkerLoad:
 
 
 class Transport(StrEnum):
-    """How the gateway talks to a worker, named by its URL's scheme."""
+    """How the gateway talks to a worker, named by its URL's scheme. Asked only where the wire
+    itself matters (which engine client, which relay, per-transport counts, the spec's rules that
+    name a transport); what the gateway *is* to the worker is its :class:`WorkerKind`."""
 
     HTTP = "http"
     GRPC = "grpc"
     ZMQ = "zmq"
+
+    @property
+    def display_name(self) -> str:
+        """The name messages and pages show: HTTP, gRPC, ZMQ."""
+        return _DISPLAY_NAMES[self]
+
+    @property
+    def carries_engines(self) -> bool:
+        """Whether a worker over it is an engine the gateway serves (token ids in and out), rather
+        than a server the gateway relays to."""
+        return self is not Transport.HTTP
+
+
+_DISPLAY_NAMES = {Transport.HTTP: "HTTP", Transport.GRPC: "gRPC", Transport.ZMQ: "ZMQ"}
 
 
 _SCHEME_TRANSPORTS = (("grpc://", Transport.GRPC), ("grpcs://", Transport.GRPC), ("ipc://", Transport.ZMQ))
@@ -106,6 +124,28 @@ def transport_of(url: str) -> Transport:
         if url.startswith(scheme):
             return transport
     return Transport.HTTP
+
+
+class WorkerKind(StrEnum):
+    """What the gateway is to a worker, the one question every "do we serve it, relay to it, or is
+    it a provider" decision asks (docs/DECISIONS.md D62):
+
+    - ``RELAYED``: a self-hosted OpenAI-compatible HTTP server; requests are relayed to it;
+    - ``ENGINE``: an engine the gateway serves as the full server (renders, tokenizes, detokenizes),
+      whatever its transport (gRPC, ZMQ);
+    - ``PROVIDER``: a third-party provider's API (runtime ``external``), never given our keys.
+    """
+
+    RELAYED = "relayed"
+    ENGINE = "engine"
+    PROVIDER = "provider"
+
+
+def kind_of(url: str, runtime_type: str) -> WorkerKind:
+    """The kind of the worker at ``url`` of ``runtime_type`` (a RuntimeType value)."""
+    if runtime_type == RuntimeType.EXTERNAL:
+        return WorkerKind.PROVIDER
+    return WorkerKind.ENGINE if transport_of(url).carries_engines else WorkerKind.RELAYED
 
 
 PROVIDER_HOSTS: dict[str, str] = {
@@ -162,13 +202,21 @@ class WorkerRecord:
     # Its place in registration order (when it was created, then its URL): the order a full read of
     # the store lists workers in, kept by the registry's deltas too.
     order: tuple[float, str] = (0.0, "")
-    engine: EngineSpec | None = None  # set for workers the gateway serves as the full server (gRPC)
+    engine: EngineSpec | None = None  # set for the workers of kind ENGINE (the control plane builds it)
     # An external provider's models, as its /v1/models listed them at registration (its model_id is
     # empty): the registry routes each of them to it.
     models: tuple[str, ...] = ()
     # The provider an external worker's registration named (--backend, or its ``provider`` label),
     # for a provider's API on a host of its own (a proxy, a stand-in); else its host tells.
     named_provider: str | None = None
+    # Derived once from the URL and the runtime (never given): how the gateway reaches it, and what
+    # the gateway is to it.
+    transport: Transport = field(init=False, compare=False)
+    kind: WorkerKind = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "transport", transport_of(self.url))
+        object.__setattr__(self, "kind", kind_of(self.url, self.runtime_type))
 
     @property
     def served_models(self) -> tuple[str, ...]:
@@ -180,18 +228,13 @@ class WorkerRecord:
     @property
     def external(self) -> bool:
         """An external provider (a third-party API): never given the gateway's own keys."""
-        return self.runtime_type == RuntimeType.EXTERNAL
+        return self.kind is WorkerKind.PROVIDER
 
     @property
     def provider(self) -> str | None:
         """The provider its registration named, else the one a known provider host names (openai,
         anthropic, gemini, xai), else None."""
         return self.named_provider or provider_of(self.url)
-
-    @property
-    def transport(self) -> Transport:
-        """How the gateway talks to it, from the URL."""
-        return transport_of(self.url)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from inference.dataplane import DataPlane
 from inference.pipeline.tokenizer_registry import TOKENIZERS, tokenizer_for
 from inference.pipeline.tokenizers import ModelTokenizer
 from inference.routing.registry import RegistrySnapshot
-from inference.routing.workers import EngineSpec, WorkerHandle, WorkerRecord
+from inference.routing.workers import EngineSpec, WorkerHandle, WorkerKind, WorkerRecord
 from inference.schemas.families import ModelFamily, detect_family
 from inference.upstreams.engine import EngineClient
 from inference.writers import ResponseWriter
@@ -86,9 +86,9 @@ def engine_target(dp: DataPlane, worker: WorkerHandle, model: str) -> EngineTarg
 def tokenizer_ready(record: WorkerRecord) -> bool:
     """Whether a request for the worker's model would find its tokenizer (always, for a worker the
     gateway relays to); starts the load when none is under way. In-process state only: never blocks."""
-    if record.engine is None:
+    if record.kind is not WorkerKind.ENGINE:
         return True
-    return TOKENIZERS.ready(record.model_id or "", **_tokenizer_source(record, record.engine))
+    return TOKENIZERS.ready(record.model_id or "", **_tokenizer_source(record, record.engine or EngineSpec()))
 
 
 def models_without_tokenizer(snapshot: RegistrySnapshot) -> tuple[str, ...]:

@@ -1,11 +1,13 @@
-"""Upstreams, two kinds behind one registry each (registered by name with a decorator):
+"""Upstreams, two kinds behind one registry each (registered by key with a decorator):
 
 - relays (:mod:`inference.upstreams.base`), where the upstream speaks the client's API: HTTP workers
   (:mod:`inference.upstreams.http`) and external providers (:mod:`inference.upstreams.provider`);
 - engine clients (:mod:`inference.upstreams.engine`), where the gateway is the server and drives an
-  engine with token ids (gRPC per runtime in :mod:`inference.upstreams.grpc`; ZMQ later).
+  engine with token ids, by (transport, runtime), with one connector per engine transport (gRPC per
+  runtime in :mod:`inference.upstreams.grpc`).
 
-Importing this package registers every built-in upstream.
+Importing this package registers every built-in upstream (a transport's package registers its
+clients and its connector when imported here).
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ from inference.upstreams import grpc as _grpc  # noqa: F401  (registers the gRPC
 from inference.upstreams import http  # noqa: F401  (registers the HTTP relay)
 from inference.upstreams import provider  # noqa: F401  (registers the external providers' relay)
 from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
-from inference.upstreams.engine import ENGINE_CLIENTS, EngineClient
+from inference.upstreams.engine import (
+    ENGINE_CLIENTS,
+    ENGINE_CONNECTORS,
+    EngineClient,
+    EngineKey,
+    connect_engine,
+    engine_connector,
+)
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 
 __all__ = [
@@ -23,7 +32,11 @@ __all__ = [
     "RelayAnswer",
     "RelayRequest",
     "ENGINE_CLIENTS",
+    "ENGINE_CONNECTORS",
     "EngineClient",
+    "EngineKey",
+    "connect_engine",
+    "engine_connector",
     "FailureKind",
     "UpstreamFailure",
 ]

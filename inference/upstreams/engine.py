@@ -7,15 +7,18 @@ dataclasses below. Each runtime subclasses :class:`EngineClient` as a codec betw
 protobuf or msgpack messages (defaults filled in, the constraint mapped to the engine's oneof, the
 finish-reason string mapped to :class:`FinishReason`); no runtime's messages leak upward.
 
-A runtime registers its client by name where it is defined::
+A runtime registers its client by transport and runtime where it is defined, so two transports
+may each have a client of the same runtime (vLLM over gRPC and over ZMQ)::
 
-    @ENGINE_CLIENTS.register("sglang")
-    class SglangClient(EngineClient):
+    @ENGINE_CLIENTS.register(EngineKey(Transport.GRPC, "sglang"))
+    class SglangClient(GrpcEngineClient[...]):
         runtime = "sglang"
         ...
 
-When a gRPC worker's runtime is not given, detection calls each runtime's health check in
-:data:`DETECTION_ORDER`; the first that answers wins.
+Each engine transport registers its connector in :data:`ENGINE_CONNECTORS` (gRPC's in
+inference/upstreams/grpc/detect.py): a new client on a connection of its own, of the given runtime or
+of the one the transport detects (its own detection order or handshake). Registration, the control
+fan-outs and the tokenizer fetch call it by the worker's transport; nothing above the seam names one.
 """
 
 from __future__ import annotations
@@ -24,21 +27,19 @@ import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, AsyncIterator, ClassVar
+from typing import Any, AsyncIterator, Awaitable, ClassVar, NamedTuple, Protocol
 
 from inference.routing.load_report import EngineLoad
+from inference.routing.workers import Transport, transport_of
 from inference.upstreams.failures import FailureKind, UpstreamFailure
-from inference.upstreams.registry import NamedRegistry
+from inference.upstreams.registry import KeyedRegistry, UnknownUpstream
 
 __all__ = [
-    "DETECTION_ORDER", "ENGINE_CLIENTS", "CommandResult", "Constraint", "ConstraintKind",
-    "DisaggregationParams", "EmbedRequest", "EmbedResult", "EngineClient", "EngineHealth",
-    "EngineOutput", "EngineRequest", "Finish", "FinishReason", "ModelInfo", "ProfileOptions",
-    "SamplingParams", "TokenLogprobs", "TokenizerBundle",
+    "ENGINE_CLIENTS", "ENGINE_CONNECTORS", "CommandResult", "Constraint", "ConstraintKind",
+    "DisaggregationParams", "EmbedRequest", "EmbedResult", "EngineClient", "EngineClients", "EngineConnect",
+    "EngineHealth", "EngineKey", "EngineOutput", "EngineRequest", "Finish", "FinishReason", "ModelInfo",
+    "ProfileOptions", "SamplingParams", "TokenLogprobs", "TokenizerBundle", "connect_engine", "engine_connector",
 ]  # fmt: skip
-
-DETECTION_ORDER: tuple[str, ...] = ("sglang", "vllm", "trtllm", "tokenspeed", "mlx")
-"""Runtimes tried, in this order, when a gRPC worker's runtime must be detected."""
 
 
 class ConstraintKind(StrEnum):
@@ -278,7 +279,7 @@ class EngineClient(ABC):
     """
 
     runtime: ClassVar[str]
-    """The runtime's name, as registered in :data:`ENGINE_CLIENTS`."""
+    """The runtime's name, as registered in :data:`ENGINE_CLIENTS` (with its transport)."""
 
     def __init__(self, url: str, *, api_key: str | None = None) -> None:
         self.url = url
@@ -349,5 +350,71 @@ class EngineClient(ABC):
         """Release the channel when the worker leaves. Nothing to release by default."""
 
 
-ENGINE_CLIENTS: NamedRegistry[EngineClient] = NamedRegistry("engine client")
-"""Engine clients by runtime name (``sglang``, ``vllm``, ``trtllm``, ``tokenspeed``, ``mlx``, ...)."""
+class EngineKey(NamedTuple):
+    """What an engine client is registered under: the transport it speaks and the runtime's name."""
+
+    transport: Transport
+    runtime: str
+
+
+class EngineClients(KeyedRegistry[EngineKey, type[EngineClient]]):
+    """Engine client classes by (transport, runtime)."""
+
+    def normalize(self, key: EngineKey) -> EngineKey:
+        transport, runtime = key
+        return EngineKey(Transport(transport), str(runtime))
+
+    def missing(self, key: EngineKey) -> LookupError:
+        transport, runtime = key
+        try:
+            over = Transport(transport).display_name
+        except ValueError:
+            over = repr(transport)
+        return UnknownUpstream(f"no {self.kind} is registered for {runtime!r} over {over}")
+
+    def serves(self, transport: Transport, runtime: str) -> bool:
+        """Whether a client of ``runtime`` over ``transport`` is registered (a dict lookup: asked per
+        request)."""
+        return (transport, runtime) in self._by_name
+
+    def runtimes(self, transport: Transport) -> tuple[str, ...]:
+        """The runtimes with a client over ``transport``, in registration order."""
+        return tuple(key.runtime for key in self._by_name if key.transport is transport)
+
+
+ENGINE_CLIENTS = EngineClients("engine client")
+"""Engine clients by :class:`EngineKey` (``(Transport.GRPC, "sglang")``, ``(Transport.GRPC, "vllm")``, ...)."""
+
+
+class EngineConnect(Protocol):
+    """A transport's connector: a new engine client for the worker at ``url`` on a connection of its
+    own (the caller closes it), of ``runtime``, or of the runtime the transport detects when None.
+    Raises UpstreamFailure (CONNECT or TIMEOUT while the worker cannot be reached, BROKEN when it
+    answers but serves no engine the transport knows) or UnknownUpstream (a runtime without a client
+    over the transport)."""
+
+    def __call__(
+        self, url: str, runtime: str | None = None, *, api_key: str | None = None, detect_timeout: float = 10.0
+    ) -> Awaitable[EngineClient]: ...
+
+
+ENGINE_CONNECTORS: KeyedRegistry[Transport, EngineConnect] = KeyedRegistry("engine connector")
+"""Each engine transport's connector, registered by its package (gRPC: inference/upstreams/grpc/detect.py)."""
+
+
+def engine_connector(transport: Transport) -> EngineConnect:
+    """The connector of ``transport``. Raises UnknownUpstream when the gateway has none for it (no
+    engine over it can be registered)."""
+    if transport not in ENGINE_CONNECTORS:
+        raise UnknownUpstream(f"the gateway has no engine connector for {transport.display_name} workers")
+    return ENGINE_CONNECTORS.get(transport)
+
+
+async def connect_engine(
+    url: str, runtime: str | None = None, *, api_key: str | None = None, detect_timeout: float = 10.0
+) -> EngineClient:
+    """A new engine client for the worker at ``url`` (the caller closes it), through the connector of
+    the transport its URL names: of ``runtime``, or of the runtime that transport detects. Raises as
+    :class:`EngineConnect` does, and UnknownUpstream for a transport without a connector."""
+    connect = engine_connector(transport_of(url))
+    return await connect(url, runtime, api_key=api_key, detect_timeout=detect_timeout)

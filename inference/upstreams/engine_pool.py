@@ -1,5 +1,6 @@
-"""This process's engine clients: one per engine worker (one gRPC channel each), made on first use,
+"""This process's engine clients: one per engine worker (one connection each), made on first use,
 kept while the worker is registered with the same URL, runtime and key, and closed when it leaves.
+The client class is the one registered for the worker's transport and runtime.
 
 The data plane's requests, the health checks and the load monitor of the process all use the same
 client, so a worker costs one channel per process whatever asks it.
@@ -12,7 +13,7 @@ import logging
 from typing import Iterable
 
 from inference.routing.workers import WorkerRecord
-from inference.upstreams.engine import ENGINE_CLIENTS, EngineClient
+from inference.upstreams.engine import ENGINE_CLIENTS, EngineClient, EngineKey
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.registry import UnknownUpstream
 
@@ -33,16 +34,17 @@ class EnginePool:
 
     def client(self, record: WorkerRecord) -> EngineClient:
         """The engine client of ``record``'s worker. Raises UpstreamFailure (BROKEN) when its runtime
-        has no engine client (not detected yet, or not an engine runtime)."""
+        has no engine client over its transport (not detected yet, or not an engine runtime)."""
         identity: _Identity = (record.url, record.runtime_type, record.api_key)
         held = self._clients.get(record.id)
         if held is not None and held[0] == identity:
             return held[1]
         try:
-            client_class = ENGINE_CLIENTS.get(record.runtime_type)
+            client_class = ENGINE_CLIENTS.get(EngineKey(record.transport, record.runtime_type))
         except UnknownUpstream:
+            over = record.transport.display_name
             raise UpstreamFailure(
-                FailureKind.BROKEN, f"worker {record.url} runs {record.runtime_type!r}, which has no engine client"
+                FailureKind.BROKEN, f"worker {record.url} runs {record.runtime_type!r}, which has no {over} engine client"
             ) from None
         client = client_class(record.url, api_key=record.api_key)
         self._clients[record.id] = (identity, client)

@@ -115,10 +115,10 @@ def handle_of(worker_id: str) -> WorkerHandle | None:
 
 
 def connect_spy(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[Any]:
-    """Count the short-lived clients ``module`` opens with ``connect`` (an entry per attempt: the
-    client, or the exception)."""
+    """Count the short-lived clients ``module`` opens with ``connect_engine`` (an entry per attempt:
+    the client, or the exception)."""
     made: list[Any] = []
-    real = module.connect
+    real = module.connect_engine
 
     async def spy(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -129,7 +129,7 @@ def connect_spy(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[Any]:
         made.append(client)
         return client
 
-    monkeypatch.setattr(module, "connect", spy)
+    monkeypatch.setattr(module, "connect_engine", spy)
     return made
 
 

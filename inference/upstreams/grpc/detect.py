@@ -1,6 +1,9 @@
 """gRPC runtime detection: call each engine service's own HealthCheck, in the order of
 :data:`DETECTION_ORDER` (sglang, vllm, trtllm, tokenspeed, mlx), on the worker's one channel; the
 first service that answers (with anything but UNIMPLEMENTED) is the worker's runtime.
+
+:func:`connect` is gRPC's connector in :data:`~inference.upstreams.engine.ENGINE_CONNECTORS`: what
+registration, the control fan-outs and the tokenizer fetch call for a gRPC worker.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from typing import Any
 
 import grpc
 
-from inference.upstreams.engine import DETECTION_ORDER, ENGINE_CLIENTS
+from inference.routing.workers import Transport
+from inference.upstreams.engine import ENGINE_CLIENTS, ENGINE_CONNECTORS, EngineKey
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.grpc.channel import WorkerChannel, failure_from_rpc_error
 from inference.upstreams.grpc.client import GrpcEngineClient
@@ -28,7 +32,10 @@ from protos import (
     vllm_engine_pb2_grpc,
 )
 
-__all__ = ["HEALTH_PROBES", "connect", "detect_runtime"]
+__all__ = ["DETECTION_ORDER", "HEALTH_PROBES", "connect", "detect_runtime"]
+
+DETECTION_ORDER: tuple[str, ...] = ("sglang", "vllm", "trtllm", "tokenspeed", "mlx")
+"""Runtimes tried, in this order, when a gRPC worker's runtime must be detected."""
 
 _Probe = Callable[[grpc.aio.Channel, tuple[tuple[str, str], ...], float], Awaitable[Any]]
 
@@ -84,10 +91,13 @@ async def connect(
     channel = WorkerChannel(url, api_key=api_key)
     try:
         name = runtime if runtime else await detect_runtime(channel, timeout=detect_timeout)
-        client_class = ENGINE_CLIENTS.get(name)
+        client_class = ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, name))
         if not issubclass(client_class, GrpcEngineClient):
             raise UnknownUpstream(f"the {name!r} engine client does not speak gRPC")
     except BaseException:
         await channel.close()
         raise
     return client_class(url, api_key=api_key, channel=channel)
+
+
+ENGINE_CONNECTORS.register(Transport.GRPC)(connect)

@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import grpc
 
+from inference.routing.workers import Transport
 from inference.upstreams.engine import (
     ENGINE_CLIENTS,
+    EngineKey,
     EngineRequest,
 )
 from inference.upstreams.grpc.client import (
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["MlxClient"]
 
 
-@ENGINE_CLIENTS.register("mlx")
+@ENGINE_CLIENTS.register(EngineKey(Transport.GRPC, "mlx"))
 class MlxClient(GrpcEngineClient[pb.GenerateResponse]):
     runtime = "mlx"
     counts_cumulative = False

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import grpc
 
+from inference.routing.workers import Transport
 from inference.upstreams.engine import (
     ENGINE_CLIENTS,
+    EngineKey,
     Constraint,
     ConstraintKind,
     EmbedRequest,
@@ -66,7 +68,7 @@ def sglang_constraint(constraint: Constraint) -> tuple[str, str]:
     return field, constraint.value
 
 
-@ENGINE_CLIENTS.register("sglang")
+@ENGINE_CLIENTS.register(EngineKey(Transport.GRPC, "sglang"))
 class SglangClient(GrpcEngineClient[pb.GenerateResponse]):
     runtime = "sglang"
     counts_cumulative = True

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import grpc
 
+from inference.routing.workers import Transport
 from inference.upstreams.engine import (
     ENGINE_CLIENTS,
+    EngineKey,
     CommandResult,
     EngineRequest,
     ProfileOptions,
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["TokenSpeedClient"]
 
 
-@ENGINE_CLIENTS.register("tokenspeed")
+@ENGINE_CLIENTS.register(EngineKey(Transport.GRPC, "tokenspeed"))
 class TokenSpeedClient(GrpcEngineClient[pb.GenerateResponse]):
     runtime = "tokenspeed"
     counts_cumulative = True

@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import grpc
 
+from inference.routing.workers import Transport
 from inference.upstreams.engine import (
     ENGINE_CLIENTS,
+    EngineKey,
     EmbedRequest,
     EmbedResult,
     EngineHealth,
@@ -75,7 +77,7 @@ def token_logprobs(entries: Iterable[pb.TokenLogprob]) -> tuple[TokenLogprobs, .
     return found or None
 
 
-@ENGINE_CLIENTS.register("trtllm")
+@ENGINE_CLIENTS.register(EngineKey(Transport.GRPC, "trtllm"))
 class TrtllmClient(GrpcEngineClient[pb.GenerateResponse]):
     runtime = "trtllm"
     counts_cumulative = True

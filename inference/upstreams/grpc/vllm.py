@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import grpc
 
+from inference.routing.workers import Transport
 from inference.upstreams.engine import (
     ENGINE_CLIENTS,
+    EngineKey,
     ConstraintKind,
     EmbedRequest,
     EmbedResult,
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["VllmClient"]
 
 
-@ENGINE_CLIENTS.register("vllm")
+@ENGINE_CLIENTS.register(EngineKey(Transport.GRPC, "vllm"))
 class VllmClient(GrpcEngineClient[pb.GenerateResponse]):
     runtime = "vllm"
     counts_cumulative = False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 import pytest
 
@@ -229,7 +231,10 @@ async def test_no_database_query_on_the_request_path(make_gateway, worker: Runni
 
 
 async def test_a_worker_of_a_transport_not_built_yet_gets_501_not_500(make_gateway) -> None:
-    client = make_gateway([record_for("grpc://127.0.0.1:50051", model="mock-model")])
+    # An engine worker whose runtime has no client over its transport (a gRPC sglang worker is one the
+    # gateway serves: unreachable, it answers 503 tokenizer_not_ready instead).
+    engine = dataclasses.replace(record_for("grpc://127.0.0.1:50051", model="mock-model"), runtime_type="generic")
+    client = make_gateway([engine])
     response = await client.post("/v1/chat/completions", json=CHAT)
     assert response.status_code == 501
     assert response.headers["x-gw-error-code"] == "endpoint_not_supported"

@@ -10,15 +10,17 @@ from typing import Any, AsyncIterator, Iterator
 import pytest
 
 from inference.routing.load_report import EngineLoad, LoadEntry
+from inference.routing.workers import Transport
 from inference.upstreams.engine import (
-    DETECTION_ORDER,
     ENGINE_CLIENTS,
+    ENGINE_CONNECTORS,
     CommandResult,
     Constraint,
     ConstraintKind,
     DisaggregationParams,
     EngineClient,
     EngineHealth,
+    EngineKey,
     EngineOutput,
     EngineRequest,
     Finish,
@@ -28,11 +30,14 @@ from inference.upstreams.engine import (
     SamplingParams,
     TokenizerBundle,
     TokenLogprobs,
+    connect_engine,
 )
+from inference.upstreams.grpc.detect import DETECTION_ORDER, connect
 from inference.upstreams.registry import UnknownUpstream
 
 EOS = 2
 RUNTIME = "test-runtime"
+KEY = EngineKey(Transport.GRPC, RUNTIME)
 
 
 class ScriptedEngine(EngineClient):
@@ -108,24 +113,24 @@ class ScriptedEngine(EngineClient):
 
 @pytest.fixture
 def registered() -> Iterator[type[EngineClient]]:
-    cls = ENGINE_CLIENTS.register(RUNTIME)(ScriptedEngine)
+    cls = ENGINE_CLIENTS.register(KEY)(ScriptedEngine)
     yield cls
-    ENGINE_CLIENTS._by_name.pop(RUNTIME, None)
+    ENGINE_CLIENTS._by_name.pop(KEY, None)
 
 
 def test_a_registered_client_is_found_by_its_runtime(registered: type[EngineClient]) -> None:
     assert registered is ScriptedEngine
-    assert ENGINE_CLIENTS.get(RUNTIME) is ScriptedEngine
-    assert RUNTIME in ENGINE_CLIENTS
-    assert (RUNTIME, ScriptedEngine) in ENGINE_CLIENTS.items()
-    client = ENGINE_CLIENTS.get(RUNTIME)("grpc://127.0.0.1:30000", api_key="secret")
+    assert ENGINE_CLIENTS.get(KEY) is ScriptedEngine
+    assert KEY in ENGINE_CLIENTS
+    assert (KEY, ScriptedEngine) in ENGINE_CLIENTS.items()
+    client = ENGINE_CLIENTS.get(KEY)("grpc://127.0.0.1:30000", api_key="secret")
     assert isinstance(client, ScriptedEngine)
     assert (client.url, client.api_key, client.runtime) == ("grpc://127.0.0.1:30000", "secret", RUNTIME)
 
 
 def test_registering_the_same_class_again_is_harmless(registered: type[EngineClient]) -> None:
-    assert ENGINE_CLIENTS.register(RUNTIME)(ScriptedEngine) is ScriptedEngine
-    assert ENGINE_CLIENTS.get(RUNTIME) is ScriptedEngine
+    assert ENGINE_CLIENTS.register(KEY)(ScriptedEngine) is ScriptedEngine
+    assert ENGINE_CLIENTS.get(KEY) is ScriptedEngine
 
 
 def test_a_second_class_under_a_taken_name_is_refused(registered: type[EngineClient]) -> None:
@@ -133,19 +138,41 @@ def test_a_second_class_under_a_taken_name_is_refused(registered: type[EngineCli
         pass
 
     with pytest.raises(ValueError, match="already registered as ScriptedEngine"):
-        ENGINE_CLIENTS.register(RUNTIME)(Impostor)
-    assert ENGINE_CLIENTS.get(RUNTIME) is ScriptedEngine
+        ENGINE_CLIENTS.register(KEY)(Impostor)
+    assert ENGINE_CLIENTS.get(KEY) is ScriptedEngine
 
 
 def test_an_unknown_runtime_is_refused() -> None:
-    assert RUNTIME not in ENGINE_CLIENTS  # the fixture's teardown unregisters it
+    assert KEY not in ENGINE_CLIENTS  # the fixture's teardown unregisters it
     with pytest.raises(UnknownUpstream, match="no engine client is registered for 'no-such-runtime'"):
-        ENGINE_CLIENTS.get("no-such-runtime")
+        ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, "no-such-runtime"))
     assert issubclass(UnknownUpstream, LookupError)
 
 
 def test_detection_order() -> None:
     assert DETECTION_ORDER == ("sglang", "vllm", "trtllm", "tokenspeed", "mlx")
+
+
+def test_a_runtime_has_a_client_per_transport(registered: type[EngineClient]) -> None:
+    class OverZmq(ScriptedEngine):
+        pass
+
+    zmq_key = EngineKey(Transport.ZMQ, RUNTIME)
+    try:
+        assert ENGINE_CLIENTS.register(zmq_key)(OverZmq) is OverZmq
+        assert ENGINE_CLIENTS.get(KEY) is ScriptedEngine and ENGINE_CLIENTS.get(zmq_key) is OverZmq
+        assert RUNTIME in ENGINE_CLIENTS.runtimes(Transport.ZMQ) and RUNTIME in ENGINE_CLIENTS.runtimes(Transport.GRPC)
+    finally:
+        ENGINE_CLIENTS._by_name.pop(zmq_key, None)
+    with pytest.raises(UnknownUpstream, match="no engine client is registered for 'test-runtime' over ZMQ"):
+        ENGINE_CLIENTS.get(zmq_key)
+    assert "vllm" in ENGINE_CLIENTS.runtimes(Transport.GRPC) and (Transport.GRPC, "vllm") in ENGINE_CLIENTS
+
+
+async def test_connectors_are_found_by_the_urls_transport() -> None:
+    assert ENGINE_CONNECTORS.get(Transport.GRPC) is connect
+    with pytest.raises(UnknownUpstream, match="no engine connector for HTTP workers"):
+        await connect_engine("http://127.0.0.1:1")
 
 
 async def test_generate_streams_outputs_and_finishes_each_choice(registered: type[EngineClient]) -> None:

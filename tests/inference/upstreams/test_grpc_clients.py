@@ -10,10 +10,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from inference.routing.workers import Transport
 from inference.upstreams.engine import (
     ENGINE_CLIENTS,
     Constraint,
     ConstraintKind,
+    EngineKey,
     EngineOutput,
     EngineRequest,
     FinishReason,
@@ -41,7 +43,7 @@ async def _serve(runtime: str, **options: object) -> GrpcEngineServer:
 @pytest.fixture(params=RUNTIMES)
 async def engine(request: pytest.FixtureRequest) -> AsyncIterator[tuple[GrpcEngineServer, GrpcEngineClient[object]]]:
     server = await _serve(request.param)
-    client = ENGINE_CLIENTS.get(request.param)(server.url)
+    client = ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, request.param))(server.url)
     assert isinstance(client, GrpcEngineClient)
     try:
         yield server, client
@@ -199,7 +201,7 @@ async def test_constraints_map_to_each_engine(engine: tuple[GrpcEngineServer, Gr
 
 async def test_closing_the_stream_mid_way_sends_exactly_one_abort(runtime_server: GrpcEngineServer) -> None:
     server = runtime_server
-    client = ENGINE_CLIENTS.get(server.config.runtime)(server.url)
+    client = ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, server.config.runtime))(server.url)
     try:
         stream = client.generate(_request(server, "chatcmpl-gone"))
         first = await stream.__anext__()
@@ -216,7 +218,7 @@ async def test_closing_the_stream_mid_way_sends_exactly_one_abort(runtime_server
 
 async def test_cancelling_the_consumer_task_sends_exactly_one_abort(runtime_server: GrpcEngineServer) -> None:
     server = runtime_server
-    client = ENGINE_CLIENTS.get(server.config.runtime)(server.url)
+    client = ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, server.config.runtime))(server.url)
     got_one = asyncio.Event()
 
     async def consume() -> None:
@@ -372,8 +374,8 @@ async def test_detection_of_an_unreachable_worker_fails_to_connect() -> None:
 
 
 def test_clients_are_registered_by_runtime_name() -> None:
-    assert ENGINE_CLIENTS.get("sglang") is SglangClient
-    assert ENGINE_CLIENTS.get("vllm") is VllmClient
+    assert ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, "sglang")) is SglangClient
+    assert ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, "vllm")) is VllmClient
 
 
 def test_worker_urls() -> None:

@@ -9,9 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from inference.upstreams.engine import DETECTION_ORDER, ENGINE_CLIENTS, EmbedRequest, EmbedResult
+from inference.routing.workers import Transport
+from inference.upstreams.engine import ENGINE_CLIENTS, EmbedRequest, EmbedResult, EngineKey
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.grpc.client import GrpcEngineClient
+from inference.upstreams.grpc.detect import DETECTION_ORDER
 from standins.grpc_engine import EMBEDDING_DIM, GrpcEngineServer, embedding_for
 from tests.inference.upstreams.test_grpc_clients import PROMPT, _serve
 
@@ -21,7 +23,7 @@ WITHOUT_EMBED = tuple(runtime for runtime in DETECTION_ORDER if runtime not in W
 
 async def _engine(runtime: str) -> tuple[GrpcEngineServer, GrpcEngineClient[object]]:
     server = await _serve(runtime)
-    client = ENGINE_CLIENTS.get(runtime)(server.url)
+    client = ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, runtime))(server.url)
     assert isinstance(client, GrpcEngineClient)
     return server, client
 

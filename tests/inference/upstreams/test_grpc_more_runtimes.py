@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from inference.routing.workers import Transport
 from inference.upstreams.engine import (
-    DETECTION_ORDER,
     ENGINE_CLIENTS,
     Constraint,
     ConstraintKind,
     DisaggregationParams,
+    EngineKey,
     EngineRequest,
     FinishReason,
     ProfileOptions,
@@ -34,6 +35,7 @@ from inference.upstreams.grpc import (
     detect_runtime,
 )
 from inference.upstreams.grpc.client import GrpcEngineClient
+from inference.upstreams.grpc.detect import DETECTION_ORDER
 from standins.grpc_engine import GrpcEngineServer
 from tests.conftest import until
 from tests.inference.upstreams.test_grpc_clients import PROMPT, QWEN, _collect, _reply, _request, _serve, _true
@@ -46,7 +48,7 @@ CONTEXT = 32768  # the stand-in's default context length
 @pytest.fixture(params=RUNTIMES)
 async def engine(request: pytest.FixtureRequest) -> AsyncIterator[tuple[GrpcEngineServer, GrpcEngineClient[object]]]:
     server = await _serve(request.param)
-    client = ENGINE_CLIENTS.get(request.param)(server.url)
+    client = ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, request.param))(server.url)
     assert isinstance(client, GrpcEngineClient)
     try:
         yield server, client
@@ -74,7 +76,7 @@ def _sampling_seen(server: GrpcEngineServer, request_id: str = "chatcmpl-1") -> 
 
 def test_clients_are_registered_by_runtime_name() -> None:
     for runtime, client_class in CLIENTS.items():
-        assert ENGINE_CLIENTS.get(runtime) is client_class
+        assert ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, runtime)) is client_class
         assert client_class.runtime == runtime
     assert set(CLIENTS) == set(DETECTION_ORDER)
 
@@ -283,7 +285,7 @@ async def test_trtllm_bounds_a_request_without_a_limit_by_the_engines_context() 
 
 async def test_closing_the_stream_mid_way_sends_exactly_one_abort(slow_server: GrpcEngineServer) -> None:
     server = slow_server
-    client = ENGINE_CLIENTS.get(server.config.runtime)(server.url)
+    client = ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, server.config.runtime))(server.url)
     try:
         stream = client.generate(_request(server, "chatcmpl-gone"))
         first = await stream.__anext__()
@@ -300,7 +302,7 @@ async def test_closing_the_stream_mid_way_sends_exactly_one_abort(slow_server: G
 
 async def test_cancelling_the_consumer_task_sends_exactly_one_abort(slow_server: GrpcEngineServer) -> None:
     server = slow_server
-    client = ENGINE_CLIENTS.get(server.config.runtime)(server.url)
+    client = ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, server.config.runtime))(server.url)
     got_one = asyncio.Event()
 
     async def consume() -> None:
@@ -323,7 +325,7 @@ async def test_cancelling_the_consumer_task_sends_exactly_one_abort(slow_server:
 
 async def test_an_explicit_abort_ends_a_running_stream_with_abort(slow_server: GrpcEngineServer) -> None:
     server = slow_server
-    client = ENGINE_CLIENTS.get(server.config.runtime)(server.url)
+    client = ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, server.config.runtime))(server.url)
     try:
         outputs = []
         async for output in client.generate(_request(server, "chatcmpl-stop")):
