@@ -23,6 +23,17 @@ What it does, as vLLM's EngineCoreProc does:
   default 16 when the map leaves it out); a stop token id is reported as the ``stop_reason``; a
   prompt it cannot take (empty, ids outside the vocabulary, at or past the context length) ends
   with finish reason 3 (error).
+- **Logprobs** as vLLM sends them (``vllm/v1/outputs.py``, ``vllm/v1/serial_utils.py``): with
+  ``logprobs`` N in the sampling params each output's ``new_logprobs`` is a LogprobsLists of numpy
+  arrays ``[dtype.str, shape, data]`` (token ids ``<i4`` and logprobs ``<f4`` of
+  ``[new tokens, N + 1]``: the sampled token, then the top N; ranks ``<i8``), with
+  ``prompt_logprobs`` N the first output's ``new_prompt_logprobs_tensors`` is a LogprobsTensors of
+  torch tensors (dtype names ``int32``, ``float32``, ``int64``) for the prompt tokens after the
+  first. An array's bytes go inline as extension type 3 below ``zero_copy_threshold`` bytes (vLLM's
+  ``VLLM_MSGPACK_ZERO_COPY_THRESHOLD``, 256), otherwise in an aux frame after the payload, its
+  index in ``data``. The values are the scripted model's (:meth:`ScriptedModel.logprobs`); rows are
+  padded to ``state.logprob_columns`` alternatives when wider (a batch's widest request), and
+  ``state.malformed_logprobs`` sends token ids one byte short (a fault).
 - **ABORT** (a list of ids) ends those requests without another output (the client ends their
   streams itself, as vLLM's front end does); **UTILITY** calls are answered
   with an empty result (none while ``state.healthy`` is False: a hung engine); **START_DP_WAVE**
@@ -39,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 import sys
 import time
 from dataclasses import dataclass, field
@@ -115,6 +127,7 @@ class ZmqEngineConfig:
     block_size: int = 16
     num_gpu_blocks: int = 4096
     max_num_seqs: int = 256
+    zero_copy_threshold: int = 256  # VLLM_MSGPACK_ZERO_COPY_THRESHOLD: smaller arrays go inline
 
     def scripted(self) -> GrpcEngineConfig:
         extra = {"text": self.text} if self.text is not None else {}
@@ -134,7 +147,43 @@ class ZmqEngineState(GrpcEngineState):
     waves: list[list[Any]] = field(default_factory=list)  # START_DP_WAVE payloads: [wave, exclude index]
     utility_calls: list[list[Any]] = field(default_factory=list)  # [client index, call id, method, args]
     stats: dict[str, Any] = field(default_factory=dict)  # SchedulerStats fields to report instead
+    logprob_columns: int = 0  # pad logprob rows to this many alternatives (a batch's widest request)
+    malformed_logprobs: bool = False  # a fault: token id arrays one byte short
+    aux_frames_sent: int = 0  # arrays sent in aux frames rather than inline
     outputs_sent: int = 0
+
+
+class _Tensors:
+    """vLLM's MsgpackEncoder for the arrays of one message: ``[dtype, shape, data]``, ``data``
+    inline (extension type 3) below the threshold, else the index of an aux frame (frame 0 is
+    the payload)."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self.aux: list[bytes] = []
+
+    def array(self, dtype: str, shape: list[int], data: bytes) -> list[Any]:
+        if not shape or len(data) < self.threshold:
+            return [dtype, shape, msgspec.msgpack.Ext(3, data)]
+        self.aux.append(data)
+        return [dtype, shape, len(self.aux)]
+
+    def logprobs(self, rows: list[list[tuple[int, float]]], ranks: list[int], *, numpy: bool, short: bool = False) -> list[Any]:
+        """LogprobsLists (numpy: little-endian ``dtype.str``) or LogprobsTensors (torch: dtype
+        names, native byte order) of equal-width rows, the selected token first."""
+        width = len(rows[0]) if rows else 0
+        flat = [entry for row in rows for entry in row]
+        order = "<" if numpy else "="
+        ids = struct.pack(f"{order}{len(flat)}i", *(token for token, _ in flat))
+        values = struct.pack(f"{order}{len(flat)}f", *(value for _, value in flat))
+        rank_bytes = struct.pack(f"{order}{len(ranks)}q", *ranks)
+        names = ("<i4", "<f4", "<i8") if numpy else ("int32", "float32", "int64")
+        return [
+            self.array(names[0], [len(rows), width], ids[:-1] if short else ids),
+            self.array(names[1], [len(rows), width], values),
+            self.array(names[2], [len(rows)], rank_bytes),
+            None,  # cu_num_generated_tokens: None once sliced per request
+        ]
 
 
 @lru_cache(maxsize=8)
@@ -271,7 +320,7 @@ class ZmqEngineCore:
         return stats
 
     async def _send(self, outputs: list[list[Any]] | None = None, *, utility_output: list[Any] | None = None,
-                    wave_complete: int | None = None) -> None:
+                    wave_complete: int | None = None, aux: list[bytes] | None = None) -> None:
         """One EngineCoreOutputs: engine_index, outputs, scheduler_stats, timestamp, utility_output,
         finished_requests, wave_complete."""
         if self._output is None:
@@ -280,7 +329,8 @@ class ZmqEngineCore:
         stats = None if utility_output is not None else self.scheduler_stats()
         finished = [o[0] for o in outputs or () if o[5] is not None] or None
         message = [self.index, outputs or [], stats, time.monotonic(), utility_output, finished, wave_complete]
-        await self._output.send(_encode(message))
+        await self._output.send_multipart([_encode(message), *(aux or ())])
+        self.state.aux_frames_sent += len(aux or ())
         self.state.outputs_sent += 1
 
     async def _run(self, raw: list[Any]) -> None:
@@ -304,6 +354,7 @@ class ZmqEngineCore:
         self._prefix["queries"] += len(ids)
         self._prefix["hits"] += cached
         steps = self.engine.run(request_id, ids, "", sampling, params, cast(Any, _Refusal()))
+        sample_top, prompt_top = params.get("logprobs"), params.get("prompt_logprobs")
         try:
             async with contextlib.aclosing(steps):
                 async for _served, _index, new, choice, finished in steps:
@@ -314,13 +365,32 @@ class ZmqEngineCore:
                         finish = _FINISH[choice.finish]
                         if choice.finish == "stop" and choice.matched is not None and choice.matched != eos:
                             stop_reason = choice.matched  # a stop token id; EOS is no stop reason
-                    await self._send([_output(request_id, list(new), finish, stop_reason, cached)])
+                    output = _output(request_id, list(new), finish, stop_reason, cached)
+                    tensors = _Tensors(self.config.zero_copy_threshold)
+                    if sample_top is not None and new:
+                        output[2] = tensors.logprobs(*self.logprob_rows(list(new), sample_top), numpy=True,
+                                                     short=self.state.malformed_logprobs)  # fmt: skip
+                    if prompt_top is not None:
+                        output[3] = tensors.logprobs(*self.logprob_rows(list(ids[1:]), prompt_top), numpy=False)
+                        prompt_top = None  # the whole prompt with the first output
+                    await self._send([output], aux=tensors.aux)
         except _Refused as refused:
             log.info("Request %s refused: %s", request_id, refused)
             await self._send([_output(request_id, [], ERROR)])
         if self.dp_size > 1 and not self.state.running:
             await self._send(wave_complete=self.current_wave)
             self.current_wave += 1
+
+    def logprob_rows(self, tokens: list[int], top: int) -> tuple[list[list[tuple[int, float]]], list[int]]:
+        """Each token's row (the token, then the ``top`` most likely, padded to
+        ``state.logprob_columns``) and its rank, from the scripted model's logprobs."""
+        width = max(top, self.state.logprob_columns)
+        values, top_ids, top_values = self.engine.model.logprobs(tokens, width)
+        rows = [
+            [(token, values[i])] + (list(zip(top_ids[i], top_values[i], strict=True)) if width else [])
+            for i, token in enumerate(tokens)
+        ]
+        return rows, [1] * len(tokens)  # the scripted model ranks the chosen token first
 
     async def die(self) -> None:
         """Send ENGINE_CORE_DEAD, then stop (the requests in flight are not answered)."""

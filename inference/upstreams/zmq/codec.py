@@ -25,8 +25,9 @@ The layouts are the contract:
 A data-plane message from the gateway is ``[identity, type byte, msgpack payload, aux frames...]``
 on the input ROUTER; an engine's outputs arrive on the output PULL as ``[msgpack payload, aux
 frames...]``, or as the single frame :data:`ENGINE_CORE_DEAD` when the engine core died. Tensors
-(logprobs, prompt embeddings) travel as msgpack extension types or aux frames; this codec does not
-decode them (the outputs' tensor fields are kept opaque).
+(logprobs, prompt embeddings) travel as msgpack extension types or aux frames; this codec keeps the
+outputs' tensor fields as decoded msgpack (a raw view as bytes) and :mod:`.logprobs` (with
+:mod:`.tensors`) decodes the logprobs.
 """
 
 from __future__ import annotations

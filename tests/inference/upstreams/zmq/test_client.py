@@ -6,6 +6,7 @@ loads from the scheduler stats."""
 from __future__ import annotations
 
 import asyncio
+import struct
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
@@ -383,3 +384,92 @@ async def _until(condition: Any, timeout: float = 5.0) -> None:
     async with asyncio.timeout(timeout):
         while not condition():
             await asyncio.sleep(0.005)
+
+
+# Logprobs: vLLM's tensors (LogprobsLists, LogprobsTensors) on the wire, decoded to TokenLogprobs.
+
+
+def _f32(value: float) -> float:
+    """A value as it crosses the wire (float32)."""
+    return float(struct.unpack("<f", struct.pack("<f", value))[0])
+
+
+def _expected(model: Any, tokens: list[int], top: int) -> list[tuple[int, float, tuple[tuple[int, float], ...]]]:
+    values, top_ids, top_values = model.logprobs(tokens, top)
+    return [
+        (token, _f32(values[i]), tuple((t, _f32(v)) for t, v in zip(top_ids[i], top_values[i], strict=True)) if top else ())
+        for i, token in enumerate(tokens)
+    ]
+
+
+def _per_output(model: Any, outputs: list[EngineOutput], top: int) -> list[tuple[int, float, tuple[tuple[int, float], ...]]]:
+    """What the stand-in computed: the scripted model's logprobs of each output's new tokens."""
+    return [entry for o in outputs for entry in _expected(model, list(o.token_ids), top)]
+
+
+def _entries(items: Any) -> list[tuple[int, float, tuple[tuple[int, float], ...]]]:
+    return [(item.token_id, item.logprob, item.top) for item in items]
+
+
+@pytest.mark.parametrize("threshold", [256, 0], ids=["inline", "aux-frames"])
+async def test_logprobs_and_top_alternatives(ipc_dir: Path, threshold: int) -> None:
+    w = await _worker(ipc_dir, zero_copy_threshold=threshold)
+    try:
+        sampling = SamplingParams(logprobs=True, top_logprobs=2, max_new_tokens=7)
+        outputs = await w.collect(EngineRequest("lp", w.prompt(), sampling))
+        assert w.engine.state.adds[0][3]["logprobs"] == 2  # SamplingParams.logprobs: N alternatives
+        assert "prompt_logprobs" not in w.engine.state.adds[0][3]
+        assert all(o.logprobs is not None and len(o.logprobs) == len(o.token_ids) for o in outputs)
+        assert _entries(item for o in outputs for item in o.logprobs or ()) == _per_output(w.model, outputs, 2)
+        assert all(o.prompt_logprobs is None for o in outputs)
+        assert (w.engine.state.aux_frames_sent > 0) == (threshold == 0)  # vLLM's 256-byte threshold
+    finally:
+        await w.group.stop()
+        await w.client.close()
+
+
+async def test_only_the_alternatives_asked_for_are_kept(worker: Worker) -> None:
+    worker.engine.state.logprob_columns = 5  # a wider request in the engine's batch widens every row
+    outputs = await worker.collect(EngineRequest("lp", worker.prompt(), SamplingParams(logprobs=True, top_logprobs=1, max_new_tokens=4)))
+    assert _entries(item for o in outputs for item in o.logprobs or ()) == _per_output(worker.model, outputs, 1)
+
+
+async def test_the_sampled_token_alone(worker: Worker) -> None:
+    outputs = await worker.collect(EngineRequest("lp", worker.prompt(), SamplingParams(logprobs=True, max_new_tokens=4)))
+    assert worker.engine.state.adds[0][3]["logprobs"] == 0  # vLLM: 0 is the sampled token's logprob only
+    assert _entries(item for o in outputs for item in o.logprobs or ()) == _per_output(worker.model, outputs, 0)
+
+
+async def test_no_logprobs_unless_asked(worker: Worker) -> None:
+    outputs = await worker.collect(EngineRequest("plain", worker.prompt(), SamplingParams(max_new_tokens=4)))
+    assert "logprobs" not in worker.engine.state.adds[0][3]
+    assert all(o.logprobs is None and o.prompt_logprobs is None for o in outputs)
+
+
+@pytest.mark.parametrize("threshold", [256, 0], ids=["inline", "aux-frames"])
+async def test_prompt_logprobs(ipc_dir: Path, threshold: int) -> None:
+    w = await _worker(ipc_dir, zero_copy_threshold=threshold)
+    try:
+        ids = w.prompt()
+        request = EngineRequest("plp", ids, SamplingParams(top_logprobs=2, max_new_tokens=4), return_prompt_logprobs=True)
+        outputs = await w.collect(request)
+        assert w.engine.state.adds[0][3]["prompt_logprobs"] == 2
+        prompt = outputs[0].prompt_logprobs
+        assert prompt is not None and len(prompt) == len(ids)  # one per prompt token
+        assert prompt[0] is None  # the first prompt token is not scored
+        assert _entries(prompt[1:]) == _expected(w.model, list(ids[1:]), 2)
+        assert all(o.prompt_logprobs is None for o in outputs[1:])
+        assert (w.engine.state.aux_frames_sent > 0) == (threshold == 0)
+    finally:
+        await w.group.stop()
+        await w.client.close()
+
+
+async def test_a_malformed_tensor_is_an_upstream_failure(worker: Worker) -> None:
+    worker.engine.state.malformed_logprobs = True
+    with pytest.raises(UpstreamFailure) as failed:
+        await worker.collect(EngineRequest("bad", worker.prompt(), SamplingParams(logprobs=True, top_logprobs=2)))
+    assert failed.value.kind is FailureKind.BROKEN and "logprob_token_ids" in failed.value.detail
+    worker.engine.state.malformed_logprobs = False  # the worker still serves
+    outputs = await worker.collect(EngineRequest("good", worker.prompt(), SamplingParams(logprobs=True, max_new_tokens=3)))
+    assert sum(len(o.logprobs or ()) for o in outputs) == 3
