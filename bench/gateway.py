@@ -131,14 +131,19 @@ def start_mock_worker(
 
 
 def grpc_engine_argv(
-    port: int, tokenizer: Path, runtime: str = "sglang", chunk_tokens: int = 1, lean: bool = False
+    port: int, tokenizer: Path, runtime: str = "sglang", chunk_tokens: int = 1, lean: bool = False,
+    to_max_tokens: bool = False, delay_ms: float = 0.0,
 ) -> list[str]:
     """``manage.py runmockworker --grpc``: the gRPC engine stand-in serving ``MODEL`` with ``tokenizer``;
-    ``lean``: bench/lean_engine.py, the same service without its prompt-length bookkeeping."""
+    ``lean``: bench/lean_engine.py, the same service without its prompt-length bookkeeping
+    (``to_max_tokens``: every request runs to its token limit; ``delay_ms``: a pause before each
+    streamed chunk; both lean only)."""
     common = ["--tokenizer", str(tokenizer), "--host", LOOPBACK, "--port", str(port), "--model", MODEL,
               "--runtime", runtime, "--chunk-tokens", str(chunk_tokens)]  # fmt: skip
     if lean:
-        return [PYTHON, str(REPO / "bench" / "lean_engine.py"), *common]
+        lean_only = ["--to-max-tokens"] if to_max_tokens else []
+        lean_only += ["--delay-ms", f"{delay_ms:g}"] if delay_ms else []
+        return [PYTHON, str(REPO / "bench" / "lean_engine.py"), *common, *lean_only]
     return [PYTHON, MANAGE, "runmockworker", "--grpc", *common]
 
 
@@ -151,10 +156,12 @@ def start_grpc_engine(
     runtime: str = "sglang",
     chunk_tokens: int = 1,
     lean: bool = False,
+    to_max_tokens: bool = False,
+    delay_ms: float = 0.0,
 ) -> ManagedProcess:
     """The gRPC engine stand-in pinned to ``core``; waits for its "serving ... on grpc://" line."""
     env = child_env({"DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
-    argv = grpc_engine_argv(port, tokenizer, runtime, chunk_tokens, lean)
+    argv = grpc_engine_argv(port, tokenizer, runtime, chunk_tokens, lean, to_max_tokens, delay_ms)
     proc = group.start(f"grpc-engine-{port}", pinned(core, argv), env=env, cwd=REPO)
     needle = f"on grpc://{LOOPBACK}:{port}"
     proc.wait_ready(lambda: needle in proc.log_path.read_text(errors="replace"), timeout=START_TIMEOUT_S)

@@ -13,11 +13,16 @@ engine milliseconds per long prompt and would make the engine, not the gateway, 
   tokens: its reply is the default one, without reasoning);
 - the id range check, done with ``max`` instead of a generator over every id;
 - the copy of each request as a dict for the record (``MessageToDict`` over every prompt id).
+
+``--to-max-tokens`` also makes every request with a token limit run to that limit, as if it had set
+``ignore_eos`` (bench/messages_vs_chat.py: the Messages API has no ``ignore_eos``, and chat and
+Messages must stream the same number of tokens to compare their cost per token).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,6 +52,19 @@ def make_lean() -> None:
     model_cls.decode = decode  # type: ignore[method-assign]
 
 
+def run_to_max_tokens() -> None:
+    """Every choice with ``max_new_tokens`` runs to it (as with ``ignore_eos``), whatever the request says."""
+    model_cls = scripted_engine.ScriptedModel
+    choice = model_cls.choice
+
+    def to_limit(self: Any, kind: Any, thinking: Any, sampling: Any) -> Any:
+        if sampling.max_new_tokens is not None and not sampling.ignore_eos:
+            sampling = dataclasses.replace(sampling, ignore_eos=True)
+        return choice(self, kind, thinking, sampling)
+
+    model_cls.choice = to_limit  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", required=True)
@@ -55,10 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="mock-model")
     parser.add_argument("--runtime", default="sglang")
     parser.add_argument("--chunk-tokens", type=int, default=1)
+    parser.add_argument("--to-max-tokens", action="store_true", help="every request runs to its max tokens")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="the stand-in's pause before each streamed chunk")
     args = parser.parse_args(argv)
     make_lean()
+    if args.to_max_tokens:
+        run_to_max_tokens()
     config = GrpcEngineConfig(
-        runtime=args.runtime, tokenizer=args.tokenizer, model=args.model, chunk_tokens=args.chunk_tokens
+        runtime=args.runtime, tokenizer=args.tokenizer, model=args.model, chunk_tokens=args.chunk_tokens,
+        delay_ms=args.delay_ms,
     )
     run_grpc_engine(config, args.host, args.port)
     return 0

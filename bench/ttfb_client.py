@@ -52,13 +52,14 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, headers: d
             events += (tail[-5:] + chunk).count(b"data:")
             tail = (tail + chunk)[-64:]
     done = time.perf_counter()
-    if not first.startswith(b"data:") or b"[DONE]" not in tail:
+    # A chat stream ends with [DONE]; a Messages stream (event: lines) with its message_stop event.
+    if not first.startswith((b"data:", b"event:")) or (b"[DONE]" not in tail and b'"message_stop"' not in tail):
         raise RuntimeError(f"not a complete SSE stream (first {first[:40]!r}, tail {tail[-20:]!r})")
     return {
         "ttfb_ms": (first_at - start) * 1000,
         "headers_ms": (got_headers - start) * 1000,
         "total_ms": (done - start) * 1000,
-        "events": events,  # SSE events received, [DONE] included
+        "events": events,  # SSE events (data: lines) received, [DONE] included
     }
 
 
