@@ -36,7 +36,7 @@ from administration.notices import (
 )
 from administration.tenant_limits import stored_tenant_limits
 from administration.tokenizer_jobs import tokenizer_entries
-from administration.workers import JobStatus, job_of, sync_cli_workers, worker_fields, worker_records
+from administration.workers import JobStatus, cli_pd_workers, job_of, sync_cli_workers, worker_fields, worker_records
 from common.config import GatewayConfig
 from common.http_clients import aclose_http_client
 from common.outages import REDIS, STORE
@@ -252,7 +252,7 @@ class RegistrySync:
             self.leading = self.leadership.leader = True
             log.info("this process leads the host's health checks, registrations and load polls")
         if self.leading:
-            await arun_db(sync_cli_workers, self.config.worker_urls, self.config.backend)
+            await arun_db(sync_cli_workers, self.config.worker_urls, self.config.backend, cli_pd_workers(self.config))
         snapshot = await self.arefresh()
         if self.leading:
             self.loads.start()
@@ -275,7 +275,7 @@ class RegistrySync:
             self._follower.cancel()
         while True:  # the store may be down as the leader changes: try until it is back
             try:
-                await arun_db(sync_cli_workers, self.config.worker_urls, self.config.backend)
+                await arun_db(sync_cli_workers, self.config.worker_urls, self.config.backend, cli_pd_workers(self.config))
                 break
             except STORE_ERRORS:  # logged once as an outage
                 await asyncio.sleep(STORE.retry_secs)

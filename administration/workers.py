@@ -22,7 +22,7 @@ from administration.registration import JOB_STORE_PATIENCE_SECS
 from administration.worker_spec import SpecRuleError, WorkerSpec, parse_worker_spec
 from common.config import PROVIDER_BACKENDS, GatewayConfig, current_config
 from inference.routing.breaker import DEFAULT_CAPACITY, DEFAULT_RETRYABLE, Resilience
-from inference.routing.workers import RuntimeType, WorkerKind, WorkerRecord, kind_of
+from inference.routing.workers import PdTraits, RuntimeType, WorkerKind, WorkerRecord, kind_of
 
 __all__ = [
     "WorkerError",
@@ -361,8 +361,21 @@ def backend_runtime(backend: str) -> str:
     return RuntimeType.UNSPECIFIED if backend == "auto" else backend
 
 
-def sync_cli_workers(urls: Sequence[str], backend: str = "auto") -> list[Worker]:
-    """Make the stored command-line workers match ``--worker-urls``.
+def cli_pd_workers(config: GatewayConfig) -> tuple[tuple[str, str, int | None], ...]:
+    """The --prefill and --decode workers of --pd-disaggregation: (url, worker type, bootstrap port)."""
+    if not config.pd_disaggregation:
+        return ()
+    return (
+        *((url, str(WorkerType.PREFILL), port) for url, port in config.prefill_urls),
+        *((url, str(WorkerType.DECODE), None) for url in config.decode_urls),
+    )
+
+
+def sync_cli_workers(
+    urls: Sequence[str], backend: str = "auto", pd: Sequence[tuple[str, str, int | None]] = ()
+) -> list[Worker]:
+    """Make the stored command-line workers match ``--worker-urls`` (and the --prefill and --decode
+    workers of --pd-disaggregation, ``pd``: each with its worker type and bootstrap port).
 
     Several gateway processes may share one store: a gateway started without ``--worker-urls`` joins
     the stored fleet as it is and changes nothing; one started with the flag makes the command-line
@@ -370,16 +383,19 @@ def sync_cli_workers(urls: Sequence[str], backend: str = "auto") -> list[Worker]
     serving (the other gateways route to it meanwhile); one that is not is registered anew. Workers
     registered through the admin API are left alone, even when a flag names the same URL.
     """
-    if not urls:
+    entries: dict[str, dict[str, Any]] = {url: {} for url in urls}
+    for url, worker_type, port in pd:
+        entries[url] = {"worker_type": worker_type, **({"bootstrap_port": port} if port is not None else {})}
+    if not entries:
         return list(Worker.objects.from_cli())
     with transaction.atomic():
-        removed, _ = Worker.objects.from_cli().exclude(url__in=list(urls)).delete()
+        removed, _ = Worker.objects.from_cli().exclude(url__in=list(entries)).delete()
         unlisted = False
         workers = []
-        for url in urls:
+        for url, extra in entries.items():
             existing = Worker.objects.select_for_update().filter(url=url).first()
             if existing is None:
-                given: dict[str, Any] = {"url": url, "runtime_type": backend_runtime(backend)}
+                given: dict[str, Any] = {"url": url, "runtime_type": backend_runtime(backend), **extra}
                 if backend in PROVIDER_BACKENDS:  # the provider, whatever host its API is on
                     given["labels"] = {"provider": backend}
                 spec = parse_worker_spec(given)
@@ -437,6 +453,29 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
                     if kind is WorkerKind.ENGINE
                     else None
                 ),
+                pd=pd_traits(worker),
             )
         )
     return records
+
+
+def pd_traits(worker: Worker) -> PdTraits | None:
+    """What PD routing needs of a prefill or decode worker (None for the others): its spec fields,
+    a label where the field is empty (spec 3), and the pairing_protocol label."""
+    if worker.worker_type not in (WorkerType.PREFILL, WorkerType.DECODE):
+        return None
+    labels = worker.labels
+
+    def text(name: str) -> str | None:
+        value = worker.setting(name) or labels.get(name)
+        return str(value) if value else None
+
+    port = worker.setting("bootstrap_port")
+    dp_size = worker.setting("dp_size")
+    return PdTraits(
+        bootstrap_port=int(port) if port else None,
+        pairing_protocol=str(labels["pairing_protocol"]) if labels.get("pairing_protocol") else None,
+        kv_connector=text("kv_connector"),
+        kv_engine_id=text("kv_engine_id"),
+        dp_size=int(dp_size) if dp_size else None,
+    )

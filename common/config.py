@@ -73,6 +73,10 @@ class GatewayConfig:
     # Workers and models
     worker_urls: tuple[str, ...] = ()
     backend: str = "auto"  # what the --worker-urls are (BACKENDS): auto-detected, an engine, or a provider
+    # Prefill/decode disaggregation: --prefill URL [BOOTSTRAP_PORT] and --decode URL workers
+    pd_disaggregation: bool = False
+    prefill_urls: tuple[tuple[str, int | None], ...] = ()
+    decode_urls: tuple[str, ...] = ()
     # How Generate streams of grpc:// workers are read: on the event loop (native, D44) or by grpc.aio
     grpc_stream_reader: str = "native"
     grpc_stream_window_bytes: int = 1 << 20  # native reader: what one engine stream may have unread
@@ -99,6 +103,8 @@ class GatewayConfig:
     jwt_role_claim: str = "role"
     # Routing
     policy: str = "round_robin"
+    prefill_policy: str | None = None  # PD: the prefill side's policy (default: --policy)
+    decode_policy: str | None = None  # PD: the decode side's policy (default: --policy)
     model_policies: tuple[tuple[str, str], ...] = ()
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 64
@@ -336,6 +342,23 @@ def _pair(separator: str, what: str, right: Callable[[str], str] = _text) -> Cal
     return parse
 
 
+def _prefill_worker(text: str) -> tuple[str, int | None]:
+    """A --prefill entry, ``URL [BOOTSTRAP_PORT]``: the worker URL and, optionally, its KV bootstrap port."""
+    values = text.split()
+    if not 1 <= len(values) <= 2:
+        raise argparse.ArgumentTypeError("expected --prefill URL [BOOTSTRAP_PORT]")
+    url = _worker_url(values[0])
+    if len(values) == 1 or values[1].lower() in ("none", "null", ""):
+        return (url, None)
+    try:
+        port = int(values[1])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bootstrap port must be a number, got {values[1]!r}") from None
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"bootstrap port must be between 1 and 65535, got {port}")
+    return (url, port)
+
+
 def _control_plane_key(text: str) -> tuple[str, str, str, str]:
     parts = text.split(":", 3)
     if len(parts) != 4 or not all(parts):
@@ -391,6 +414,12 @@ FLAGS: tuple[Flag, ...] = (
          "bytes per second a request body must average after its grace (0: no rate rule)"),
     Flag("worker_urls", _worker_url, "worker URLs: HTTP (http://, https://) or gRPC engines (grpc://, grpcs://)",
          kind="list", metavar="URL"),
+    Flag("pd_disaggregation", _bool, "prefill/decode disaggregation: route through --prefill and --decode workers",
+         kind="switch"),
+    Flag("prefill_urls", _prefill_worker, "a prefill worker and its KV bootstrap port (PD), repeatable",
+         kind="append_args", option="--prefill", metavar="URL [BOOTSTRAP_PORT]"),
+    Flag("decode_urls", _worker_url, "a decode worker (PD), repeatable", kind="append", option="--decode",
+         metavar="URL"),
     Flag("backend", _choice(BACKENDS),
          "what --worker-urls are: auto (detected), an engine (sglang, vllm, trtllm, mlx, tokenspeed) or an "
          "external OpenAI-compatible provider (openai, anthropic, gemini, xai: its models read from it)"),
@@ -430,6 +459,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("jwt_jwks_uri", _issuer_url, "JWKS URL (default: discovered from the issuer)"),
     Flag("jwt_role_claim", _text, "JWT claim holding the role (a string or a list of strings)"),
     Flag("policy", _choice(POLICIES), "worker selection policy"),
+    Flag("prefill_policy", _choice(POLICIES), "PD: the prefill side's worker selection policy (default: --policy)"),
+    Flag("decode_policy", _choice(POLICIES), "PD: the decode side's worker selection policy (default: --policy)"),
     Flag("model_policies", _pair("=", "model=policy", _choice(POLICIES)), "policy for one model, repeatable",
          kind="append", option="--model-policy", metavar="MODEL=POLICY"),
     Flag("cache_threshold", _fraction, "cache_aware: prefix match ratio above which the matching worker is used"),
@@ -530,6 +561,8 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag.option_name, nargs="*", type=flag.parse, metavar=flag.metavar, **common)
         elif flag.kind == "append":
             parser.add_argument(flag.option_name, action="append", type=flag.parse, metavar=flag.metavar, **common)
+        elif flag.kind == "append_args":  # repeatable, each time one or more words parsed together
+            parser.add_argument(flag.option_name, action="append", nargs="+", metavar=flag.metavar, **common)
         else:
             parser.add_argument(flag.option_name, type=flag.parse, metavar=flag.metavar, **common)
 
@@ -541,6 +574,8 @@ def _from_env(flag: Flag) -> Any:
     try:
         if flag.kind in ("list", "append"):
             return [flag.parse(item) for item in raw.replace(",", " ").split() if item]
+        if flag.kind == "append_args":  # entries separated by commas, an entry's words by spaces
+            return [flag.parse(entry) for entry in raw.split(",") if entry.strip()]
         return flag.parse(raw)
     except argparse.ArgumentTypeError as exc:
         raise ConfigError(f"{flag.env_name}: {exc}") from None
@@ -555,12 +590,21 @@ def config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
             value = _from_env(flag)
         if value is None:
             continue
-        if flag.kind in ("list", "append"):
+        if flag.kind == "append_args" and getattr(ns, flag.field, None) is not None:
+            try:
+                value = [flag.parse(" ".join(words)) for words in value]
+            except argparse.ArgumentTypeError as exc:
+                raise ConfigError(f"{flag.option_name}: {exc}") from None
+        if flag.kind in ("list", "append", "append_args"):
             value = tuple(dict.fromkeys(value))
         values[flag.field] = value
     config = GatewayConfig(**values)
     if bool(config.jwt_issuer) != bool(config.jwt_audience):
         raise ConfigError("--jwt-issuer and --jwt-audience go together")
+    if (config.prefill_urls or config.decode_urls) and not config.pd_disaggregation:
+        raise ConfigError("--prefill and --decode need --pd-disaggregation")
+    if config.pd_disaggregation and not (config.prefill_urls and config.decode_urls):
+        raise ConfigError("--pd-disaggregation needs at least one --prefill and one --decode worker")
     return config
 
 

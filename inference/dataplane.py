@@ -15,11 +15,13 @@ from inference import errors
 from inference.admission import MediaBudget, PermitPool, RateLimiter
 from inference.admission.rate_limit import TenantLimits, refit_rate_limiter
 from inference.auth import KeyRing
-from inference.routing.policies import PolicySet
+from inference.routing.policies import PolicySet, SelectionPolicy, make_policy
 from inference.routing.registry import REGISTRY, WorkerRegistry
 from inference.routing.retry import RetryPolicy
 from inference.upstreams import RELAYS, Relay
 from inference.upstreams.engine_pool import EnginePool
+from inference.upstreams.http import HttpRelay
+from inference.upstreams.pd_http import PdHttpDispatch
 
 __all__ = ["DataPlane", "data_plane", "reset_data_plane"]
 
@@ -47,6 +49,11 @@ class DataPlane:
     # tenant has a limit. Installed on the event loop by install_tenant_limits, never per request.
     tenant_limits: TenantLimits = field(default_factory=lambda: TenantLimits(0, ()))
     _limiter: RateLimiter | None = None
+    # Prefill/decode disaggregation: each side's policy (--prefill-policy, --decode-policy, default
+    # --policy) and the HTTP dual dispatch over the HTTP relay.
+    prefill_policy: SelectionPolicy | None = None
+    decode_policy: SelectionPolicy | None = None
+    pd_http: PdHttpDispatch | None = None
 
     @classmethod
     def build(cls, config: GatewayConfig) -> DataPlane:
@@ -68,6 +75,11 @@ class DataPlane:
                 else None
             ),
         )
+        built.prefill_policy = make_policy(config.prefill_policy or config.policy, config)
+        built.decode_policy = make_policy(config.decode_policy or config.policy, config)
+        http = built.relays.get("http")
+        if isinstance(http, HttpRelay):
+            built.pd_http = PdHttpDispatch(http)
         built.install_tenant_limits({})
         return built
 

@@ -9,8 +9,8 @@ from typing import Any, AsyncIterator
 
 from aiohttp import web
 
-from inference.routing.pd import PdMember, PdTraits
-from inference.routing.workers import WorkerHandle, WorkerLoad, WorkerRecord, WorkerStatus, WorkerType
+from inference.routing.pd import PdMember
+from inference.routing.workers import PdTraits, WorkerHandle, WorkerLoad, WorkerRecord, WorkerStatus, WorkerType
 from standins.mock_worker import MockWorkerConfig, MockWorkerState, mock_state
 from standins.pd_worker import PdState, PdWorkerConfig, build_pd_app, pd_state
 
@@ -33,11 +33,12 @@ class PdWorker:
     def mock(self) -> MockWorkerState:
         return mock_state(self.app)
 
-    def record(self, runtime: str = "sglang") -> WorkerRecord:
+    def record(self, runtime: str = "sglang", pairing_protocol: str | None = None) -> WorkerRecord:
         worker_type = WorkerType.PREFILL if self.role == "prefill" else WorkerType.DECODE
         return WorkerRecord(
             id=str(uuid.uuid4()), url=self.url, model_id=self.model, runtime_type=runtime,
             status=WorkerStatus.READY, worker_type=worker_type,
+            pd=PdTraits(bootstrap_port=self.bootstrap_port, pairing_protocol=pairing_protocol),
         )
 
     def member(self, pairing_protocol: str | None = None, context_length: int | None = None) -> PdMember:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import re
 from time import perf_counter
-from typing import Awaitable
+from typing import Any, Awaitable
 
 import orjson
 
@@ -25,7 +25,9 @@ from inference.auth import Identity, IdentityKind
 from inference.dataplane import DataPlane, data_plane
 from inference.errors import GatewayError
 from inference.kit import Passed, RoutePlan, pass_gate, run_attempts
-from inference.routing.selection import select_worker
+from inference.kit.pd_route import pd_pair_for, serves_by_pd
+from inference.routing.pd import PdPair, batch_size, choose_partner, inject_bootstrap
+from inference.routing.selection import RoutingDecision, select_worker
 from inference.routing.workers import WorkerHandle, WorkerKind, WorkerRecord
 from inference.served import ServedAnswer, ServedRequest, ServedSurface
 from inference.upstreams import RelayAnswer, RelayRequest
@@ -66,6 +68,15 @@ def _servable(record: WorkerRecord) -> bool:
     """Whether the gateway can serve a request on ``record`` itself: a provider always (by a surface
     of its own), an engine when its runtime has a client over its transport."""
     return record.kind is not WorkerKind.ENGINE or ENGINE_CLIENTS.serves(record.transport, record.runtime_type)
+
+
+def _wants_logprobs(path: str, body: dict[str, Any]) -> bool:
+    """Whether the prefill side's input logprobs are merged into the answer (the reference's rule)."""
+    if path == "/generate":
+        return bool(body.get("return_logprob"))
+    if path == "/v1/completions":
+        return body.get("logprobs") is not None
+    return bool(body.get("logprobs"))
 
 
 class SurfaceRoute:
@@ -122,7 +133,21 @@ class SurfaceRoute:
         key = header(scope, b"x-gw-routing-key")
         routing_key = key.decode("latin-1") if key else None
         model = checked.model or None
-        decision = select_worker(dp.registry.snapshot, model, dp.policies, routing_key=routing_key, body=checked.body)
+        # Prefill/decode disaggregation: the attempts run on decode workers, each with its prefill partner.
+        pairs: dict[str, PdPair] = {}
+
+        def paired(pair: PdPair) -> WorkerHandle:
+            pairs[pair.decode.handle.id] = pair
+            choose_partner(pair)  # an engine worker's client runs the pair (inference.served.base)
+            return pair.decode.handle
+
+        pd = serves_by_pd(dp, model)
+        if pd:
+            pair = pd_pair_for(dp, model, routing_key, checked.body)
+            canonical = dp.registry.snapshot.canonical_model(model) if model else None
+            decision = RoutingDecision(paired(pair), canonical, dp.decode_policy.name if dp.decode_policy else "")
+        else:
+            decision = select_worker(dp.registry.snapshot, model, dp.policies, routing_key=routing_key, body=checked.body)
         body = checked.body
         modified = checked.modified
         if decision.model is not None and decision.model != checked.model:
@@ -132,7 +157,10 @@ class SurfaceRoute:
         worker = decision.worker
         transport = worker.record.transport
         route.selected(worker.record.worker_type, transport, decision.policy, transport)
-        plan = RoutePlan(self.upstream_path, model, routing_key, body, len(payload))
+        plan = RoutePlan(
+            self.upstream_path, model, routing_key, body, len(payload),
+            pick_next=(lambda tried: paired(pd_pair_for(dp, model, routing_key, body, tried))) if pd else None,
+        )  # fmt: skip
         path = self.upstream_path
         stream = checked.stream
         identity = passed.identity
@@ -180,11 +208,26 @@ class SurfaceRoute:
                     if handling.whole_answer is None or stream:
                         return opening
                     return checked_whole(opening, handling.whole_answer, dp.config.max_buffered_response_bytes)
+                pair = pairs.get(target.id)
+                if pair is not None:
+                    return open_pd(pair, handling.headers)
                 relay = dp.relay_for(record.transport, path)
                 return relay.open(RelayRequest(target, path, payload, stream, writer.request_id, headers, identity))
             if type(handling) is Serve and handling.takes(record) and _servable(record):
                 return serve(target, handling)
             return refuse(target)
+
+        def open_pd(pair: PdPair, allowed: HeaderSet) -> Awaitable[RelayAnswer]:
+            """Both sides of an HTTP PD pair at once, with the prefill's bootstrap in the body."""
+            if dp.pd_http is None:
+                raise errors.endpoint_not_supported(path, "http")
+            sent = orjson.dumps(inject_bootstrap(body, pair.prefill, batch_size(path, body)))
+
+            def side(handle: WorkerHandle) -> RelayRequest:
+                passes = allowed.for_worker(handle.record, identity) if allowed.credentials else allowed
+                return RelayRequest(handle, path, sent, stream, writer.request_id, forwarded_headers(scope, passes), identity)
+
+            return dp.pd_http.open(side(pair.prefill.handle), side(pair.decode.handle), _wants_logprobs(path, body), decision.model)
 
         def deliver(answer: RelayAnswer | ServedAnswer) -> Awaitable[bool]:
             return answer.forward(writer)

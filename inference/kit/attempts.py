@@ -28,6 +28,7 @@ from inference.routing.retry import RETRY_STATUSES
 from inference.routing.selection import select_worker
 from inference.routing.workers import WorkerHandle
 from inference.upstreams.failures import UpstreamFailure
+from inference.upstreams.pd_http import PdFailure
 from inference.writers import ResponseClock
 
 __all__ = ["Answer", "RoutePlan", "run_attempts", "run_turn"]
@@ -57,6 +58,9 @@ class RoutePlan:
     body: Mapping[str, Any]  # the parsed request (cache_aware matches on its text)
     replay_bytes: int  # the size of what a retry sends again (--max-buffered-request-bytes)
     pinned: bool = False  # a later turn of one request: it runs on its worker, no other is tried
+    # Who takes a retry, given the workers tried (default: the model's policy). Prefill/decode
+    # disaggregation picks a new pair and answers its decode worker.
+    pick_next: Callable[[frozenset[str]], WorkerHandle | None] | None = None
 
 
 async def run_attempts(
@@ -112,7 +116,12 @@ async def run_attempts(
                     raise failure.to_error() from None
                 record = worker.record
                 telemetry.record_worker_error(record.worker_type, record.transport, failure.timed_out)
-                breaker.record(True)
+                if isinstance(failure, PdFailure) and failure.worker_id != worker.id:
+                    # Its prefill partner failed (and was counted so): that one is not tried again,
+                    # this decode worker may be, with another prefill worker.
+                    tried[-1] = failure.worker_id
+                else:
+                    breaker.record(True)
                 following = _next_worker(dp, plan, tried, retries)
                 if following is None:
                     if not plan.pinned:
@@ -145,6 +154,11 @@ def run_turn(
 def _next_worker(dp: DataPlane, plan: RoutePlan, tried: list[str], retries: int) -> WorkerHandle | None:
     if plan.pinned or not dp.retry.allows(retries, plan.replay_bytes):
         return None
+    if plan.pick_next is not None:
+        try:
+            return plan.pick_next(frozenset(tried))
+        except GatewayError:
+            return None
     try:
         return select_worker(
             dp.registry.snapshot, plan.model, dp.policies,

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import random
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from inference import errors
 from inference.routing.breaker import BreakerState
-from inference.routing.policies.base import SelectionPolicy, SelectionRequest
-from inference.routing.workers import WorkerHandle, WorkerRecord, WorkerStatus, WorkerType
+from inference.routing.workers import PdTraits, WorkerHandle, WorkerRecord, WorkerStatus, WorkerType
+
+if TYPE_CHECKING:  # the policies package imports the registry, which imports this module
+    from inference.routing.policies.base import SelectionPolicy, SelectionRequest
 
 __all__ = [
     "GRPC_DEFAULT_BOOTSTRAP_PORT",
@@ -42,23 +45,14 @@ __all__ = [
     "batch_size",
     "PdPool",
     "build_pd_pool",
+    "choose_partner",
+    "pd_partner",
 ]
 
 GRPC_DEFAULT_BOOTSTRAP_PORT = 8998  # sent on gRPC (and the Mooncake-style path) when bootstrap_port is unset
 MAX_HTTP_ROOM = 2**63 - 1  # a room id is random in [0, 2^63 - 1] (as SGLang's own router draws it)
 MAX_GRPC_ROOM = 2**31 - 2  # SGLang's DisaggregatedParams.bootstrap_room is an int32: [0, i32::MAX)
 _random = random.SystemRandom()
-
-
-@dataclass(frozen=True, slots=True)
-class PdTraits:
-    """What PD needs to know about a prefill or decode worker, from its spec fields and labels."""
-
-    bootstrap_port: int | None = None
-    pairing_protocol: str | None = None  # the pairing_protocol label: an explicit pairing key
-    kv_connector: str | None = None  # the spec field, else what the engine reported
-    kv_engine_id: str | None = None
-    dp_size: int | None = None
 
 
 def pd_pairing(record: WorkerRecord, traits: PdTraits) -> str:
@@ -264,3 +258,23 @@ def build_pd_pool(
         tuple(any_model[WorkerType.PREFILL]),
         tuple(any_model[WorkerType.DECODE]),
     )
+
+
+# The prefill worker paired with each decode worker the current request tried (the request's task
+# sets it as it picks a pair; the engine path reads it where it takes the decode worker's client).
+_PARTNERS: ContextVar[dict[str, PdMember] | None] = ContextVar("pd_partners", default=None)
+
+
+def choose_partner(pair: PdPair) -> None:
+    """Remember, for the rest of the current request, that ``pair.decode`` runs with ``pair.prefill``."""
+    partners = _PARTNERS.get()
+    if partners is None:
+        partners = {}
+        _PARTNERS.set(partners)
+    partners[pair.decode.handle.id] = pair.prefill
+
+
+def pd_partner(worker_id: str) -> PdMember | None:
+    """The prefill worker the current request paired with decode worker ``worker_id``, if any."""
+    partners = _PARTNERS.get()
+    return None if partners is None else partners.get(worker_id)

@@ -11,12 +11,19 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
-from inference.routing.workers import WorkerHandle, WorkerLoad, WorkerRecord, WorkerStatus
+from inference.routing.pd import PdPool, build_pd_pool
+from inference.routing.workers import PdTraits, WorkerHandle, WorkerLoad, WorkerRecord, WorkerStatus, WorkerType
 
 __all__ = ["RegistrySnapshot", "WorkerRegistry", "REGISTRY"]
 
 
 _EMPTY: Mapping[str, tuple[WorkerHandle, ...]] = MappingProxyType({})
+_NOT_REGULAR = frozenset({WorkerType.PREFILL, WorkerType.DECODE, WorkerType.ENCODE})
+_NO_TRAITS = PdTraits()
+
+
+def _traits(record: WorkerRecord) -> PdTraits:
+    return record.pd or _NO_TRAITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +42,9 @@ class RegistrySnapshot:
     routable: tuple[WorkerHandle, ...] = ()
     # The models ready self-hosted workers serve (GET /v1/models), without external providers' lists.
     hosted_models: tuple[str, ...] = ()
+    # The ready prefill and decode workers (prefill/decode disaggregation), which are never routable
+    # as regular workers above (nor are encode workers).
+    pd: PdPool = field(default_factory=PdPool)
 
     def canonical_model(self, name: str) -> str:
         return self.aliases.get(name, name)
@@ -123,6 +133,10 @@ class WorkerRegistry:
                 undiscovered += 1
             if record.status != WorkerStatus.READY:
                 continue
+            if record.worker_type in _NOT_REGULAR:
+                if served and not record.models:
+                    hosted[served[0]] = None
+                continue
             if served:
                 for model in served:
                     by_model.setdefault(model, []).append(handle)
@@ -131,7 +145,10 @@ class WorkerRegistry:
             else:
                 any_model.append(handle)
         self._handles = handles
-        routable = tuple(handle for handle in handles.values() if handle.record.status == WorkerStatus.READY)
+        routable = tuple(
+            handle for handle in handles.values()
+            if handle.record.status == WorkerStatus.READY and handle.record.worker_type not in _NOT_REGULAR
+        )
         self.snapshot = RegistrySnapshot(
             workers=tuple(handles.values()),
             routable_by_model=MappingProxyType({m: tuple(h) for m, h in by_model.items()}),
@@ -141,8 +158,13 @@ class WorkerRegistry:
             aliases=aliases if isinstance(aliases, MappingProxyType) else MappingProxyType(dict(aliases)),
             routable=routable,
             hosted_models=tuple(hosted),
+            pd=build_pd_pool(handles.values(), _traits, _context_length),
         )
         return self.snapshot
+
+
+def _context_length(record: WorkerRecord) -> int | None:
+    return record.engine.context_length if record.engine is not None else None
 
 
 REGISTRY = WorkerRegistry()

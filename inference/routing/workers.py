@@ -30,6 +30,7 @@ __all__ = [
     "WorkerRecord",
     "WorkerHandle",
     "EngineSpec",
+    "PdTraits",
     "PROVIDER_HOSTS",
     "provider_of",
 ]
@@ -188,6 +189,19 @@ class EngineSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PdTraits:
+    """What prefill/decode disaggregation needs of a prefill or decode worker (its spec fields and
+    labels; inference/routing/pd.py uses them): the KV bootstrap port, the explicit pairing key
+    (``pairing_protocol`` label), the KV connector and engine id, the data-parallel size."""
+
+    bootstrap_port: int | None = None
+    pairing_protocol: str | None = None
+    kv_connector: str | None = None
+    kv_engine_id: str | None = None
+    dp_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerRecord:
     """What the control plane knows about one worker (built from a Worker row)."""
 
@@ -209,6 +223,7 @@ class WorkerRecord:
     # The provider an external worker's registration named (--backend, or its ``provider`` label),
     # for a provider's API on a host of its own (a proxy, a stand-in); else its host tells.
     named_provider: str | None = None
+    pd: PdTraits | None = None  # set for prefill and decode workers
     # Derived once from the URL and the runtime (never given): how the gateway reaches it, and what
     # the gateway is to it.
     transport: Transport = field(init=False, compare=False)

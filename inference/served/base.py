@@ -5,17 +5,19 @@ may also be served on external providers, driving the provider itself: Responses
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from inference.auth import Identity
 from inference.dataplane import DataPlane
 from inference.pipeline.tokenizer_registry import TOKENIZERS, tokenizer_for
 from inference.pipeline.tokenizers import ModelTokenizer
+from inference.routing.pd import pair_context_length, pd_partner
 from inference.routing.registry import RegistrySnapshot
 from inference.routing.workers import EngineSpec, WorkerHandle, WorkerKind, WorkerRecord
 from inference.schemas.families import ModelFamily, detect_family
 from inference.upstreams.engine import EngineClient
+from inference.upstreams.pd_engine import PdEngineClient, pd_engine_refusal
 from inference.writers import ResponseWriter
 
 __all__ = [
@@ -73,14 +75,25 @@ def _tokenizer_source(record: WorkerRecord, spec: EngineSpec) -> dict[str, str |
 
 
 def engine_target(dp: DataPlane, worker: WorkerHandle, model: str) -> EngineTarget:
-    """The client, tokenizer and family of ``worker`` for ``model``. Raises GatewayError 503
-    tokenizer_not_ready / 500 tokenizer_not_found, or UpstreamFailure for a runtime without a client."""
+    """The client, tokenizer and family of ``worker`` for ``model`` (for the decode worker of a PD
+    pair, a client that runs each generation on the pair). Raises GatewayError 503
+    tokenizer_not_ready / 500 tokenizer_not_found / 400 runtime_pd_not_supported, or UpstreamFailure
+    for a runtime without a client."""
     record = worker.record
     spec = record.engine or EngineSpec()
     model = model or record.model_id or ""
     tokenizer = tokenizer_for(model, **_tokenizer_source(record, spec))
     family = detect_family(model, architectures=spec.architectures, model_type=spec.model_type or None)
-    return EngineTarget(worker, dp.engines.client(record), tokenizer, spec, family, model)
+    client = dp.engines.client(record)
+    partner = pd_partner(worker.id)
+    if partner is not None:  # a decode worker of a PD pair: the request runs on both engines
+        refusal = pd_engine_refusal(record.runtime_type)
+        if refusal is not None:
+            raise refusal
+        client = PdEngineClient(dp.engines.client(partner.handle.record), client, partner, model)
+        # A prompt must fit both engines: the smaller context window of the pair is the limit.
+        spec = replace(spec, context_length=pair_context_length(partner.context_length, spec.context_length))
+    return EngineTarget(worker, client, tokenizer, spec, family, model)
 
 
 def tokenizer_ready(record: WorkerRecord) -> bool:

@@ -26,10 +26,14 @@ from typing import Any
 from common import pd_metrics
 from inference.errors import GatewayError
 from inference.routing.pd import GRPC_DEFAULT_BOOTSTRAP_PORT, PdMember, grpc_room
-from inference.upstreams.engine import DisaggregationParams, EngineClient, EngineOutput, EngineRequest
+from inference.routing.load_report import EngineLoad
+from inference.upstreams.engine import (
+    CommandResult, DisaggregationParams, EngineClient, EngineHealth, EngineOutput, EngineRequest, ModelInfo,
+    ProfileOptions, TokenizerBundle,
+)
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 
-__all__ = ["PARALLEL_PD_RUNTIMES", "disaggregation_for", "parallel_pd", "pd_engine_refusal"]
+__all__ = ["PARALLEL_PD_RUNTIMES", "PdEngineClient", "disaggregation_for", "parallel_pd", "pd_engine_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -138,3 +142,47 @@ def _as_failure(failure: BaseException) -> BaseException:
     if isinstance(failure, (UpstreamFailure, GatewayError)):
         return failure
     return UpstreamFailure(FailureKind.BROKEN, f"prefill failed: {type(failure).__name__}: {failure}")
+
+
+class PdEngineClient(EngineClient):
+    """A decode engine paired with its prefill engine for one request: ``generate`` runs
+    :func:`parallel_pd` (a fresh rendezvous per call), ``abort`` reaches both; everything else is
+    the decode engine's."""
+
+    def __init__(self, prefill: EngineClient, decode: EngineClient, partner: PdMember, model: str | None = None) -> None:
+        super().__init__(decode.url, api_key=decode.api_key)
+        self.runtime = decode.runtime  # type: ignore[misc]  # the decode engine's, per instance
+        self.prefill = prefill
+        self.decode = decode
+        self.partner = partner
+        self.model = model
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        return parallel_pd(self.prefill, self.decode, request, disaggregation_for(self.partner), self.model)
+
+    async def abort(self, request_id: str) -> None:
+        await asyncio.gather(self.prefill.abort(request_id), self.decode.abort(request_id), return_exceptions=True)
+
+    async def health(self) -> EngineHealth:
+        return await self.decode.health()
+
+    async def model_info(self) -> ModelInfo:
+        return await self.decode.model_info()
+
+    async def server_info(self) -> dict[str, Any]:
+        return await self.decode.server_info()
+
+    async def loads(self) -> tuple[EngineLoad, ...]:
+        return await self.decode.loads()
+
+    async def flush_cache(self) -> CommandResult:
+        return await self.decode.flush_cache()
+
+    async def start_profile(self, options: ProfileOptions) -> CommandResult:
+        return await self.decode.start_profile(options)
+
+    async def stop_profile(self) -> CommandResult:
+        return await self.decode.stop_profile()
+
+    async def tokenizer(self) -> TokenizerBundle:
+        return await self.decode.tokenizer()
