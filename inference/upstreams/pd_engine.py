@@ -26,12 +26,14 @@ from typing import Any
 from common import pd_metrics
 from inference.errors import GatewayError
 from inference.routing.pd import GRPC_DEFAULT_BOOTSTRAP_PORT, PdMember, grpc_room
+from inference.routing.workers import WorkerHandle
 from inference.routing.load_report import EngineLoad
 from inference.upstreams.engine import (
     CommandResult, DisaggregationParams, EngineClient, EngineHealth, EngineOutput, EngineRequest, ModelInfo,
     ProfileOptions, TokenizerBundle,
 )
 from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.upstreams.pd_http import PdFailure
 
 __all__ = ["PARALLEL_PD_RUNTIMES", "PdEngineClient", "disaggregation_for", "parallel_pd", "pd_engine_refusal"]
 
@@ -55,11 +57,29 @@ def disaggregation_for(prefill: PdMember) -> DisaggregationParams:
     return DisaggregationParams(bootstrap_host=prefill.host, bootstrap_port=port, bootstrap_room=grpc_room())
 
 
-async def _drain(outputs: AsyncIterator[EngineOutput], model: str | None, runtime: str) -> None:
+async def _drain(
+    outputs: AsyncIterator[EngineOutput], model: str | None, runtime: str, worker: WorkerHandle | None
+) -> None:
+    """The prefill side, read to its end; its worker's in-flight count and breaker kept meanwhile."""
     started = perf_counter()
-    async with aclosing(outputs) as iterator:  # type: ignore[type-var]  # an async generator
-        async for _ in iterator:
-            pass
+    load = worker.load if worker is not None else None
+    if load is not None:
+        load.in_flight += 1
+    try:
+        async with aclosing(outputs) as iterator:  # type: ignore[type-var]  # an async generator
+            async for _ in iterator:
+                pass
+    except UpstreamFailure as failure:
+        if load is not None:
+            load.breaker.record(not failure.rejected)
+        if worker is not None:
+            raise PdFailure("prefill", worker.id, failure) from None
+        raise
+    finally:
+        if load is not None:
+            load.in_flight -= 1
+    if load is not None:
+        load.breaker.record(False)
     pd_metrics.record_pd_prefill(model, runtime, perf_counter() - started)
 
 
@@ -83,13 +103,15 @@ async def parallel_pd(
     request: EngineRequest,
     disaggregation: DisaggregationParams,
     model: str | None = None,
+    prefill_worker: WorkerHandle | None = None,
 ) -> AsyncIterator[EngineOutput]:
     """The decode engine's outputs for ``request`` sent to both engines with ``disaggregation``.
-    Raises UpstreamFailure as :meth:`EngineClient.generate` does (nothing yielded yet: retryable)."""
+    Raises UpstreamFailure as :meth:`EngineClient.generate` does (nothing yielded yet: retryable);
+    with ``prefill_worker``, a prefill failure is a PdFailure naming it (its load and breaker kept)."""
     paired = dataclasses.replace(request, disaggregation=disaggregation)
     started = perf_counter()
     first = True
-    prefill_task = asyncio.create_task(_drain(prefill.generate(paired), model, prefill.runtime))
+    prefill_task = asyncio.create_task(_drain(prefill.generate(paired), model, prefill.runtime, prefill_worker))
     outputs = decode.generate(paired)
     step: asyncio.Future[EngineOutput] | None = None
     try:
@@ -158,7 +180,9 @@ class PdEngineClient(EngineClient):
         self.model = model
 
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        return parallel_pd(self.prefill, self.decode, request, disaggregation_for(self.partner), self.model)
+        return parallel_pd(
+            self.prefill, self.decode, request, disaggregation_for(self.partner), self.model, self.partner.handle
+        )
 
     async def abort(self, request_id: str) -> None:
         await asyncio.gather(self.prefill.abort(request_id), self.decode.abort(request_id), return_exceptions=True)

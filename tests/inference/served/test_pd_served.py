@@ -16,6 +16,7 @@ import pytest
 
 from inference.pipeline.parsers import choose_parsers
 from inference.pipeline.tokenizer_registry import TOKENIZERS
+from inference.routing.registry import REGISTRY
 from inference.routing.workers import EngineSpec, PdTraits, WorkerRecord, WorkerStatus, WorkerType
 from standins.grpc_engine import GrpcEngineConfig
 from standins.grpc_pd import GrpcPdServer
@@ -79,12 +80,17 @@ async def test_a_failing_prefill_ends_a_grpc_pd_request_and_cancels_the_decode(m
         prompt = "Hi [[pd:prefill_fail]] [[pd:decode_hang]]"
         with pytest.raises(openai.APIStatusError) as caught:
             await sdk(http).chat.completions.create(model=QWEN_MODEL, messages=[{"role": "user", "content": prompt}])
-        assert caught.value.status_code in (500, 502)
+        assert caught.value.status_code == 502
 
         async def decode_cancelled() -> bool:
             return decode.pd.cancelled == 1
 
         await until(decode_cancelled)
+        snapshot = REGISTRY.snapshot
+        loads = {handle.record.worker_type: handle.load for handle in snapshot.workers}
+        assert loads[WorkerType.PREFILL].breaker.failures == 1  # counted on the prefill worker, not its decode
+        assert loads[WorkerType.DECODE].breaker.failures == 0
+        assert loads[WorkerType.PREFILL].in_flight == loads[WorkerType.DECODE].in_flight == 0
 
 
 async def test_a_runtime_without_the_rendezvous_is_refused(make_gateway: GatewayFactory) -> None:
