@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-grpc gateway test fuzz typecheck contracts protos bench install clean
+.PHONY: run run-grpc run-zmq gateway test fuzz typecheck contracts protos bench install clean
 
 # The first run installs everything (a few minutes): pip's own lines show how far it is.
 $(STAMP): requirements.txt requirements-dev.txt
@@ -36,6 +36,17 @@ run-grpc: $(STAMP)
 	  --tokenizer $(FIXTURE_MODELS)/qwen3 & \
 	ENGINE=$$!; trap 'kill $$ENGINE 2>/dev/null' EXIT INT TERM; \
 	$(BIN)/python manage.py rungateway --port $(GW_PORT) --worker-urls grpc://127.0.0.1:$(ENGINE_PORT) $(ARGS)
+
+# The ZMQ path: the gateway binds the ZMQ worker ipc://$(ZMQ_PATH) (vLLM's EngineCore in headless
+# mode; handshake port derived from the path) and the EngineCore stand-in, driven by the Qwen3
+# fixture tokenizer, dials in. The model id and the tokenizer are --model-path (the engine has none).
+ZMQ_PATH ?= /tmp/gateway-zmq-$(GW_PORT)
+run-zmq: $(STAMP)
+	@$(BIN)/python manage.py runmockworker --zmq --zmq-url ipc://$(ZMQ_PATH) --model Qwen/Qwen3-8B \
+	  --tokenizer $(FIXTURE_MODELS)/qwen3 & \
+	ENGINE=$$!; trap 'kill $$ENGINE 2>/dev/null' EXIT INT TERM; \
+	$(BIN)/python manage.py rungateway --port $(GW_PORT) --workers 1 --worker-urls ipc://$(ZMQ_PATH) \
+	  --model-path $(FIXTURE_MODELS)/qwen3 $(ARGS)
 
 # The gateway alone (pass flags with ARGS="--worker-urls http://host:port ...").
 gateway: $(STAMP)

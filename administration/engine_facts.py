@@ -93,9 +93,14 @@ def parser_choice(
 
 
 def engine_spec(
-    model: str, cards: list[dict[str, Any]], labels: Mapping[str, Any], config: GatewayConfig
+    model: str,
+    cards: list[dict[str, Any]],
+    labels: Mapping[str, Any],
+    config: GatewayConfig,
+    settings: Mapping[str, Any] | None = None,
 ) -> EngineSpec:
-    """The pipeline facts of a worker serving ``model`` (its first model card, if any)."""
+    """The pipeline facts of a worker serving ``model`` (its first model card, if any; its spec's
+    ``settings`` for a ZMQ worker's dp_size and handshake address)."""
     card: Mapping[str, Any] = cards[0] if cards else {}
     try:
         parsers = parser_choice(model, card, labels, config)
@@ -113,4 +118,6 @@ def engine_spec(
         context_length=_int(card.get("context_length")) or _int(labels.get("max_context_length")),
         architectures=_architectures(card, labels),
         model_type=_text(card.get("hf_model_type")) or _text(labels.get("model_type")) or "",
+        dp_size=_int((settings or {}).get("dp_size")),
+        zmq_handshake_address=_text((settings or {}).get("zmq_handshake_address")),
     )

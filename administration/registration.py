@@ -7,7 +7,9 @@ for gRPC, each engine's HealthCheck in the order sglang, vllm, trtllm, tokenspee
 runtime is given), then its model info once, whose answer becomes labels under the operator's own
 (administration/engine_facts.py). The engine calls run on a short-lived client of their own
 (``asyncio.run`` in the job's thread), closed before the job goes on. An engine over a transport
-without a connector is refused.
+without a connector is refused. A ZMQ worker is not probed (its engines dial in to the one serving
+process that binds its sockets): administration/zmq_workers.py checks and records it, and its
+health checks (always on) make it ready.
 
 Every job carries the worker's ``job_generation`` from when it was queued. Each write is a
 conditional UPDATE on that generation, so a job for a worker deleted or replaced since it was queued
@@ -36,6 +38,7 @@ from administration.engine_facts import labels_from_model_info
 from administration.models import JobState, JobType, Worker, WorkerStatus
 from administration.notices import publish_registry_changed
 from administration.reachability import Reachability
+from administration.zmq_workers import zmq_discovery, zmq_refusal
 from common.config import current_config
 from common.http_clients import tls_context
 from common.ssrf import SsrfPolicy
@@ -79,10 +82,17 @@ def _set_job(worker_id: uuid.UUID | str, generation: int, state: str, message: s
 
 def _check_spec(worker: Worker) -> None:
     """What registration refuses of a spec the request accepted: an engine over a transport the
-    gateway has no connector for."""
+    gateway has no connector for, zmq_handshake_address on a worker that is not ZMQ, and the ZMQ
+    constraints (administration/zmq_workers.py)."""
     if worker.kind is WorkerKind.ENGINE and worker.transport not in ENGINE_CONNECTORS:
         named = f"{worker.transport.display_name} ({worker.url.split('://', 1)[0]}://)"
         raise RegistrationFailed(f"{named} workers are not supported by this gateway yet")
+    if worker.transport is not Transport.ZMQ and worker.setting("zmq_handshake_address") is not None:
+        raise RegistrationFailed("zmq_handshake_address is for ZMQ (ipc://) workers only")
+    if worker.transport is Transport.ZMQ:
+        refusal = zmq_refusal(worker, current_config())
+        if refusal is not None:
+            raise RegistrationFailed(refusal)
 
 
 def _discover(worker: Worker, generation: int) -> Discovery:
@@ -199,7 +209,10 @@ def run_registration(worker_id: str, generation: int) -> None:
     _set_job(worker_id, generation, JobState.PROCESSING)
     _check_spec(worker)
     external = worker.kind is WorkerKind.PROVIDER
-    discovery = _discover_provider(worker) if external else _discover(worker, generation)
+    if worker.transport is Transport.ZMQ:  # not probed: its engines dial in to the serving process
+        discovery = zmq_discovery(worker, current_config())
+    else:
+        discovery = _discover_provider(worker) if external else _discover(worker, generation)
     labels = {**discovery.labels, **worker.labels}
     runtime_type = discovery.runtime_type
     worker.labels = labels
@@ -219,6 +232,8 @@ def run_registration(worker_id: str, generation: int) -> None:
 
 
 def _health_disabled(worker: Worker) -> bool:
+    if worker.transport is Transport.ZMQ:  # spec 3: ZMQ health checks stay on
+        return False
     given = worker.setting("health", {}).get("disable_health_check")
     return bool(current_config().disable_health_check if given is None else given)
 

@@ -44,7 +44,7 @@ from common.ticks import sleep_to_mark
 from inference.dataplane import data_plane
 from inference.pipeline.tokenizer_registry import TOKENIZERS, TokenizerEntry
 from inference.routing.registry import REGISTRY, RegistrySnapshot
-from inference.routing.workers import WorkerKind, WorkerRecord
+from inference.routing.workers import Transport, WorkerKind, WorkerRecord
 from inference.served.base import tokenizer_ready
 
 __all__ = [
@@ -134,8 +134,8 @@ def _health_target(worker: Worker, config: GatewayConfig, record: WorkerRecord) 
     """Relayed (HTTP) workers are probed at --health-check-endpoint, engine workers by their engine
     client's health check (the target carries their record); external providers are not checked."""
     block: dict[str, Any] = worker.setting("health", {})
-    disabled = block.get("disable_health_check", config.disable_health_check)
-    if disabled or record.kind is WorkerKind.PROVIDER:
+    disabled = block.get("disable_health_check", config.disable_health_check) and record.transport is not Transport.ZMQ
+    if disabled or record.kind is WorkerKind.PROVIDER:  # ZMQ health checks stay on (spec 3)
         return None
     if worker.status not in (WorkerStatus.PENDING, WorkerStatus.READY, WorkerStatus.NOT_READY):
         return None

@@ -449,7 +449,7 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
                 models=tuple(str(model) for model in worker.provider_models) if external else (),
                 named_provider=(str(worker.labels.get("provider") or "") or None) if external else None,
                 engine=(
-                    engine_spec(worker.model_id, worker.model_cards, worker.labels, config)
+                    engine_spec(worker.model_id, worker.model_cards, worker.labels, config, worker.settings)
                     if kind is WorkerKind.ENGINE
                     else None
                 ),

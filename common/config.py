@@ -103,6 +103,7 @@ class GatewayConfig:
     jwt_role_claim: str = "role"
     # Routing
     policy: str = "round_robin"
+    dp_aware: bool = False  # data-parallel aware routing (a rank per request); refuses ZMQ dp_size above 1
     prefill_policy: str | None = None  # PD: the prefill side's policy (default: --policy)
     decode_policy: str | None = None  # PD: the decode side's policy (default: --policy)
     model_policies: tuple[tuple[str, str], ...] = ()
@@ -304,14 +305,10 @@ def _bool(text: str) -> bool:
 
 
 def _worker_url(text: str) -> str:
-    """A --worker-urls entry: the worker URL rules of every entry point (common/urls.py), but ZMQ."""
+    """A --worker-urls entry: the worker URL rules of every entry point (common/urls.py)."""
     if url_has_credentials(text):
         raise argparse.ArgumentTypeError(
             "a worker URL must not carry credentials (user:password@host); give the key with --api-key"
-        )
-    if text.startswith("ipc://"):
-        raise argparse.ArgumentTypeError(
-            f"worker URL must start with http://, https://, grpc:// or grpcs:// (ZMQ workers come later), got {text!r}"
         )
     try:
         return check_worker_url(text)
@@ -412,7 +409,8 @@ FLAGS: tuple[Flag, ...] = (
          "longest pause inside a request body, and the grace before --min-request-body-rate applies"),
     Flag("min_request_body_rate", _count,
          "bytes per second a request body must average after its grace (0: no rate rule)"),
-    Flag("worker_urls", _worker_url, "worker URLs: HTTP (http://, https://) or gRPC engines (grpc://, grpcs://)",
+    Flag("worker_urls", _worker_url,
+         "worker URLs: HTTP (http://, https://), gRPC engines (grpc://, grpcs://) or ZMQ engines (ipc://PATH)",
          kind="list", metavar="URL"),
     Flag("pd_disaggregation", _bool, "prefill/decode disaggregation: route through --prefill and --decode workers",
          kind="switch"),
@@ -459,6 +457,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("jwt_jwks_uri", _issuer_url, "JWKS URL (default: discovered from the issuer)"),
     Flag("jwt_role_claim", _text, "JWT claim holding the role (a string or a list of strings)"),
     Flag("policy", _choice(POLICIES), "worker selection policy"),
+    Flag("dp_aware", _bool, "data-parallel aware routing: a rank chosen per request (ZMQ workers of dp_size "
+         "above 1 are refused)", kind="switch"),
     Flag("prefill_policy", _choice(POLICIES), "PD: the prefill side's worker selection policy (default: --policy)"),
     Flag("decode_policy", _choice(POLICIES), "PD: the decode side's worker selection policy (default: --policy)"),
     Flag("model_policies", _pair("=", "model=policy", _choice(POLICIES)), "policy for one model, repeatable",
@@ -601,6 +601,8 @@ def config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
     config = GatewayConfig(**values)
     if bool(config.jwt_issuer) != bool(config.jwt_audience):
         raise ConfigError("--jwt-issuer and --jwt-audience go together")
+    if config.workers > 1 and any(url.startswith("ipc://") for url in config.worker_urls):
+        raise ConfigError("ZMQ (ipc://) workers need one serving process (--workers 1): only one can bind their sockets")
     if (config.prefill_urls or config.decode_urls) and not config.pd_disaggregation:
         raise ConfigError("--prefill and --decode need --pd-disaggregation")
     if config.pd_disaggregation and not (config.prefill_urls and config.decode_urls):

@@ -1,7 +1,7 @@
 """The README's runnable examples, read from README.md itself.
 
 An example is a fenced ``sh`` or ``python`` block right after a line ``<!-- example: TARGET -->``
-(TARGET is the make target it runs against: ``run`` or ``run-grpc``); the fenced block after it is
+(TARGET is the make target it runs against: ``run``, ``run-grpc`` or ``run-zmq``); the fenced block after it is
 what it prints. tests/e2e/test_readme_examples.py runs each one against the real target and compares.
 
 Comparing: the values of fields that differ on every run (ids, timestamps) are not compared, and a
@@ -28,7 +28,7 @@ ANY_LINES = "..."
 
 @dataclass(frozen=True)
 class Example:
-    target: str  # the make target: run or run-grpc
+    target: str  # the make target: run, run-grpc or run-zmq
     lang: str  # sh or python
     code: str
     shown: str  # the output the README shows

@@ -169,7 +169,7 @@ def provider_of(url: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
-    """What the gateway needs to be the server in front of an engine worker (gRPC; ZMQ later): where
+    """What the gateway needs to be the server in front of an engine worker (gRPC, ZMQ): where
     its tokenizer and chat template come from, its parsers and its context window. Built once per
     registry change from the worker's model card, labels and the engine's own report (registration
     stores GetModelInfo's answer in the labels), with the flags applied; never read per request
@@ -186,6 +186,9 @@ class EngineSpec:
     context_length: int | None = None
     architectures: tuple[str, ...] = ()
     model_type: str = ""
+    # ZMQ workers (ipc://): the engines dialing one socket set, and the handshake address given
+    dp_size: int | None = None
+    zmq_handshake_address: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The surfaces the gateway serves itself on engine workers (gRPC; ZMQ later): each maps its
+"""The surfaces the gateway serves itself on engine workers (gRPC and ZMQ): each maps its
 request to engine requests through the pipeline's stages (:mod:`inference.pipeline`) and the
 pipeline's API-neutral events to its own wire format, through the surface's response writer.
 

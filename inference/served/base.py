@@ -85,6 +85,7 @@ def engine_target(dp: DataPlane, worker: WorkerHandle, model: str) -> EngineTarg
     tokenizer = tokenizer_for(model, **_tokenizer_source(record, spec))
     family = detect_family(model, architectures=spec.architectures, model_type=spec.model_type or None)
     client = dp.engines.client(record)
+    client.use_eos_token_ids(tokenizer.eos_token_ids)  # an engine without a tokenizer (ZMQ) needs them
     partner = pd_partner(worker.id)
     if partner is not None:  # a decode worker of a PD pair: the request runs on both engines
         refusal = pd_engine_refusal(record.runtime_type)

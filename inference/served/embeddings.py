@@ -67,7 +67,8 @@ class ServedEmbeddings(ServedSurface):
     async def open(self, worker: WorkerHandle) -> LocalAnswer:
         target = engine_target(self.request.dp, worker, self.request.model)
         if not target.client.offers("Embed"):
-            raise errors.endpoint_not_supported("/v1/embeddings", f"{target.client.runtime} gRPC")
+            over = worker.record.transport.display_name
+            raise errors.endpoint_not_supported("/v1/embeddings", f"{target.client.runtime} {over}")
         vocab = target.tokenizer.vocab_size
         requests = []
         for index, item in enumerate(self.inputs):

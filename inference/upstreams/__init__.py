@@ -4,7 +4,7 @@
   (:mod:`inference.upstreams.http`) and external providers (:mod:`inference.upstreams.provider`);
 - engine clients (:mod:`inference.upstreams.engine`), where the gateway is the server and drives an
   engine with token ids, by (transport, runtime), with one connector per engine transport (gRPC per
-  runtime in :mod:`inference.upstreams.grpc`).
+  runtime in :mod:`inference.upstreams.grpc`, ZMQ's in :mod:`inference.upstreams.zmq`).
 
 Importing this package registers every built-in upstream (a transport's package registers its
 clients and its connector when imported here).
@@ -15,6 +15,7 @@ from __future__ import annotations
 from inference.upstreams import grpc as _grpc  # noqa: F401  (registers the gRPC engine clients)
 from inference.upstreams import http  # noqa: F401  (registers the HTTP relay)
 from inference.upstreams import provider  # noqa: F401  (registers the external providers' relay)
+from inference.upstreams import zmq as _zmq  # noqa: F401  (registers the ZMQ engine clients)
 from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
 from inference.upstreams.engine import (
     ENGINE_CLIENTS,

@@ -30,7 +30,7 @@ from enum import StrEnum
 from typing import Any, AsyncIterator, Awaitable, ClassVar, NamedTuple, Protocol
 
 from inference.routing.load_report import EngineLoad
-from inference.routing.workers import Transport, transport_of
+from inference.routing.workers import Transport, WorkerRecord, transport_of
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.registry import KeyedRegistry, UnknownUpstream
 
@@ -284,6 +284,17 @@ class EngineClient(ABC):
     def __init__(self, url: str, *, api_key: str | None = None) -> None:
         self.url = url
         self.api_key = api_key
+
+    @classmethod
+    def for_worker(cls, record: WorkerRecord) -> EngineClient:
+        """The client of a registered worker (what the process's engine pool makes): its URL and key
+        by default; a transport whose client needs more of the record (ZMQ: dp_size, the handshake
+        address, the model) reads it here."""
+        return cls(record.url, api_key=record.api_key)
+
+    def use_eos_token_ids(self, eos_token_ids: tuple[int, ...]) -> None:
+        """The EOS ids of the model's tokenizer, given before each generation. An engine that knows
+        its own (every gRPC runtime) ignores them; an engine without a tokenizer (ZMQ) needs them."""
 
     @abstractmethod
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:

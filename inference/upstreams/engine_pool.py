@@ -21,7 +21,7 @@ __all__ = ["EnginePool"]
 
 log = logging.getLogger(__name__)
 
-_Identity = tuple[str, str, str | None]  # url, runtime, api key
+_Identity = tuple[str, str, str | None, int | None, str | None]  # url, runtime, api key, ZMQ dp_size and handshake
 
 
 class EnginePool:
@@ -35,7 +35,11 @@ class EnginePool:
     def client(self, record: WorkerRecord) -> EngineClient:
         """The engine client of ``record``'s worker. Raises UpstreamFailure (BROKEN) when its runtime
         has no engine client over its transport (not detected yet, or not an engine runtime)."""
-        identity: _Identity = (record.url, record.runtime_type, record.api_key)
+        spec = record.engine
+        identity: _Identity = (
+            record.url, record.runtime_type, record.api_key,
+            spec.dp_size if spec is not None else None, spec.zmq_handshake_address if spec is not None else None,
+        )  # fmt: skip
         held = self._clients.get(record.id)
         if held is not None and held[0] == identity:
             return held[1]
@@ -46,7 +50,10 @@ class EnginePool:
             raise UpstreamFailure(
                 FailureKind.BROKEN, f"worker {record.url} runs {record.runtime_type!r}, which has no {over} engine client"
             ) from None
-        client = client_class(record.url, api_key=record.api_key)
+        try:
+            client = client_class.for_worker(record)
+        except ValueError as exc:  # a worker spec the client cannot take (a ZMQ address)
+            raise UpstreamFailure(FailureKind.BROKEN, f"worker {record.url}: {exc}") from None
         self._clients[record.id] = (identity, client)
         if held is not None:
             self._close_later(held[1])

@@ -59,7 +59,7 @@ def test_flags_are_read_from_the_environment(monkeypatch) -> None:
         ["--port", "70000"],
         ["--policy", "fastest"],
         ["--worker-urls", "ftp://x"],
-        ["--worker-urls", "ipc:///tmp/engine"],
+        ["--worker-urls", "ipc:///tmp/engine", "--workers", "2"],
         ["--tenant-api-key", "nocolon"],
         ["--model-alias", "=model"],
         ["--request-timeout-secs", "-1"],

@@ -1,4 +1,4 @@
-"""The README's examples, run as written against ``make run`` and ``make run-grpc`` (the real make
+"""The README's examples, run as written against ``make run``, ``make run-grpc`` and ``make run-zmq`` (the real make
 targets, on free ports), print what the README shows (tests/readme_examples.py says how examples are
 marked and compared)."""
 
@@ -15,7 +15,7 @@ from tests.readme_examples import Example, examples, matches
 
 pytestmark = [pytest.mark.e2e, pytest.mark.embedded]
 
-TARGETS = ("run", "run-grpc")
+TARGETS = ("run", "run-grpc", "run-zmq")
 
 
 def test_the_readme_has_examples_for_both_targets_and_each_shows_its_output() -> None:

@@ -1,11 +1,13 @@
 """ZMQ workers (``ipc://PATH``): vLLM's EngineCore in headless mode over pyzmq's asyncio sockets.
 
 :mod:`.codec` holds the wire layouts, :mod:`.addresses` the socket and handshake-port derivation,
-:mod:`.client` the engine client (:class:`ZmqEngineClient`). The client is not registered in
-``ENGINE_CLIENTS`` yet: registration by (transport, runtime) wires it in.
+:mod:`.client` the engine client (:class:`ZmqEngineClient`), :mod:`.connect` its registration in
+``ENGINE_CLIENTS`` under ``(Transport.ZMQ, runtime)`` for sglang, vllm and trtllm, and ZMQ's
+connector (importing this package registers them).
 """
 
 from inference.upstreams.zmq.addresses import ZmqAddressError, ZmqAddresses, zmq_addresses
 from inference.upstreams.zmq.client import ZmqEngineClient
+from inference.upstreams.zmq.connect import DEFAULT_ZMQ_RUNTIME, ZMQ_RUNTIMES
 
-__all__ = ["ZmqAddressError", "ZmqAddresses", "ZmqEngineClient", "zmq_addresses"]
+__all__ = ["DEFAULT_ZMQ_RUNTIME", "ZMQ_RUNTIMES", "ZmqAddressError", "ZmqAddresses", "ZmqEngineClient", "zmq_addresses"]

@@ -50,6 +50,7 @@ import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
 from inference.routing.load_report import EngineLoad
+from inference.routing.workers import EngineSpec, WorkerRecord
 from inference.upstreams.engine import (
     CommandResult,
     EngineClient,
@@ -62,7 +63,7 @@ from inference.upstreams.engine import (
 )
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.zmq import codec
-from inference.upstreams.zmq.addresses import ZmqAddresses, bind, zmq_addresses
+from inference.upstreams.zmq.addresses import ZmqAddressError, ZmqAddresses, bind, zmq_addresses
 from inference.upstreams.zmq.logprobs import ChoiceLogprobs, TensorError
 from inference.upstreams.zmq.ranks import EngineRank, RankState
 from inference.upstreams.zmq.requests import engine_core_request, finish_of
@@ -124,11 +125,43 @@ class ZmqEngineClient(EngineClient):
         self._input: zmq.asyncio.Socket | None = None
         self._output: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._first_handshake: asyncio.Future[None] | None = None  # the first wait for the engines (open)
         self._rotation = 0
         self.current_wave = 0
         self.engines_running = False
 
+    @classmethod
+    def for_worker(cls, record: WorkerRecord) -> ZmqEngineClient:
+        """The client of a registered ZMQ worker: its dp_size, handshake address, model, tokenizer
+        and context window from the record (EOS ids come with each request). Not bound yet: the
+        first health check or request binds (:meth:`open`)."""
+        spec = record.engine or EngineSpec()
+        return cls(
+            record.url, api_key=record.api_key, model_id=record.model_id or "", dp_size=spec.dp_size or 1,
+            handshake_address=spec.zmq_handshake_address, tokenizer_path=spec.tokenizer or "",
+            max_model_len=spec.context_length,
+        )  # fmt: skip
+
+    def use_eos_token_ids(self, eos_token_ids: tuple[int, ...]) -> None:
+        if eos_token_ids and eos_token_ids != self.eos_token_ids:
+            self.eos_token_ids = tuple(eos_token_ids)
+
     # Lifecycle.
+
+    async def open(self, wait_secs: float) -> bool:
+        """Bind on first use and wait up to ``wait_secs`` for the engines to finish their handshake;
+        once bound, answer at once whether they did. Raises ``ZmqAddressError`` when an address is
+        already bound."""
+        if self._context is None:
+            await self.start()
+            self._first_handshake = asyncio.ensure_future(self._await_ready_quietly(wait_secs))
+        if self._first_handshake is not None and not self._first_handshake.done():
+            await asyncio.shield(self._first_handshake)  # callers during the first wait share it
+        return self._ready.is_set()
+
+    async def _await_ready_quietly(self, wait_secs: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), wait_secs)
 
     async def start(self) -> None:
         """Bind the three sockets and start answering engines (returns at once). Raises
@@ -182,6 +215,8 @@ class ZmqEngineClient(EngineClient):
         return self._ready.is_set()
 
     async def close(self) -> None:
+        if self._first_handshake is not None:
+            self._first_handshake.cancel()
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -382,6 +417,11 @@ class ZmqEngineClient(EngineClient):
     # The seam.
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        if not self._ready.is_set():
+            try:
+                await self.open(self.health_timeout_secs)
+            except ZmqAddressError as exc:
+                raise UpstreamFailure(FailureKind.BROKEN, f"ZMQ worker {self.url}: {exc}") from None
         self._serving()
         n = max(1, request.sampling.n)
         ids = {request.request_id if n == 1 else f"{i}_{request.request_id}": i for i in range(n)}
@@ -473,7 +513,12 @@ class ZmqEngineClient(EngineClient):
 
     async def health(self) -> EngineHealth:
         """Every engine answers a utility call within the health timeout. A timeout is an
-        engine that stopped answering: the requests in flight end."""
+        engine that stopped answering: the requests in flight end. The first check binds the
+        worker's sockets and gives the engines the health timeout to dial in."""
+        try:
+            await self.open(self.health_timeout_secs)
+        except ZmqAddressError as exc:
+            return EngineHealth(False, str(exc))
         if not self._ready.is_set():
             waiting = [rank.index for rank in self.ranks if rank.state is not RankState.READY]
             return EngineHealth(False, f"engines {waiting} are not connected")

@@ -34,7 +34,8 @@ class Command(BaseCommand):
     requires_migrations_checks = False
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--port", type=int, required=True, help="TCP port (0 picks a free one)")
+        parser.add_argument("--port", type=int, default=None,
+                            help="TCP port (0 picks a free one); required but with --zmq, which dials in")
         parser.add_argument("--model", default=None, help="model name served and reported (required over HTTP)")
         parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
         parser.add_argument(
@@ -77,13 +78,15 @@ class Command(BaseCommand):
         zmq_options.add_argument("--dp-size", type=int, default=1, help="data-parallel engines to start (indexes 0..N-1)")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["zmq"]:
+            self._serve_zmq(options)
+            return
+        if options["port"] is None:
+            raise CommandError("--port is required")
         if not 0 <= options["port"] <= 65535:
             raise CommandError("--port must be between 0 and 65535")
         if options["grpc"]:
             self._serve_grpc(options)
-            return
-        if options["zmq"]:
-            self._serve_zmq(options)
             return
         if not options["model"]:
             raise CommandError("--model is required")
