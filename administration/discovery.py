@@ -18,7 +18,9 @@ from common.ssrf import SsrfPolicy, SsrfRefused
 from inference.routing.workers import RuntimeType
 from inference.upstreams.provider_models import LISTING_TIMEOUT_SECS, fetch_provider_models, listing_request
 
-__all__ = ["Discovery", "WorkerUnreachable", "WorkerRefused", "discover_http_worker", "discover_provider"]
+__all__ = [
+    "Discovery", "WorkerUnreachable", "WorkerRefused", "discover_http_worker", "discover_provider", "http_server_info",
+]
 
 
 class WorkerUnreachable(Exception):
@@ -98,6 +100,17 @@ def discover_http_worker(
     if model_ids:
         labels.setdefault("served_model_name", model_ids[0])
     return Discovery(runtime_type=str(runtime_type), model_ids=tuple(model_ids), labels=labels)
+
+
+def http_server_info(client: httpx.Client, base_url: str, api_key: str | None) -> dict[str, Any] | None:
+    """The worker's server information (SGLang: /server_info, older releases /get_server_info, with
+    its server arguments such as dp_size at the top); None when it answers neither."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    for route in ("/server_info", "/get_server_info"):
+        info = _get_json(client, f"{base_url}{route}", headers)
+        if isinstance(info, dict) and info:
+            return info
+    return None
 
 
 async def discover_provider(url: str, api_key: str | None, provider: str | None, policy: SsrfPolicy) -> Discovery:

@@ -24,10 +24,13 @@ from typing import Any, Mapping
 
 from common.config import GatewayConfig
 from inference.pipeline.parsers import ParserChoice, UnknownParser, choose_parsers
-from inference.routing.workers import EngineSpec
+from inference.routing.workers import EngineSpec, Transport, WorkerKind, transport_of
 from inference.upstreams.engine import ModelInfo
 
-__all__ = ["labels_from_model_info", "engine_spec", "parser_choice", "ENGINE_LABELS"]
+__all__ = [
+    "labels_from_model_info", "engine_spec", "parser_choice", "ENGINE_LABELS", "DP_SIZE_LABEL", "dp_size_from_server_info",
+    "dp_ranks",
+]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,9 @@ ENGINE_LABELS = (
     "eos_token_ids",
 )  # fmt: skip
 """The labels registration may fill from GetModelInfo."""
+
+DP_SIZE_LABEL = "dp_size"
+"""The label registration fills, under --dp-aware, with the engine's reported data-parallel size."""
 
 
 def labels_from_model_info(info: ModelInfo) -> dict[str, str]:
@@ -50,6 +56,34 @@ def labels_from_model_info(info: ModelInfo) -> dict[str, str]:
         "eos_token_ids": ",".join(str(token) for token in info.eos_token_ids),
     }
     return {key: value for key, value in found.items() if value}
+
+
+def dp_size_from_server_info(info: Mapping[str, Any]) -> int | None:
+    """The data-parallel size an engine's server info reports, in any of the engines' shapes: SGLang
+    HTTP /server_info (``dp_size`` at the top), SGLang and TokenSpeed gRPC GetServerInfo
+    (``server_args.dp_size``, a Struct number), vLLM gRPC GetServerInfo (``data_parallel_size``).
+    None when it reports none."""
+    args = info.get("server_args")
+    for value in (
+        info.get("dp_size"), args.get("dp_size") if isinstance(args, Mapping) else None, info.get("data_parallel_size"),
+    ):  # fmt: skip
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        size = _int(value)
+        if size is not None:
+            return size
+    return None
+
+
+def dp_ranks(url: str, kind: WorkerKind, labels: Mapping[str, Any], config: GatewayConfig) -> int:
+    """The data-parallel ranks the gateway picks among per request for a worker with these labels:
+    under --dp-aware its ``dp_size`` (the engine's report, or the operator's label) when above 1;
+    0 otherwise (the flag off changes nothing), for a provider, and for a ZMQ worker (its ranks are
+    its socket set's, chosen by its own client; one of dp_size above 1 is refused under --dp-aware)."""
+    if not config.dp_aware or kind is WorkerKind.PROVIDER or transport_of(url) is Transport.ZMQ:
+        return 0
+    size = _int(labels.get(DP_SIZE_LABEL))
+    return size if size is not None and size > 1 else 0
 
 
 def _text(value: Any) -> str | None:

@@ -33,8 +33,10 @@ import httpx
 from django.db import close_old_connections
 from django.utils import timezone
 
-from administration.discovery import Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker, discover_provider
-from administration.engine_facts import labels_from_model_info
+from administration.discovery import (
+    Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker, discover_provider, http_server_info,
+)
+from administration.engine_facts import DP_SIZE_LABEL, dp_size_from_server_info, labels_from_model_info
 from administration.models import JobState, JobType, Worker, WorkerStatus
 from administration.notices import publish_registry_changed
 from administration.reachability import Reachability
@@ -103,10 +105,27 @@ def _discover(worker: Worker, generation: int) -> Discovery:
         return _probe_until_up(
             worker, generation, lambda: _discover_engine_worker(worker.url, transport, api_key, worker.runtime_type)
         )
+    dp_aware = current_config().dp_aware
     with httpx.Client(timeout=_PROBE_TIMEOUT, verify=tls_context(), trust_env=False) as client:
-        return _probe_until_up(
-            worker, generation, lambda: discover_http_worker(client, worker.url, api_key, worker.runtime_type)
-        )
+
+        def probe() -> Discovery:
+            found = discover_http_worker(client, worker.url, api_key, worker.runtime_type)
+            if dp_aware:  # the engine's data-parallel size, for a rank per request
+                info = http_server_info(client, worker.url, api_key)
+                _add_dp_size(found.labels, info, worker.url)
+            return found
+
+        return _probe_until_up(worker, generation, probe)
+
+
+def _add_dp_size(labels: dict[str, str], info: dict[str, Any] | None, url: str) -> None:
+    """Under --dp-aware: the ``dp_size`` label from the engine's server info, when it reports one
+    (without one the worker is routed as a single rank)."""
+    size = dp_size_from_server_info(info) if info is not None else None
+    if size is None:
+        log.info("worker %s reports no dp_size: routed without a data-parallel rank", url)
+        return
+    labels[DP_SIZE_LABEL] = str(size)
 
 
 def _discover_provider(worker: Worker) -> Discovery:
@@ -179,7 +198,15 @@ async def _aengine_facts(url: str, api_key: str | None, runtime: str | None) -> 
     async with asyncio.timeout(_ENGINE_PROBE_TIMEOUT_SECS):
         client = await connect_engine(url, runtime, api_key=api_key, detect_timeout=_ENGINE_PROBE_TIMEOUT_SECS)
         try:
-            return client.runtime, labels_from_model_info(await client.model_info())
+            labels = labels_from_model_info(await client.model_info())
+            if current_config().dp_aware:  # the engine's data-parallel size, for a rank per request
+                try:
+                    info: dict[str, Any] | None = await client.server_info()
+                except UpstreamFailure as exc:
+                    log.info("worker %s: no server info (%s)", url, exc)
+                    info = None
+                _add_dp_size(labels, info, url)
+            return client.runtime, labels
         finally:
             await client.close()
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 from administration.jobs import enqueue
 from administration.models import JobState, JobType, Worker, WorkerSource, WorkerStatus, WorkerType
 from administration.notices import publish_registry_changed
-from administration.engine_facts import engine_spec
+from administration.engine_facts import dp_ranks, engine_spec
 from administration.registration import JOB_STORE_PATIENCE_SECS
 from administration.worker_spec import SpecRuleError, WorkerSpec, parse_worker_spec
 from common.config import PROVIDER_BACKENDS, GatewayConfig, current_config
@@ -191,9 +191,15 @@ def update_worker(worker_id: uuid.UUID, changes: dict[str, Any]) -> Worker:
 
 
 def replace_worker(worker_id: uuid.UUID, spec: WorkerSpec) -> Worker:
-    """PUT: replace the whole spec (defaults for what it omits) and re-run registration."""
+    """PUT: replace the whole spec (defaults for what it omits) and re-run registration. Refused
+    under --dp-aware (the reference's rule: a data-parallel worker is replaced by DELETE + POST)."""
     with transaction.atomic():
         worker = _locked(worker_id)
+        if current_config().dp_aware:  # spec 3: refused 400 under --dp-aware
+            raise SpecRuleError(
+                f"Worker '{worker.url}' belongs to a data-parallel group. PUT is not supported for "
+                "data-parallel workers. Use DELETE + POST instead."
+            )
         if spec.url != worker.url:
             raise SpecRuleError("PUT cannot change the url of a worker")
         worker = _start_job(worker, JobType.ADD, **_columns(spec))
@@ -454,6 +460,7 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
                     else None
                 ),
                 pd=pd_traits(worker),
+                dp_ranks=dp_ranks(worker.url, kind, worker.labels, config),
             )
         )
     return records

@@ -56,6 +56,13 @@ def _seen(message: Message) -> dict[str, Any]:
     return MessageToDict(message, preserving_proto_field_name=True)
 
 
+def _rank(request: Message) -> int | None:
+    """The data_parallel_rank a GenerateRequest named (SGLang, vLLM, TokenSpeed), None when unset."""
+    if "data_parallel_rank" in request.DESCRIPTOR.fields_by_name and request.HasField("data_parallel_rank"):
+        return int(getattr(request, "data_parallel_rank"))
+    return None
+
+
 def _known(message_type: type[Message], values: dict[str, Any]) -> dict[str, Any]:
     """The entries of ``values`` that name fields of ``message_type``."""
     fields = message_type.DESCRIPTOR.fields_by_name
@@ -147,7 +154,9 @@ class _SchedulerService(EngineService):
         )
         ids = tuple(request.tokenized.input_ids)
         cached = self.engine.cached_prefix(ids)
-        steps = self.engine.run(request.request_id, ids, request.tokenized.original_text, sampling, _seen(request), context)
+        steps = self.engine.run(
+            request.request_id, ids, request.tokenized.original_text, sampling, _seen(request), context, _rank(request)
+        )
         async with aclosing(steps):
             async for served, index, new, choice, finished in steps:
                 total = len(served.outputs[index])
@@ -197,7 +206,7 @@ class _SchedulerService(EngineService):
         )
         answer.server_args.update(
             {"model_path": config.model, "tokenizer_path": str(config.tokenizer_file.parent),
-             "context_length": config.max_context_length}
+             "context_length": config.max_context_length, "dp_size": config.dp_size}
         )
         return answer
 
@@ -257,7 +266,9 @@ class _PerChunkService(EngineService):
         )
         ids = tuple(request.tokenized.input_ids)
         cached = self.engine.cached_prefix(ids)
-        steps = self.engine.run(request.request_id, ids, request.tokenized.original_text, sampling, _seen(request), context)
+        steps = self.engine.run(
+            request.request_id, ids, request.tokenized.original_text, sampling, _seen(request), context, _rank(request)
+        )
         async with aclosing(steps):
             async for _served, index, new, choice, finished in steps:
                 logprobs = (
@@ -305,6 +316,7 @@ class VllmService(_PerChunkService):
             uptime_seconds=time.time() - self.engine.started,
             server_type="vllm-grpc",
             max_num_seqs=256,
+            data_parallel_size=self.engine.config.dp_size,
         )
 
     async def GetLoads(self, request: vl.GetLoadsRequest, context: _Context) -> vl.GetLoadsResponse:

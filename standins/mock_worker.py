@@ -88,12 +88,13 @@ class MockWorkerConfig:
     delay_ms: float = 0
     api_key: str | None = None
     max_model_len: int = 4096
+    dp_size: int = 1  # the data-parallel size /server_info reports (SGLang), for --dp-aware
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model must not be empty")
-        if self.tokens < 0 or self.delay_ms < 0 or self.max_model_len < 1:
-            raise ValueError("tokens and delay_ms must be >= 0 and max_model_len >= 1")
+        if self.tokens < 0 or self.delay_ms < 0 or self.max_model_len < 1 or self.dp_size < 1:
+            raise ValueError("tokens and delay_ms must be >= 0, max_model_len and dp_size >= 1")
 
     @property
     def runtime(self) -> str:
@@ -381,6 +382,7 @@ def _routes(config: MockWorkerConfig) -> list[web.RouteDef]:
         "tokenizer_path": config.model,
         "served_model_name": config.model,
         "context_length": config.max_model_len,
+        "dp_size": config.dp_size,
         "version": MOCK_VERSION,
     }
     model_info = {"model_path": config.model, "tokenizer_path": config.model, "is_generation": True}

@@ -97,6 +97,7 @@ class GrpcEngineConfig:
     chunk_tokens: int = 3
     delay_ms: float = 0.0
     max_context_length: int = 32768
+    dp_size: int = 1  # the data-parallel size GetServerInfo reports, for --dp-aware
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -129,6 +130,7 @@ class ServedRequest:
     finish_reasons: dict[int, str] = field(default_factory=dict)
     cancelled: bool = False  # the client cancelled the RPC before it ended
     done: bool = False
+    data_parallel_rank: int | None = None  # the rank the request named (--dp-aware), if any
 
     @property
     def prompt_matches(self) -> bool:
@@ -362,6 +364,7 @@ class ScriptedEngine:
         sampling: Sampling,
         sampling_seen: dict[str, Any],
         context: grpc.aio.ServicerContext[Any, Any],
+        data_parallel_rank: int | None = None,
     ) -> AsyncGenerator[tuple[ServedRequest, int, list[int], ScriptedChoice, bool], None]:
         """Yield (served, index, new tokens, choice, finished) steps; record everything."""
         await self.check_prompt(ids, context)
@@ -378,6 +381,7 @@ class ScriptedEngine:
             n=sampling.n,
             reply=kind,
             thinking=thinking,
+            data_parallel_rank=data_parallel_rank,
         )
         self.state.requests.append(served)
         del self.state.requests[:-REQUEST_LOG_SIZE]
@@ -512,7 +516,7 @@ class ScriptedEngine:
     def loads(self) -> list[dict[str, Any]]:
         running = len(self.state.running)
         ranks = []
-        for rank, given in enumerate(self.state.loads or [{}]):
+        for rank, given in enumerate(self.state.loads or [{}] * self.config.dp_size):
             entry: dict[str, Any] = {
                 "dp_rank": rank,
                 "num_running_reqs": running if rank == 0 else 0,

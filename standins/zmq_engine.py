@@ -130,7 +130,7 @@ class ZmqEngineConfig:
     zero_copy_threshold: int = 256  # VLLM_MSGPACK_ZERO_COPY_THRESHOLD: smaller arrays go inline
 
     def scripted(self) -> GrpcEngineConfig:
-        extra = {"text": self.text} if self.text is not None else {}
+        extra: dict[str, Any] = {"text": self.text} if self.text is not None else {}
         return GrpcEngineConfig(
             runtime="vllm", tokenizer=self.tokenizer, model=self.model, reply=self.reply,
             chunk_tokens=self.chunk_tokens, delay_ms=self.delay_ms, max_context_length=self.max_model_len, **extra,

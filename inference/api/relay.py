@@ -26,6 +26,7 @@ from inference.dataplane import DataPlane, data_plane
 from inference.errors import GatewayError
 from inference.kit import Passed, RoutePlan, pass_gate, run_attempts
 from inference.kit.pd_route import pd_pair_for, serves_by_pd
+from inference.routing.dp_ranks import take_rank
 from inference.routing.pd import PdPair, batch_size, choose_partner, inject_bootstrap
 from inference.routing.selection import RoutingDecision, select_worker
 from inference.routing.workers import WorkerHandle, WorkerKind, WorkerRecord
@@ -68,6 +69,12 @@ def _servable(record: WorkerRecord) -> bool:
     """Whether the gateway can serve a request on ``record`` itself: a provider always (by a surface
     of its own), an engine when its runtime has a client over its transport."""
     return record.kind is not WorkerKind.ENGINE or ENGINE_CLIENTS.serves(record.transport, record.runtime_type)
+
+
+def ranked_body(body: dict[str, Any], rank: int) -> bytes:
+    """The request body for one data-parallel rank of the worker (--dp-aware): the gateway's
+    choice in ``data_parallel_rank``, over any the client gave."""
+    return orjson.dumps({**body, "data_parallel_rank": rank})
 
 
 def _wants_logprobs(path: str, body: dict[str, Any]) -> bool:
@@ -210,24 +217,30 @@ class SurfaceRoute:
                     return checked_whole(opening, handling.whole_answer, dp.config.max_buffered_response_bytes)
                 pair = pairs.get(target.id)
                 if pair is not None:
-                    return open_pd(pair, handling.headers)
+                    return open_pd(pair, target, handling.headers)
                 relay = dp.relay_for(record.transport, path)
-                return relay.open(RelayRequest(target, path, payload, stream, writer.request_id, headers, identity))
+                sent = payload if target.dp_rank is None else ranked_body(body, target.dp_rank)
+                return relay.open(RelayRequest(target, path, sent, stream, writer.request_id, headers, identity))
             if type(handling) is Serve and handling.takes(record) and _servable(record):
                 return serve(target, handling)
             return refuse(target)
 
-        def open_pd(pair: PdPair, allowed: HeaderSet) -> Awaitable[RelayAnswer]:
-            """Both sides of an HTTP PD pair at once, with the prefill's bootstrap in the body."""
+        def open_pd(pair: PdPair, decode: WorkerHandle, allowed: HeaderSet) -> Awaitable[RelayAnswer]:
+            """Both sides of an HTTP PD pair at once, with the prefill's bootstrap in the body (and
+            under --dp-aware each side's own data-parallel rank: ``decode`` carries the decode's,
+            the prefill takes one here, given back when its side ends)."""
             if dp.pd_http is None:
                 raise errors.endpoint_not_supported(path, "http")
-            sent = orjson.dumps(inject_bootstrap(body, pair.prefill, batch_size(path, body)))
+            injected = inject_bootstrap(body, pair.prefill, batch_size(path, body))
+            sent = orjson.dumps(injected)
+            prefill = take_rank(pair.prefill.handle)
 
             def side(handle: WorkerHandle) -> RelayRequest:
                 passes = allowed.for_worker(handle.record, identity) if allowed.credentials else allowed
-                return RelayRequest(handle, path, sent, stream, writer.request_id, forwarded_headers(scope, passes), identity)
+                own = sent if handle.dp_rank is None else ranked_body(injected, handle.dp_rank)
+                return RelayRequest(handle, path, own, stream, writer.request_id, forwarded_headers(scope, passes), identity)
 
-            return dp.pd_http.open(side(pair.prefill.handle), side(pair.decode.handle), _wants_logprobs(path, body), decision.model)
+            return dp.pd_http.open(side(prefill), side(decode), _wants_logprobs(path, body), decision.model)
 
         def deliver(answer: RelayAnswer | ServedAnswer) -> Awaitable[bool]:
             return answer.forward(writer)

@@ -5,7 +5,9 @@ It knows nothing of transports. A surface gives it two steps per worker: ``open_
 the request and returns an :class:`Answer` once its status is known (nothing sent to the client yet,
 so it can still be dropped), and ``deliver(answer)`` hands the answer to the client, returning False
 when the upstream broke off after the response started. Each attempt's outcome is recorded once, on
-the worker's circuit breaker (which counts it in gw_worker_cb_outcomes_total itself).
+the worker's circuit breaker (which counts it in gw_worker_cb_outcomes_total itself). Under
+--dp-aware each attempt on a worker with data-parallel ranks runs on one rank it takes
+(:mod:`inference.routing.dp_ranks`): ``open_on`` gets the worker's handle with that ``dp_rank``.
 
 A client's bad request is never the worker's failure: a worker's 4xx answer is delivered as it is
 (not retried, not counted: :mod:`inference.routing.retry`, :mod:`inference.routing.breaker`), and an
@@ -24,6 +26,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol, TypeVar
 from common import telemetry
 from inference.dataplane import DataPlane
 from inference.errors import GatewayError
+from inference.routing.dp_ranks import give_back, take_rank
 from inference.routing.retry import RETRY_STATUSES
 from inference.routing.selection import select_worker
 from inference.routing.workers import WorkerHandle
@@ -86,11 +89,12 @@ async def run_attempts(
         load = worker.load
         breaker = load.breaker
         load.in_flight += 1
+        target = take_rank(worker)  # under --dp-aware, the data-parallel rank of this attempt
         try:
             try:
                 opening = perf_counter()
                 try:
-                    answer = await open_on(worker)
+                    answer = await open_on(target)
                 finally:
                     clock.upstream_secs += perf_counter() - opening
                 status = answer.status
@@ -131,6 +135,8 @@ async def run_attempts(
                 worker, retries = following, retries + 1
         finally:
             load.in_flight -= 1  # the worker of this attempt
+            if target is not worker:
+                give_back(target)
 
 
 def run_turn(

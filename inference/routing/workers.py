@@ -90,6 +90,10 @@ class WorkerLoad:
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     engine_load: tuple[dict[str, Any], ...] | None = None
     overloaded: bool = False
+    # Under --dp-aware (inference/routing/dp_ranks.py): this process's requests in flight per
+    # data-parallel rank, and where the next tie between ranks starts.
+    rank_in_flight: list[int] = field(default_factory=list)
+    rank_turn: int = 0
 
 
 class Transport(StrEnum):
@@ -227,6 +231,9 @@ class WorkerRecord:
     # for a provider's API on a host of its own (a proxy, a stand-in); else its host tells.
     named_provider: str | None = None
     pd: PdTraits | None = None  # set for prefill and decode workers
+    # Under --dp-aware, the data-parallel ranks each request is sent to one of (the engine's reported
+    # dp_size, when above 1: inference/routing/dp_ranks.py); 0 otherwise.
+    dp_ranks: int = 0
     # Derived once from the URL and the runtime (never given): how the gateway reaches it, and what
     # the gateway is to it.
     transport: Transport = field(init=False, compare=False)
@@ -257,10 +264,12 @@ class WorkerRecord:
 
 @dataclass(frozen=True, slots=True)
 class WorkerHandle:
-    """A worker as the request path sees it: its record plus its live load."""
+    """A worker as the request path sees it: its record plus its live load, and for one attempt
+    under --dp-aware the data-parallel rank the request goes to (inference/routing/dp_ranks.py)."""
 
     record: WorkerRecord
     load: WorkerLoad
+    dp_rank: int | None = None
 
     @property
     def id(self) -> str:

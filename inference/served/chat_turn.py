@@ -108,6 +108,7 @@ class ChatTurn:
             # Stop strings are matched here: stream from the engine so a match stops it early.
             stream=turn.stream or bool(sampling.stop),
             original_text=prompt.text,
+            data_parallel_rank=target.worker.dp_rank,  # under --dp-aware: this attempt's rank
         )
         run = TurnRun(target, self._choice_options(target, prompt), prompt.text, len(prompt.ids), sampling.n)
         return await open_generation(target.client, engine_request, partial(deliver, run))

@@ -104,6 +104,7 @@ class ServedCompletion(ServedSurface):
                 sampling=self.sampling,
                 stream=stream,
                 original_text=prompt.text,
+                data_parallel_rank=target.worker.dp_rank,  # under --dp-aware: this attempt's rank
             )
             for k, prompt in enumerate(prompts)
         ]

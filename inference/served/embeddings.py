@@ -79,7 +79,8 @@ class ServedEmbeddings(ServedSurface):
                     raise errors.invalid_request(f"input token IDs must be below the vocabulary size {vocab}", "input")
                 ids = tuple(item)
             check_prompt(len(ids), target.spec.context_length, "input")
-            requests.append(EmbedRequest(f"{self.id}-{index}", ids, item if isinstance(item, str) else None))
+            text = item if isinstance(item, str) else None
+            requests.append(EmbedRequest(f"{self.id}-{index}", ids, text, data_parallel_rank=worker.dp_rank))
         results: list[EmbedResult] = list(await asyncio.gather(*(target.client.embed(r) for r in requests)))
         data = [
             {

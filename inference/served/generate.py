@@ -141,6 +141,7 @@ class ServedGenerate(ServedSurface):
                 sampling=self.sampling,
                 stream=self.request.stream or bool(self.sampling.stop),
                 original_text=prompt.text,
+                data_parallel_rank=target.worker.dp_rank,  # under --dp-aware: this attempt's rank
             )
             for k, prompt in enumerate(prompts)
         ]

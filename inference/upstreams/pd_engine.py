@@ -20,11 +20,13 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from functools import partial
 from time import perf_counter
 from typing import Any
 
 from common import pd_metrics
 from inference.errors import GatewayError
+from inference.routing.dp_ranks import give_back, take_rank
 from inference.routing.pd import GRPC_DEFAULT_BOOTSTRAP_PORT, PdMember, grpc_room
 from inference.routing.workers import WorkerHandle
 from inference.routing.load_report import EngineLoad
@@ -83,6 +85,10 @@ async def _drain(
     pd_metrics.record_pd_prefill(model, runtime, perf_counter() - started)
 
 
+def _rank_ended(handle: WorkerHandle, _task: asyncio.Task[None]) -> None:
+    give_back(handle)
+
+
 async def _stop(task: asyncio.Future[Any]) -> None:
     task.cancel()
     try:
@@ -111,7 +117,15 @@ async def parallel_pd(
     paired = dataclasses.replace(request, disaggregation=disaggregation)
     started = perf_counter()
     first = True
-    prefill_task = asyncio.create_task(_drain(prefill.generate(paired), model, prefill.runtime, prefill_worker))
+    # Under --dp-aware the prefill engine gets a data-parallel rank of its own (the decode's is the request's).
+    ranked = take_rank(prefill_worker) if prefill_worker is not None else None
+    prefill_rank = ranked.dp_rank if ranked is not None else None
+    prefill_request = paired if prefill_rank == paired.data_parallel_rank else dataclasses.replace(
+        paired, data_parallel_rank=prefill_rank
+    )
+    prefill_task = asyncio.create_task(_drain(prefill.generate(prefill_request), model, prefill.runtime, prefill_worker))
+    if ranked is not None and ranked is not prefill_worker:
+        prefill_task.add_done_callback(partial(_rank_ended, ranked))
     outputs = decode.generate(paired)
     step: asyncio.Future[EngineOutput] | None = None
     try:

@@ -26,6 +26,7 @@ import orjson
 from common import pd_metrics
 from inference import errors
 from inference.errors import GatewayError
+from inference.routing.dp_ranks import give_back
 from inference.upstreams.base import RelayAnswer, RelayRequest
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.http import HttpRelay
@@ -175,6 +176,7 @@ def _account(task: asyncio.Task[bytes | None], request: RelayRequest, model: str
 
     def ended(done: asyncio.Task[bytes | None]) -> None:
         load.in_flight -= 1
+        give_back(request.worker)  # its data-parallel rank, under --dp-aware
         if done.cancelled():
             return
         failure = done.exception()

@@ -75,7 +75,10 @@ class Command(BaseCommand):
         zmq_options.add_argument("--zmq", action="store_true", help="dial in to a gateway's ZMQ worker as vLLM's EngineCore")
         zmq_options.add_argument("--zmq-url", default=None, help="the worker's ipc://PATH URL (required with --zmq)")
         zmq_options.add_argument("--zmq-handshake-address", default=None, help="tcp:// handshake address (default: derived from the path)")
-        zmq_options.add_argument("--dp-size", type=int, default=1, help="data-parallel engines to start (indexes 0..N-1)")
+        zmq_options.add_argument(
+            "--dp-size", type=int, default=1,
+            help="data-parallel engines to start (indexes 0..N-1); over HTTP and gRPC, the dp_size the server info reports",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["zmq"]:
@@ -98,6 +101,7 @@ class Command(BaseCommand):
                 delay_ms=options["delay_ms"],
                 api_key=options["api_key"] or None,
                 max_model_len=options["max_model_len"] or 4096,
+                dp_size=options["dp_size"],
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
@@ -137,6 +141,7 @@ class Command(BaseCommand):
                 reply=options["reply"],
                 chunk_tokens=options["chunk_tokens"],
                 delay_ms=options["delay_ms"],
+                dp_size=options["dp_size"],
                 **extra,
             )
             if not config.tokenizer_file.is_file():
