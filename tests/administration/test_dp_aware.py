@@ -102,6 +102,17 @@ async def test_an_engine_reporting_no_dp_size_is_routed_without_a_rank(
     assert "data_parallel_rank" not in worker.requests()[-1]["json"]
 
 
+async def test_an_operators_dp_size_label_gives_the_ranks(
+    gateway: httpx.AsyncClient, fleet: RegistrySync, start_worker: WorkerFactory, dp_aware: bool
+) -> None:
+    worker = await start_worker(owned_by="vllm")  # a vLLM HTTP server reports no dp_size: the operator tells
+    await register(gateway, {"url": worker.url, "labels": {"dp_size": "2"}})
+    for _ in range(2):
+        assert (await gateway.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    ranks = [r["json"].get("data_parallel_rank") for r in worker.requests() if r["method"] == "POST"]
+    assert ranks == ([0, 1] if dp_aware else [None, None])
+
+
 @pytest.mark.parametrize("runtime", ["sglang", "vllm"])
 async def test_grpc_requests_carry_the_rank(
     gateway: httpx.AsyncClient, fleet: RegistrySync, start_engine: EngineFactory, dp_aware: bool, runtime: str
