@@ -18,20 +18,23 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.decorators import method_decorator
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
-from administration.console import WorkerAddForm, job_summary, live_state, stored_spec
+from administration.console import WorkerAddForm, dp_ranks, job_summary, live_state, pd_groups, stored_spec
 from administration.fleet_page import fleet_urls
-from administration.models import RegisteredTokenizer, TenantRateLimit, Worker, WorkerStatus
+from administration.models import RegisteredTokenizer, TenantRateLimit, Worker, WorkerStatus, WorkerType
 from administration.tenant_limits import delete_tenant_rate_limits, flag_tenant_limit, save_tenant_rate_limit
 from administration.tokenizers import purge_expired_tokenizers, remove_tokenizer
 from administration.workers import (
     WorkerError,
     create_worker,
     drain_worker,
+    handshake_address_of,
+    kv_field,
+    pd_pairing_of,
     remove_worker,
     reregister_worker,
 )
@@ -44,6 +47,12 @@ _ADD_FIELDSETS = [
     (None, {"fields": ["url", "model_id", "runtime_type", "worker_type"]}),
     ("Credentials and labels", {"fields": ["api_key", "labels"]}),
     ("Scheduling hints", {"fields": ["priority", "cost"]}),
+    ("Prefill/decode disaggregation and data parallelism", {
+        "fields": ["pairing_protocol", "bootstrap_port", ("kv_connector", "kv_engine_id"), "dp_size",
+                   "zmq_handshake_address"],
+        "description": "Optional: a prefill, decode or encode worker's KV fields, and an ipc:// (ZMQ) engine's "
+                       "data-parallel size and handshake address. Checked as POST /workers checks them.",
+    }),
 ]
 # action: (domain function, message to the operator, audit-log entry)
 _ACTIONS = {
@@ -72,6 +81,9 @@ class WorkerAdmin(_WorkerModelAdmin):
         "model_column",
         "runtime",
         "type_column",
+        "transport_column",
+        "pairing_column",
+        "dp_column",
         "source_column",
         "load",
         "breaker",
@@ -93,6 +105,14 @@ class WorkerAdmin(_WorkerModelAdmin):
         "connection_mode_column",
         "source",
         "registered",
+        "pairing_column",
+        "bootstrap_port_column",
+        "kv_connector_column",
+        "kv_engine_id_column",
+        "dp_size_column",
+        "handshake_column",
+        "pd_partners",
+        "dp_ranks_column",
         "priority",
         "cost",
         "load",
@@ -106,7 +126,11 @@ class WorkerAdmin(_WorkerModelAdmin):
     fieldsets = [
         (None, {"fields": ["worker_url", ("status_badge", "is_healthy"), "model_column", ("runtime_type", "worker_type"),
                            ("connection_mode_column", "source"), "registered", ("priority", "cost")]}),
-        ("Live state (this gateway process)", {"fields": [("load", "breaker")]}),
+        ("Role, pairing and data parallelism", {"fields": [
+            "pairing_column", "bootstrap_port_column", ("kv_connector_column", "kv_engine_id_column"),
+            ("dp_size_column", "handshake_column"), "pd_partners",
+        ]}),
+        ("Live state (this gateway process)", {"fields": [("load", "breaker"), "dp_ranks_column"]}),
         ("Job", {"fields": ["job", "last_error"]}),
         ("Stored spec", {
             "fields": ["spec_json"],
@@ -157,9 +181,90 @@ class WorkerAdmin(_WorkerModelAdmin):
     def connection_mode_column(self, worker: Worker) -> str:
         return worker.transport.value
 
-    @admin.display(description="Type", ordering="worker_type")
-    def type_column(self, worker: Worker) -> str:
-        return worker.worker_type
+    @admin.display(description="Role", ordering="worker_type")
+    def type_column(self, worker: Worker) -> SafeString:
+        return _badge("role", worker.worker_type, worker.worker_type)
+
+    @admin.display(description="Transport")
+    def transport_column(self, worker: Worker) -> str:
+        return worker.transport.value.upper()  # HTTP, GRPC, ZMQ
+
+    @admin.display(description="Pairing")
+    def pairing_column(self, worker: Worker) -> SafeString | str:
+        """The pd_pairing key (prefill and decode), with the bootstrap port of a prefill worker."""
+        pairing = pd_pairing_of(worker)
+        port = worker.setting("bootstrap_port")
+        if pairing is None:
+            return format_html('<span class="gw-port">bootstrap {}</span>', port) if port else _EMPTY
+        suffix = format_html(' <span class="gw-port">bootstrap {}</span>', port) if port else ""
+        return format_html('<code class="gw-pairing">{}</code>{}', pairing, suffix)
+
+    @admin.display(description="DP")
+    def dp_column(self, worker: Worker) -> SafeString | str:
+        """dp_size, and how many data-parallel ranks the load monitor last reported."""
+        size = worker.setting("dp_size")
+        ranks = len(live_state(worker).engine_load or ())
+        if not size and not ranks:
+            return _EMPTY
+        shown = str(size) if size else "—"
+        return format_html('<span title="dp_size; ranks in the last load report: {}">{}{}</span>', ranks, shown,
+                           format_html(" · {} ranks", ranks) if ranks else "")
+
+    @admin.display(description="Bootstrap port")
+    def bootstrap_port_column(self, worker: Worker) -> str:
+        port = worker.setting("bootstrap_port")
+        return str(port) if port else _EMPTY
+
+    @admin.display(description="KV connector")
+    def kv_connector_column(self, worker: Worker) -> str:
+        return kv_field(worker, "kv_connector") or _EMPTY
+
+    @admin.display(description="KV engine id")
+    def kv_engine_id_column(self, worker: Worker) -> str:
+        return kv_field(worker, "kv_engine_id") or _EMPTY
+
+    @admin.display(description="DP size")
+    def dp_size_column(self, worker: Worker) -> str:
+        size = worker.setting("dp_size")
+        return str(size) if size else _EMPTY
+
+    @admin.display(description="ZMQ handshake address")
+    def handshake_column(self, worker: Worker) -> str:
+        return handshake_address_of(worker) or _EMPTY
+
+    @admin.display(description="Pairs with")
+    def pd_partners(self, worker: Worker) -> SafeString | str:
+        """The other side's workers of this worker's PD group (same model, same pairing key)."""
+        if worker.worker_type not in (WorkerType.PREFILL, WorkerType.DECODE):
+            return _EMPTY
+        group = next((g for g in pd_groups(Worker.objects.filter(model_id=worker.model_id))
+                      if worker in g.prefill or worker in g.decode), None)
+        if group is None:
+            return _EMPTY
+        others = group.decode if worker.worker_type == WorkerType.PREFILL else group.prefill
+        if not others:
+            side = "decode" if worker.worker_type == WorkerType.PREFILL else "prefill"
+            return format_html('<span class="gw-pd-unpaired">no {} worker with this pairing key</span>', side)
+        items = format_html_join(
+            "", '<li><a href="{}">{}</a> {}</li>',
+            ((reverse("admin:administration_worker_change", args=[other.pk]), other.url,
+              _badge("status", other.status, other.get_status_display())) for other in others),
+        )
+        return format_html('<ul class="gw-pd-partners">{}</ul>', items)
+
+    @admin.display(description="Engine load per dp rank")
+    def dp_ranks_column(self, worker: Worker) -> SafeString | str:
+        ranks = dp_ranks(live_state(worker))
+        if not ranks:
+            return _EMPTY
+        rows = format_html_join(
+            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}%</td></tr>",
+            ((r["dp_rank"], r["running"], r["waiting"], round(r["token_usage"] * 100, 1)) for r in ranks),
+        )
+        return format_html(
+            '<table class="gw-dp-ranks"><thead><tr><th>dp rank</th><th>running</th><th>waiting</th>'
+            "<th>KV usage</th></tr></thead><tbody>{}</tbody></table>", rows,
+        )
 
     @admin.display(description="Source", ordering="source")
     def source_column(self, worker: Worker) -> SafeString:
@@ -218,7 +323,7 @@ class WorkerAdmin(_WorkerModelAdmin):
                 self.message_user(request, f"Worker {worker.url} added; its registration job is queued.", messages.SUCCESS)
                 return HttpResponseRedirect(reverse("admin:administration_worker_changelist"))
         # The admin's form helpers take any Form; django-stubs types them for ModelForm only.
-        admin_form = helpers.AdminForm(cast(Any, form), _ADD_FIELDSETS, {}, model_admin=self)
+        admin_form = helpers.AdminForm(cast(Any, form), cast(Any, _ADD_FIELDSETS), {}, model_admin=self)
         context = {
             **self.admin_site.each_context(request),
             "title": "Add worker",
@@ -247,7 +352,11 @@ class WorkerAdmin(_WorkerModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         # The list is a wide table next to the filters: it gets the page width (breadcrumbs navigate).
         context = {"refresh_seconds": 5, "is_nav_sidebar_enabled": False, **(extra_context or {})}
-        return super().changelist_view(request, context)
+        response = super().changelist_view(request, context)
+        changelist = getattr(response, "context_data", None) and response.context_data.get("cl")  # type: ignore[attr-defined]
+        if changelist is not None:  # the PD pairs of the workers the filters and search select
+            response.context_data["pd_groups"] = _pd_group_rows(changelist.queryset)  # type: ignore[attr-defined]
+        return response
 
     # --- actions: on the list and as buttons on the detail page --------------------------------------
 
@@ -315,6 +424,24 @@ class WorkerAdmin(_WorkerModelAdmin):
             action: reverse(f"admin:administration_worker_{action}", args=[obj.pk]) for action in _ACTIONS
         } if obj is not None else {})
         return super().render_change_form(request, context, add, change, form_url, obj)
+
+
+def _pd_group_rows(workers: QuerySet[Worker]) -> list[dict[str, Any]]:
+    """The list page's PD pairs section: the prefill/decode groups of ``workers`` (one query)."""
+    rows = []
+    for group in pd_groups(workers.filter(worker_type__in=[WorkerType.PREFILL, WorkerType.DECODE])):
+        rows.append({
+            "model": group.model,
+            "pairing": group.pairing,
+            "paired": group.paired,
+            "state": group.state,
+            "sides": [
+                (side, [(reverse("admin:administration_worker_change", args=[w.pk]), w.url, w.status,
+                         w.get_status_display(), w.setting("bootstrap_port")) for w in workers])
+                for side, workers in (("prefill", group.prefill), ("decode", group.decode))
+            ],
+        })
+    return rows
 
 
 # --- per-tenant rate limits: plain rows; each save or delete reaches every gateway process -----------

@@ -8,20 +8,20 @@ refuses exactly what POST /workers refuses. Nothing here calls the network.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Iterable
 
 from django import forms
 from django.contrib.admin import widgets
 from django.utils import timezone
 
-from administration.models import Worker, WorkerType
+from administration.models import Worker, WorkerStatus, WorkerType
 from administration.store_ranges import column_range
 from inference.routing.workers import RuntimeType
 from administration.worker_spec import SpecRuleError, SpecTypeError, WorkerSpec, parse_worker_spec
 from common.urls import url_has_credentials
-from administration.workers import job_status, spec_fields
+from administration.workers import job_status, pd_pairing_of, spec_fields
 from inference.routing.registry import REGISTRY, RegistrySnapshot
 from inference.routing.workers import WorkerHandle
 
@@ -34,6 +34,9 @@ __all__ = [
     "stored_spec",
     "parse_labels",
     "format_age",
+    "PdGroup",
+    "pd_groups",
+    "dp_ranks",
 ]
 
 # What the priority column holds (the API checks the same range).
@@ -136,6 +139,66 @@ def stored_spec(worker: Worker) -> dict[str, Any]:
     return spec
 
 
+_PD_ROLES = (WorkerType.PREFILL, WorkerType.DECODE)
+
+
+@dataclass(slots=True)
+class PdGroup:
+    """Prefill and decode workers of one model sharing one pairing key (pd_pairing): the workers PD
+    routing may pair with each other. ``model`` is empty for workers that serve any model."""
+
+    model: str
+    pairing: str
+    prefill: list[Worker] = field(default_factory=list)
+    decode: list[Worker] = field(default_factory=list)
+
+    @property
+    def ready_prefill(self) -> int:
+        return sum(1 for worker in self.prefill if worker.status == WorkerStatus.READY)
+
+    @property
+    def ready_decode(self) -> int:
+        return sum(1 for worker in self.decode if worker.status == WorkerStatus.READY)
+
+    @property
+    def paired(self) -> bool:
+        """At least one ready worker on each side: requests for the model can be served by a pair."""
+        return self.ready_prefill > 0 and self.ready_decode > 0
+
+    @property
+    def state(self) -> str:
+        if self.paired:
+            return "paired"
+        missing = [side for side, ready in (("prefill", self.ready_prefill), ("decode", self.ready_decode)) if not ready]
+        return "no ready " + " or ".join(missing) + " worker"
+
+
+def pd_groups(workers: Iterable[Worker]) -> list[PdGroup]:
+    """The prefill and decode workers grouped by (model, pairing key), sorted; encode and regular
+    workers are left out. No query: the rows the caller already read."""
+    groups: dict[tuple[str, str], PdGroup] = {}
+    for worker in workers:
+        if worker.worker_type not in _PD_ROLES:
+            continue
+        pairing = pd_pairing_of(worker) or ""
+        group = groups.setdefault((worker.model_id, pairing), PdGroup(worker.model_id, pairing))
+        (group.prefill if worker.worker_type == WorkerType.PREFILL else group.decode).append(worker)
+    return [groups[key] for key in sorted(groups)]
+
+
+def dp_ranks(live: LiveState) -> list[dict[str, Any]]:
+    """The load monitor's last report per data-parallel rank, as the console shows it."""
+    return [
+        {
+            "dp_rank": entry.get("dp_rank", index),
+            "running": int(entry.get("num_running_reqs") or 0),
+            "waiting": int(entry.get("num_waiting_reqs") or 0),
+            "token_usage": float(entry.get("token_usage") or 0.0),
+        }
+        for index, entry in enumerate(live.engine_load or ())
+    ]
+
+
 def parse_labels(text: str) -> dict[str, str]:
     """``key=value`` lines (blank lines skipped) into a labels object. Raises ValueError."""
     labels: dict[str, str] = {}
@@ -192,8 +255,47 @@ class WorkerAddForm(forms.Form):
         widget=widgets.AdminIntegerFieldWidget(),
     )
     cost = forms.FloatField(label="Cost", initial=1.0, widget=widgets.AdminTextInputWidget(attrs={"class": "vIntegerField"}))
+    # Prefill/decode/encode and ZMQ fields: typed here, ranged and ruled by parse_worker_spec as the API.
+    pairing_protocol = forms.CharField(
+        label="Pairing protocol",
+        required=False,
+        max_length=256,
+        widget=widgets.AdminTextInputWidget(attrs={"autocomplete": "off"}),
+        help_text="Prefill or decode worker: explicit pairing key (the pairing_protocol label); a prefill and a "
+                  "decode worker pair only when their keys are equal. Empty: runtime/transport/layout.",
+    )
+    bootstrap_port = forms.IntegerField(
+        label="Bootstrap port",
+        required=False,
+        widget=widgets.AdminIntegerFieldWidget(),
+        help_text="Prefill or encode worker: its KV bootstrap port (gRPC uses 8998 when empty).",
+    )
+    kv_connector = forms.CharField(
+        label="KV connector", required=False, max_length=256, widget=widgets.AdminTextInputWidget(),
+        help_text="Overrides the engine-reported connector (e.g. mooncake, nixl).",
+    )
+    kv_engine_id = forms.CharField(
+        label="KV engine id", required=False, max_length=256, widget=widgets.AdminTextInputWidget(),
+        help_text="KV engine ID for PD; empty: the engine-reported one.",
+    )
+    dp_size = forms.IntegerField(
+        label="DP size",
+        required=False,
+        widget=widgets.AdminIntegerFieldWidget(),
+        help_text="ipc:// worker: number of data-parallel engines dialing one socket set (above 1: a grouped worker).",
+    )
+    zmq_handshake_address = forms.CharField(
+        label="ZMQ handshake address",
+        required=False,
+        max_length=512,
+        widget=widgets.AdminTextInputWidget(attrs={"placeholder": "tcp://127.0.0.1:25000", "autocomplete": "off"}),
+        help_text="ipc:// worker: the tcp:// address the gateway binds for the engine handshake. Empty: derived "
+                  "from the ipc:// path.",
+    )
 
-    _SPEC_FIELDS = ("url", "runtime_type", "worker_type", "api_key", "labels", "priority", "cost")
+    _SPEC_FIELDS = ("url", "runtime_type", "worker_type", "api_key", "labels", "priority", "cost", "bootstrap_port",
+                    "kv_connector", "kv_engine_id", "dp_size", "zmq_handshake_address")
+    _OPTIONAL_FIELDS = ("bootstrap_port", "kv_connector", "kv_engine_id", "dp_size", "zmq_handshake_address")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -221,6 +323,14 @@ class WorkerAddForm(forms.Form):
             body["models"] = [{"id": data["model_id"].strip()}]
         if data.get("api_key"):
             body["api_key"] = data["api_key"]
+        if (data.get("pairing_protocol") or "").strip():
+            body["labels"] = {**body["labels"], "pairing_protocol": data["pairing_protocol"].strip()}
+        for name in self._OPTIONAL_FIELDS:
+            value = data.get(name)
+            if isinstance(value, str):
+                value = value.strip()
+            if value is not None and value != "":
+                body[name] = value
         try:
             self.spec = parse_worker_spec(body)
         except (SpecTypeError, SpecRuleError) as exc:
@@ -230,13 +340,13 @@ class WorkerAddForm(forms.Form):
         return data
 
     def _field_of(self, exc: Exception) -> str | None:
-        """The form field a spec error names (rule errors are about the URL)."""
-        if isinstance(exc, SpecRuleError):
-            return "url"
+        """The form field a spec error names (other rule errors are about the URL)."""
         message = str(exc)
         if message.startswith("models"):
             return "model_id"
+        if message.startswith("labels.pairing_protocol"):
+            return "pairing_protocol"
         for name in self._SPEC_FIELDS:
             if message.startswith(name):
                 return name
-        return None
+        return "url" if isinstance(exc, SpecRuleError) else None

@@ -10,7 +10,9 @@ The JSON (:class:`FleetDict`) carries, per worker, the stored status (the databa
 list shows it), this process's live state from the registry snapshot (requests in flight from the
 gateway, the circuit breaker, the load monitor's last engine report, via
 :func:`administration.console.live_state`) and two monotonic counters, ``requests_total`` and
-``failures_total``, plus the server's clock. The browser turns counter deltas over clock deltas
+``failures_total``, plus the server's clock; with ``?by=role`` (what the script asks) also ``roles``,
+the same figures summed per role (:func:`role_totals`), so the charts can split the fleet into
+regular, prefill, decode and encode lines. The browser turns counter deltas over clock deltas
 into requests per second; a counter that went down (a restarted process) counts as a reset.
 
 Where the counters come from: ``gw_worker_cb_outcomes_total{worker, outcome}``, which the relay
@@ -30,7 +32,7 @@ from __future__ import annotations
 import glob
 import os
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Sequence, TypedDict
+from typing import TYPE_CHECKING, Any, Iterable, NotRequired, Sequence, TypedDict
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -40,7 +42,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from common import telemetry as metrics
 from administration.console import live_state
-from administration.models import Worker, WorkerStatus
+from administration.models import Worker, WorkerStatus, WorkerType
 from inference.routing.registry import REGISTRY
 
 if TYPE_CHECKING:
@@ -53,6 +55,9 @@ __all__ = [
     "EngineLoadDict",
     "FleetWorkerDict",
     "FleetDict",
+    "RoleDict",
+    "ROLES",
+    "role_totals",
     "worker_request_counters",
     "engine_summary",
     "fleet_state",
@@ -64,6 +69,7 @@ DEFAULT_REFRESH_SECS = 2.0
 _REFRESH_RANGE = (0.5, 60.0)
 _REFRESH_CHOICES = (1.0, 2.0, 5.0, 10.0, 30.0)
 HISTORY_POINTS = 60
+_SPLITS = ("worker", "role")  # the charts' lines: one per worker, or one per role (?split=)
 _OUTCOMES = "gw_worker_cb_outcomes"
 _OUTCOMES_SAMPLE = "gw_worker_cb_outcomes_total"
 
@@ -144,10 +150,59 @@ class FleetDict(TypedDict):
     counters: str
     loads_polled_at: float | None
     workers: list[FleetWorkerDict]
+    # With ``?by=role`` (the page's script asks for it): the workers' figures summed per role.
+    roles: NotRequired[dict[str, RoleDict]]
 
 
-def fleet_state(workers: Iterable[Worker], now: float | None = None) -> FleetDict:
-    """The page's JSON: every given worker's stored status, live state and request counters."""
+ROLES = (WorkerType.REGULAR, WorkerType.PREFILL, WorkerType.DECODE, WorkerType.ENCODE)
+
+
+class RoleDict(TypedDict):
+    """One role's workers summed: counts, in flight, request counters and engine load (the engine's
+    token usage is the mean over every reporting dp rank of the role; None: no report)."""
+
+    workers: int
+    ready: int
+    in_flight: int
+    requests_total: int
+    failures_total: int
+    engine: EngineLoadDict | None
+
+
+def role_totals(rows: Sequence[FleetWorkerDict]) -> dict[str, RoleDict]:
+    """The fleet's rows summed per role (regular, prefill, decode, encode; every role present, zero
+    when no worker has it), so the charts can draw one line per role."""
+    totals: dict[str, RoleDict] = {
+        str(role): {"workers": 0, "ready": 0, "in_flight": 0, "requests_total": 0, "failures_total": 0, "engine": None}
+        for role in ROLES
+    }
+    usage: dict[str, float] = {}
+    for row in rows:
+        role = totals.setdefault(row["worker_type"], {"workers": 0, "ready": 0, "in_flight": 0, "requests_total": 0,
+                                                      "failures_total": 0, "engine": None})
+        role["workers"] += 1
+        role["ready"] += 1 if row["healthy"] else 0
+        role["in_flight"] += row["in_flight"] or 0
+        role["requests_total"] += row["requests_total"]
+        role["failures_total"] += row["failures_total"]
+        engine = row["engine"]
+        if engine is not None:
+            summed = role["engine"] or {"running_requests": 0, "waiting_requests": 0, "token_usage": 0.0, "dp_ranks": 0}
+            summed["running_requests"] += engine["running_requests"]
+            summed["waiting_requests"] += engine["waiting_requests"]
+            summed["dp_ranks"] += engine["dp_ranks"]
+            usage[row["worker_type"]] = usage.get(row["worker_type"], 0.0) + engine["token_usage"] * engine["dp_ranks"]
+            role["engine"] = summed
+    for name, role in totals.items():
+        engine = role["engine"]
+        if engine is not None and engine["dp_ranks"]:
+            engine["token_usage"] = round(usage[name] / engine["dp_ranks"], 4)
+    return totals
+
+
+def fleet_state(workers: Iterable[Worker], now: float | None = None, *, by_role: bool = False) -> FleetDict:
+    """The page's JSON: every given worker's stored status, live state and request counters (and,
+    ``by_role``, their sums per role)."""
     counters = worker_request_counters()
     rows: list[FleetWorkerDict] = []
     for worker in workers:
@@ -171,12 +226,15 @@ def fleet_state(workers: Iterable[Worker], now: float | None = None) -> FleetDic
             "requests_total": counted["requests"],
             "failures_total": counted["failures"],
         })
-    return {
+    state: FleetDict = {
         "server_time": round(time.time() if now is None else now, 3),
         "counters": "all_processes" if metrics.MULTIPROCESS else "this_process",
         "loads_polled_at": REGISTRY.loads_polled_at,
         "workers": rows,
     }
+    if by_role:
+        state["roles"] = role_totals(rows)
+    return state
 
 
 def refresh_secs(raw: str | None) -> float:
@@ -205,8 +263,11 @@ def fleet_urls(model_admin: ModelAdmin[Worker]) -> list[URLPattern]:
 
     def page(request: HttpRequest) -> HttpResponse:
         allowed(request)
-        state = fleet_state(_workers())
+        state = fleet_state(_workers(), by_role=True)
         every = refresh_secs(request.GET.get("refresh"))
+        split = request.GET.get("split")
+        if split not in _SPLITS:  # per role by default once the fleet has a prefill, decode or encode worker
+            split = "role" if any(row["worker_type"] != WorkerType.REGULAR for row in state["workers"]) else "worker"
         context = {
             **site.each_context(request),
             "title": "Fleet",
@@ -215,6 +276,7 @@ def fleet_urls(model_admin: ModelAdmin[Worker]) -> list[URLPattern]:
             "fleet": state,
             "refresh_secs": every,
             "refresh_choices": sorted({*_REFRESH_CHOICES, every}),
+            "split": split,
             "history_points": HISTORY_POINTS,
             "data_url": reverse(f"admin:{info}_fleet_data"),
             "is_nav_sidebar_enabled": False,
@@ -223,7 +285,7 @@ def fleet_urls(model_admin: ModelAdmin[Worker]) -> list[URLPattern]:
 
     def data(request: HttpRequest) -> JsonResponse:
         allowed(request)
-        return JsonResponse(fleet_state(_workers()))
+        return JsonResponse(fleet_state(_workers(), by_role=request.GET.get("by") == "role"))
 
     return [
         path("fleet/", site.admin_view(page), name=f"{info}_fleet"),

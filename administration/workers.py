@@ -22,7 +22,9 @@ from administration.registration import JOB_STORE_PATIENCE_SECS
 from administration.worker_spec import SpecRuleError, WorkerSpec, parse_worker_spec
 from common.config import PROVIDER_BACKENDS, GatewayConfig, current_config
 from inference.routing.breaker import DEFAULT_CAPACITY, DEFAULT_RETRYABLE, Resilience
-from inference.routing.workers import PdTraits, RuntimeType, WorkerKind, WorkerRecord, kind_of
+from inference.routing.pd import pairing_key
+from inference.routing.workers import PdTraits, RuntimeType, Transport, WorkerKind, WorkerRecord, kind_of
+from inference.upstreams.zmq.addresses import ZmqAddressError, zmq_addresses
 
 __all__ = [
     "WorkerError",
@@ -44,6 +46,10 @@ __all__ = [
     "job_status",
     "spec_fields",
     "worker_fields",
+    "pd_pairing_of",
+    "pd_traits",
+    "kv_field",
+    "handshake_address_of",
     "list_workers",
     "registering_workers",
     "every_worker",
@@ -289,17 +295,35 @@ def spec_fields(worker: Worker) -> dict[str, Any]:
 
 
 _SETTING_KEYS = ("dp_size", "zmq_handshake_address", "bootstrap_port", "kv_connector", "kv_engine_id", "overload")
+_KV_FIELDS = ("kv_connector", "kv_engine_id")
 
 
-def _pd_pairing(worker: Worker) -> str | None:
-    if worker.worker_type not in (WorkerType.PREFILL, WorkerType.DECODE):
+def pd_pairing_of(worker: Worker) -> str | None:
+    """The pd_pairing the API shows for a prefill or decode worker (None for the others): the key
+    PD routing pairs by (inference/routing/pd.py), from the stored row."""
+    traits = pd_traits(worker)
+    if traits is None:
         return None
-    explicit = worker.labels.get("pairing_protocol")
-    if explicit:
-        return str(explicit)
-    transport = worker.transport.value
-    layout = f"dp{worker.setting('dp_size')}" if worker.setting("dp_size") else "single"
-    return f"{worker.runtime_type}/{transport}/{layout}"
+    return pairing_key(worker.runtime_type, worker.transport.value, traits)
+
+
+def kv_field(worker: Worker, name: str) -> str | None:
+    """kv_connector or kv_engine_id: the spec field, else the same-named label (spec 3: the label
+    moves into the field; a non-empty field wins)."""
+    value = worker.setting(name) or worker.labels.get(name)
+    return str(value) if value else None
+
+
+def handshake_address_of(worker: Worker) -> str | None:
+    """A ZMQ worker's handshake address: the spec's zmq_handshake_address, else the one derived from
+    its ipc:// path (tcp://127.0.0.1:<20000-29999>); None for other workers or an unusable value."""
+    given = worker.setting("zmq_handshake_address")
+    if worker.transport is not Transport.ZMQ:
+        return str(given) if given is not None else None
+    try:
+        return zmq_addresses(worker.url, given).handshake
+    except ZmqAddressError:
+        return str(given) if given is not None else None
 
 
 def worker_fields(worker: Worker, config: GatewayConfig) -> dict[str, Any]:
@@ -320,7 +344,14 @@ def worker_fields(worker: Worker, config: GatewayConfig) -> dict[str, Any]:
         value = worker.setting(key)
         if value is not None:
             body[key] = value
-    pairing = _pd_pairing(worker)
+    for key in _KV_FIELDS:
+        kv = kv_field(worker, key)
+        if kv is not None:
+            body[key] = kv
+    address = handshake_address_of(worker)
+    if address is not None:
+        body["zmq_handshake_address"] = address
+    pairing = pd_pairing_of(worker)
     if pairing is not None:
         body["pd_pairing"] = pairing
     return body
@@ -464,6 +495,7 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
             )
         )
     return records
+
 
 
 def pd_traits(worker: Worker) -> PdTraits | None:

@@ -36,6 +36,7 @@ __all__ = [
     "PdMember",
     "PdPair",
     "pd_pairing",
+    "pairing_key",
     "bootstrap_host",
     "pair_context_length",
     "select_pair",
@@ -58,10 +59,16 @@ _random = random.SystemRandom()
 def pd_pairing(record: WorkerRecord, traits: PdTraits) -> str:
     """The worker's pairing key, shown as ``pd_pairing`` (spec 3): ``pairing_protocol`` when set,
     else ``runtime/transport/layout``."""
+    return pairing_key(record.runtime_type, record.transport.value, traits)
+
+
+def pairing_key(runtime_type: str, transport: str, traits: PdTraits) -> str:
+    """:func:`pd_pairing` from a worker's runtime type, transport name and traits (the admin API and
+    the console compute it from the stored row with this, so both show what routing pairs by)."""
     if traits.pairing_protocol:
         return traits.pairing_protocol
     layout = f"dp{traits.dp_size}" if traits.dp_size else "single"
-    return f"{record.runtime_type}/{record.transport.value}/{layout}"
+    return f"{runtime_type}/{transport}/{layout}"
 
 
 def bootstrap_host(record: WorkerRecord) -> str:

@@ -6,6 +6,9 @@
  * A counter that went down (a restarted gateway process) leaves a gap instead of a negative rate.
  * Each chart's <svg> carries data-points, data-series, data-latest and data-max, and #gw-fleet carries
  * data-refreshes, so the state the charts show can be read back (the browser test does).
+ *
+ * Split: the charts draw one line per worker, or one per role (regular, prefill, decode, encode) from
+ * the JSON's per-role sums (asked with ?by=role); #gw-split switches, ?split= keeps the choice.
  */
 (function () {
   "use strict";
@@ -22,6 +25,11 @@
   var dataUrl = root.getAttribute("data-url");
   var every = parseFloat(root.getAttribute("data-refresh-secs")) || 2;
   var points = parseInt(root.getAttribute("data-points"), 10) || 60;
+  var split = root.getAttribute("data-split") === "role" ? "role" : "worker";
+  var ROLES = ["regular", "prefill", "decode", "encode"];
+  var ROLE_COLORS = { regular: "#475569", prefill: "#d97706", decode: "#0891b2", encode: "#9333ea" };
+  var roleHistory = {};   // role -> its series and the counters of the last answer
+  var roleCounts = {};    // role -> {workers, ready} of the last answer
 
   var history = {};       // worker id -> its series and the counters of the last answer
   var order = [];         // worker ids in the server's order
@@ -114,12 +122,48 @@
       order.push(worker.id);
     });
     Object.keys(history).forEach(function (id) { if (!seen[id]) { delete history[id]; } });
+    ingestRoles(t, state.roles || {});
     lastTime = t;
     refreshes += 1;
     root.setAttribute("data-refreshes", String(refreshes));
     root.setAttribute("data-server-time", String(t));
     root.setAttribute("data-counters", state.counters);
     return true;
+  }
+
+  function ingestRoles(t, roles) {
+    ROLES.forEach(function (role) {
+      var total = roles[role];
+      var h = roleHistory[role];
+      if (!h) {
+        h = roleHistory[role] = { color: ROLE_COLORS[role], rate: [], failed: [], inflight: [], running: [],
+                                  waiting: [], usage: [], prev: null };
+      }
+      roleCounts[role] = total ? { workers: total.workers, ready: total.ready } : { workers: 0, ready: 0 };
+      if (!total || !total.workers) {
+        [h.rate, h.failed, h.inflight, h.running, h.waiting, h.usage].forEach(function (series) { push(series, t, null); });
+        h.prev = null;
+        return;
+      }
+      var rate = null, failed = null;
+      if (h.prev && t > h.prev.t) {
+        var dt = t - h.prev.t;
+        var done = total.requests_total - h.prev.requests;
+        var bad = total.failures_total - h.prev.failures;
+        if (done >= 0 && bad >= 0) { rate = done / dt; failed = bad / dt; }  // a worker left or restarted: a gap
+      }
+      push(h.rate, t, rate);
+      push(h.failed, t, failed);
+      push(h.inflight, t, total.in_flight);
+      push(h.running, t, total.engine ? total.engine.running_requests : null);
+      push(h.waiting, t, total.engine ? total.engine.waiting_requests : null);
+      push(h.usage, t, total.engine ? total.engine.token_usage * 100 : null);
+      h.prev = { t: t, requests: total.requests_total, failures: total.failures_total };
+    });
+  }
+
+  function rolesShown() {
+    return ROLES.filter(function (role) { return roleCounts[role] && roleCounts[role].workers > 0; });
   }
 
   // --- charts ------------------------------------------------------------------------------------
@@ -272,6 +316,17 @@
 
   function drawLegend(container) {
     clear(container);
+    container.setAttribute("data-split", split);
+    if (split === "role") {
+      rolesShown().forEach(function (role) {
+        var item = el("span", { "class": "gw-legend-item", "data-role": role });
+        item.appendChild(el("span", { "class": "gw-swatch", style: "background:" + ROLE_COLORS[role] }));
+        var counts = roleCounts[role];
+        item.appendChild(document.createTextNode(role + " (" + counts.ready + " / " + counts.workers + " ready)"));
+        container.appendChild(item);
+      });
+      return;
+    }
     order.forEach(function (id) {
       var item = el("span", { "class": "gw-legend-item" });
       item.appendChild(el("span", { "class": "gw-swatch", style: "background:" + history[id].color }));
@@ -290,8 +345,10 @@
       inflight += w.in_flight || 0;
       if (w.engine) { waiting = (waiting || 0) + w.engine.waiting_requests; }
     });
+    var roles = rolesShown().map(function (role) { return roleCounts[role].workers + " " + role; }).join(" · ");
     var values = { workers: order.length, ready: ready + " / " + order.length, breakers: open,
-                   rate: formatNumber(rate), inflight: inflight, waiting: waiting === null ? "—" : waiting };
+                   rate: formatNumber(rate), inflight: inflight, waiting: waiting === null ? "—" : waiting,
+                   roles: roles || "—" };
     Object.keys(values).forEach(function (key) {
       var node = root.querySelector('[data-summary="' + key + '"]');
       if (node) { node.textContent = String(values[key]); }
@@ -300,6 +357,14 @@
 
   function lines(field, dashedField) {
     var result = [];
+    if (split === "role") {
+      rolesShown().forEach(function (role) {
+        var h = roleHistory[role];
+        result.push({ color: h.color, series: h[field] });
+        if (dashedField) { result.push({ color: h.color, series: h[dashedField], dashed: true }); }
+      });
+      return result;
+    }
     order.forEach(function (id) {
       var h = history[id];
       result.push({ color: h.color, series: h[field] });
@@ -309,6 +374,10 @@
   }
 
   function render() {
+    root.setAttribute("data-split", split);
+    Array.prototype.forEach.call(root.querySelectorAll("[data-split-title]"), function (node) {
+      node.textContent = node.getAttribute("data-split-title").replace("{split}", split === "role" ? "role" : "worker");
+    });
     drawChart(document.getElementById("gw-chart-rate"), lines("rate", "failed"), { floor: 1, unit: "/s" });
     drawChart(document.getElementById("gw-chart-inflight"), lines("inflight"), { floor: 4 });
     drawChart(document.getElementById("gw-chart-engine"), lines("running", "waiting"),
@@ -336,7 +405,7 @@
 
   function poll() {
     if (document.hidden) { schedule(); return; }
-    fetch(dataUrl, { credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json" } })
+    fetch(dataUrl + (dataUrl.indexOf("?") < 0 ? "?" : "&") + "by=role", { credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json" } })
       .then(function (response) {
         var json = (response.headers.get("Content-Type") || "").indexOf("application/json") === 0;
         if (response.redirected || !json) { throw new Error("session expired: reload the page to log in again"); }
@@ -361,6 +430,16 @@
     render();
     schedule();
   });
+  var splitSelect = document.getElementById("gw-split");
+  if (splitSelect) {
+    splitSelect.addEventListener("change", function () {
+      split = splitSelect.value === "role" ? "role" : "worker";
+      var url = new URL(window.location.href);
+      url.searchParams.set("split", split);
+      window.history.replaceState(null, "", url.toString());
+      render();
+    });
+  }
   var pause = document.getElementById("gw-pause");
   pause.addEventListener("click", function () {
     paused = !paused;
