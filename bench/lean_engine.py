@@ -1,6 +1,7 @@
 """The gRPC engine stand-in for load, without its per-request bookkeeping that grows with the prompt.
 
 ``.venv/bin/python bench/lean_engine.py --tokenizer FOLDER --port P [--model M] [--chunk-tokens N]``
+``.venv/bin/python bench/lean_engine.py --tokenizer FOLDER --zmq-url ipc://PATH [--chunk-tokens N]``
 
 The same service as ``manage.py runmockworker --grpc`` (:mod:`standins.grpc_engine`, the same wire
 and the same scripted replies), with three test aids turned off because in Python they cost the
@@ -17,6 +18,15 @@ engine milliseconds per long prompt and would make the engine, not the gateway, 
 ``--to-max-tokens`` also makes every request with a token limit run to that limit, as if it had set
 ``ignore_eos`` (bench/messages_vs_chat.py: the Messages API has no ``ignore_eos``, and chat and
 Messages must stream the same number of tokens to compare their cost per token).
+
+``--zmq-url ipc://PATH`` runs the ZMQ engine-core stand-in instead (:mod:`standins.zmq_engine`, vLLM's
+EngineCore dialing in to the gateway's worker ``PATH``, as ``runmockworker --zmq``) with the same
+scripted engine made lean, and its record of every ADD's raw array kept to the last 64 (the
+stand-in keeps them all: a long prompt each, which grows without bound under load), and its
+scheduler stats' ``prefix_cache_stats`` completed with vLLM's ``preempted_requests``,
+``preempted_queries`` and ``preempted_hits`` (0), which the stand-in leaves out and smg 1.13.0
+requires (it drops every output without them), and the stats' ``kv_cache_eviction_events`` (empty). It prints
+``mock zmq engine serving ...`` once registered (bench/zmq_vs_grpc.py).
 """
 
 from __future__ import annotations
@@ -65,10 +75,48 @@ def run_to_max_tokens() -> None:
     model_cls.choice = to_limit  # type: ignore[method-assign]
 
 
+class _RecentAdds(list[Any]):
+    """The ZMQ stand-in's ``state.adds`` keeping only the last 64 raw ADD arrays."""
+
+    def append(self, item: Any) -> None:
+        super().append(item)
+        if len(self) > 128:
+            del self[:-64]
+
+
+def run_lean_zmq(tokenizer: str, model: str, zmq_url: str, chunk_tokens: int, delay_ms: float) -> None:
+    """The ZMQ engine-core stand-in, lean, dialing in to the worker ``zmq_url``."""
+    from standins import zmq_engine
+
+    state_cls = zmq_engine.ZmqEngineState
+    init = state_cls.__init__
+
+    def lean_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.adds = _RecentAdds()
+
+    state_cls.__init__ = lean_init  # type: ignore[method-assign]
+    stats = zmq_engine.ZmqEngineCore.scheduler_stats
+
+    def full_stats(self: Any) -> dict[str, Any]:
+        out = stats(self)
+        prefix = out.get("prefix_cache_stats")
+        if isinstance(prefix, dict):  # vLLM's PrefixCacheStats has these too; smg 1.13.0 requires them
+            prefix.update(preempted_requests=0, preempted_queries=0, preempted_hits=0)
+        out.setdefault("kv_cache_eviction_events", [])
+        return out
+
+    zmq_engine.ZmqEngineCore.scheduler_stats = full_stats  # type: ignore[method-assign]
+    config = zmq_engine.ZmqEngineConfig(tokenizer=tokenizer, model=model, chunk_tokens=chunk_tokens,
+                                        delay_ms=delay_ms)  # fmt: skip
+    zmq_engine.run_zmq_engine(config, zmq_engine.handshake_address_for(zmq_url))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", required=True)
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, default=None, help="the gRPC port (required but with --zmq-url)")
+    parser.add_argument("--zmq-url", default=None, help="ipc://PATH: the ZMQ engine-core stand-in for that worker")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--model", default="mock-model")
     parser.add_argument("--runtime", default="sglang")
@@ -76,9 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--to-max-tokens", action="store_true", help="every request runs to its max tokens")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="the stand-in's pause before each streamed chunk")
     args = parser.parse_args(argv)
+    if args.port is None and args.zmq_url is None:
+        parser.error("--port or --zmq-url is required")
     make_lean()
     if args.to_max_tokens:
         run_to_max_tokens()
+    if args.zmq_url:
+        run_lean_zmq(args.tokenizer, args.model, args.zmq_url, args.chunk_tokens, args.delay_ms)
+        return 0
     config = GrpcEngineConfig(
         runtime=args.runtime, tokenizer=args.tokenizer, model=args.model, chunk_tokens=args.chunk_tokens,
         delay_ms=args.delay_ms,

@@ -74,6 +74,7 @@ __all__ = ["EngineRank", "ZmqEngineClient"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_HEALTH_TIMEOUT_SECS = 5.0
+OUTPUT_BATCH = 64  # output messages taken per wake-up of the output loop, at most
 HEALTH_UTILITY = "is_sleeping"  # a utility every EngineCore answers, cheaply
 
 
@@ -84,6 +85,23 @@ class _Flight:
     rank: int
     choices: dict[str, int]  # engine request id → choice index
     queue: asyncio.Queue[codec.EngineCoreOutput | UpstreamFailure] = field(default_factory=asyncio.Queue)
+
+
+def _merged(a: EngineOutput, b: EngineOutput) -> EngineOutput | None:
+    """Two outputs of one choice as one, when the first is not final and neither carries logprobs
+    (those keep the engine's own steps); None otherwise."""
+    if a.index != b.index or a.finish is not None:
+        return None
+    if a.logprobs is not None or b.logprobs is not None or a.prompt_logprobs is not None or b.prompt_logprobs is not None:
+        return None
+    return EngineOutput(
+        index=a.index,
+        token_ids=a.token_ids + b.token_ids,
+        prompt_tokens=b.prompt_tokens,
+        completion_tokens=b.completion_tokens,
+        cached_tokens=max(a.cached_tokens, b.cached_tokens),
+        finish=b.finish,
+    )
 
 
 class ZmqEngineClient(EngineClient):
@@ -283,17 +301,30 @@ class ZmqEngineClient(EngineClient):
             self._maybe_ready(rank)
 
     async def _output_loop(self, socket: zmq.asyncio.Socket) -> None:
+        # After each awaited message, the ones already queued are taken without waiting, through a
+        # plain socket on the same ZMQ socket (up to OUTPUT_BATCH, then the loop runs others): an
+        # awaited receive costs a future and pyzmq's event bookkeeping per message, which was most
+        # of what a ZMQ request cost the gateway more than a gRPC one (bench/zmq_vs_grpc.py).
+        queued: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)
         while True:
-            frames = await socket.recv_multipart(copy=True)
-            if len(frames) == 1 and frames[0] == codec.ENGINE_CORE_DEAD:
-                self._engines_died("the engine core died (ENGINE_CORE_DEAD)")
-                continue
-            try:
-                outputs = codec.decode_outputs(frames[0])
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                logger.warning("ZMQ worker %s: outputs that do not decode: %s", self.url, exc)
-                continue
-            self._take(outputs, frames)
+            self._output_message(await socket.recv_multipart(copy=True))
+            for _ in range(OUTPUT_BATCH - 1):
+                try:
+                    frames = queued.recv_multipart(zmq.NOBLOCK, copy=True)
+                except zmq.Again:
+                    break
+                self._output_message(frames)
+
+    def _output_message(self, frames: list[bytes]) -> None:
+        if len(frames) == 1 and frames[0] == codec.ENGINE_CORE_DEAD:
+            self._engines_died("the engine core died (ENGINE_CORE_DEAD)")
+            return
+        try:
+            outputs = codec.decode_outputs(frames[0])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            logger.warning("ZMQ worker %s: outputs that do not decode: %s", self.url, exc)
+            return
+        self._take(outputs, frames)
 
     async def _monitor_loop(self, monitor: zmq.asyncio.Socket) -> None:
         """An engine's connection to the output socket dropping: its process is gone."""
@@ -375,8 +406,12 @@ class ZmqEngineClient(EngineClient):
         socket = self._input
         if socket is None:
             raise UpstreamFailure(FailureKind.CONNECT, f"the ZMQ worker {self.url} is not started")
+        frames = (codec.engine_identity(rank), kind.value, payload)
         try:
-            await socket.send_multipart((codec.engine_identity(rank), kind.value, payload))
+            try:  # at once when the socket takes it (no future, no event bookkeeping), else awaited
+                zmq.Socket.shadow(socket.underlying).send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                await socket.send_multipart(frames)
         except zmq.ZMQError as exc:
             raise UpstreamFailure(FailureKind.CONNECT, f"engine {rank} of {self.url} is unreachable: {exc}") from None
 
@@ -444,23 +479,33 @@ class ZmqEngineClient(EngineClient):
             completion = dict.fromkeys(ids.values(), 0)
             logprobs = {i: ChoiceLogprobs(request.sampling.top_logprobs) for i in ids.values()}
             cached = dict.fromkeys(ids.values(), 0)
+            # Outputs already queued when one is taken are merged into it, a run per choice (as the
+            # gRPC client merges the messages that arrived together): a burst of tokens costs the
+            # pipeline one step and the client one write.
+            pending: EngineOutput | None = None
+            failure: UpstreamFailure | None = None
             while open_ids:
+                if pending is not None and flight.queue.empty():
+                    yielded = True
+                    yield pending
+                    pending = None
                 item = await flight.queue.get()
                 if isinstance(item, UpstreamFailure):
                     open_ids.clear()  # the engine is gone: nothing to abort
-                    raise item.broke_off() if yielded else item
+                    failure = item
+                    break
                 if item.request_id not in open_ids:  # a choice already ended (a late output after an abort)
                     continue
                 index = ids[item.request_id]
                 if item.finish_reason == codec.WireFinishReason.ERROR:
                     open_ids.discard(item.request_id)
                     failure = UpstreamFailure(FailureKind.BROKEN, f"the engine failed request {item.request_id}")
-                    raise failure.broke_off() if yielded else failure
+                    break
                 try:
                     token_logprobs = logprobs[index].take(item)
                 except TensorError as exc:  # the engine still runs it: the finally aborts it
                     failure = UpstreamFailure(FailureKind.BROKEN, f"engine request {item.request_id}: {exc}")
-                    raise failure.broke_off() if yielded else failure from None
+                    break
                 completion[index] += len(item.new_token_ids)
                 cached[index] = max(cached[index], item.num_cached_tokens)
                 finish = None
@@ -469,8 +514,7 @@ class ZmqEngineClient(EngineClient):
                     finish = finish_of(item, self.eos_token_ids)
                 elif not item.new_token_ids:
                     continue
-                yielded = True
-                yield EngineOutput(
+                output = EngineOutput(
                     index=index,
                     token_ids=tuple(item.new_token_ids),
                     prompt_tokens=len(request.input_ids),
@@ -480,6 +524,19 @@ class ZmqEngineClient(EngineClient):
                     prompt_logprobs=logprobs[index].pop_prompt(),
                     finish=finish,
                 )
+                merged = _merged(pending, output) if pending is not None else None
+                if merged is not None:
+                    pending = merged
+                    continue
+                if pending is not None:
+                    yielded = True
+                    yield pending
+                pending = output
+            if pending is not None:
+                yielded = True
+                yield pending
+            if failure is not None:
+                raise failure.broke_off() if yielded else failure
         finally:
             for engine_id in ids:
                 self._flights.pop(engine_id, None)
