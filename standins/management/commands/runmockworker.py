@@ -24,6 +24,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from standins.grpc_engine import REPLIES, RUNTIMES, GrpcEngineConfig, run_grpc_engine
 from standins.mock_worker import MockWorkerConfig, run_mock_worker
 from standins.pd_worker import PD_FAULTS, PD_ROLES, PdWorkerConfig, run_pd_worker
+from standins.zmq_engine import ZmqEngineConfig, handshake_address_for, run_zmq_engine
 
 __all__ = ["Command"]
 
@@ -154,8 +155,6 @@ class Command(BaseCommand):
             raise CommandError(f"cannot serve on {options['host']}:{options['port']}: {exc}") from None
 
     def _serve_zmq(self, options: dict[str, Any]) -> None:
-        from standins.zmq_engine import ZmqEngineConfig, handshake_address_for, run_zmq_engine
-
         if not options["tokenizer"] or not options["zmq_url"]:
             raise CommandError("--tokenizer and --zmq-url are required with --zmq")
         if options["dp_size"] < 1:
