@@ -1,5 +1,6 @@
 """Probes (spec 3, Probes and metrics): /health and /liveness say the process is alive; /readiness
-says it can take traffic: at least one routable worker, not shutting down, and a request for each
+says it can take traffic: at least one routable worker or a ready prefill/decode pair (same pairing
+key; as the reference answers for a PD deployment), not shutting down, and a request for each
 ready model would be served (the tokenizer of every ready engine worker loaded; relayed HTTP workers
 need none). Readiness reads in-process state only (the registry snapshot, the tokenizer cache); a
 tokenizer not loaded yet starts loading on its thread, and the answer is 503 until it is."""
@@ -31,9 +32,11 @@ async def readiness(scope: Scope, receive: Receive, send: Send) -> None:
         return
     dp = data_plane()
     snapshot = dp.registry.snapshot
-    ready = len(snapshot.routable)
-    waiting = models_without_tokenizer(snapshot) if ready and not dp.draining else ()
-    status = "draining" if dp.draining else "ready" if ready and not waiting else "not_ready"
+    prefills, decodes = snapshot.pd.members(None)
+    ready = len(snapshot.routable) + len(prefills) + len(decodes)
+    servable = bool(snapshot.routable) or snapshot.pd.has_pair()
+    waiting = models_without_tokenizer(snapshot) if servable and not dp.draining else ()
+    status = "draining" if dp.draining else "ready" if servable and not waiting else "not_ready"
     body: dict[str, object] = {"status": status, "workers": {"ready": ready, "total": len(snapshot.workers)}}
     if waiting:
         body["models_without_tokenizer"] = list(waiting)

@@ -227,6 +227,15 @@ class PdPool:
     def __bool__(self) -> bool:
         return bool(self.prefill_by_model or self.decode_by_model or self.prefill_any or self.decode_any)
 
+    def has_pair(self) -> bool:
+        """Whether some model (or any model) has a ready prefill and a ready decode worker with the
+        same pairing key: PD requests can be served (readiness counts this like a regular worker)."""
+        for model in {*self.prefill_by_model, *self.decode_by_model}:
+            prefills, decodes = self.members(model)
+            if {m.pairing for m in prefills} & {m.pairing for m in decodes}:
+                return True
+        return bool({m.pairing for m in self.prefill_any} & {m.pairing for m in self.decode_any})
+
     def members(self, model: str | None) -> tuple[Sequence[PdMember], Sequence[PdMember]]:
         """The prefill and decode candidates for a canonical ``model`` (None: every one)."""
         if model is None:

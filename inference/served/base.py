@@ -107,9 +107,13 @@ def tokenizer_ready(record: WorkerRecord) -> bool:
 
 def models_without_tokenizer(snapshot: RegistrySnapshot) -> tuple[str, ...]:
     """The models of ready workers whose tokenizer a request would not find yet (each once; a
-    worker that serves any model is named by its URL), their loads started (:func:`tokenizer_ready`)."""
+    worker that serves any model is named by its URL), their loads started (:func:`tokenizer_ready`).
+    Ready prefill and decode workers count like regular ones (a gRPC PD pair's requests are
+    tokenized by the gateway as any engine worker's are)."""
     waiting: dict[str, None] = {}
-    for handle in snapshot.routable:
+    prefills, decodes = snapshot.pd.members(None)
+    pd_handles = [member.handle for member in (*prefills, *decodes)]
+    for handle in (*snapshot.routable, *pd_handles):
         record = handle.record
         if not tokenizer_ready(record):
             waiting[record.model_id or record.url] = None
