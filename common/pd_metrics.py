@@ -18,7 +18,8 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from common.telemetry import DEFAULT_DURATION_BUCKETS, REGISTRY, bounded_model
+# The gateway's one memo of labelled children (telemetry's: .labels() validates and locks on every call).
+from common.telemetry import DEFAULT_DURATION_BUCKETS, REGISTRY, _child, bounded_model
 
 __all__ = [
     "PD_TTFT",
@@ -53,17 +54,6 @@ PD_KV_TRANSFER_FAILURES = Counter("gw_pd_kv_transfer_failures_total", "PD KV han
                                   registry=REGISTRY)
 PD_ADMISSION_WAITS = Counter("gw_pd_admission_waits_total", "PD requests that waited for admission", registry=REGISTRY)
 PD_ADMISSION_SHEDS = Counter("gw_pd_admission_sheds_total", "PD requests refused admission", registry=REGISTRY)
-
-_children: dict[tuple[int, tuple[str, ...]], Any] = {}
-
-
-def _child(metric: Any, *labels: str) -> Any:
-    key = (id(metric), labels)
-    found = _children.get(key)
-    if found is None:
-        found = _children[key] = metric.labels(*labels)
-    return found
-
 
 def record_pd_ttft(model: str | None, runtime: str, seconds: float) -> None:
     _child(PD_TTFT, "pd", bounded_model(model), runtime).observe(seconds)
