@@ -84,6 +84,7 @@ __all__ = [
     "Thinking",
     "embedding_for",
     "run_grpc_engine",
+    "start_grpc_server",
 ]
 
 SERVER_OPTIONS = (
@@ -92,6 +93,18 @@ SERVER_OPTIONS = (
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
 )
+
+
+async def start_grpc_server(handler: grpc.GenericRpcHandler, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """A started ``grpc.aio`` server with the stand-ins' options serving ``handler`` on ``host:port``
+    (0: a free port); the server and the port it bound."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server.add_generic_rpc_handlers((handler,))
+    bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind {host}:{port}")
+    await server.start()
+    return server, bound
 
 
 class GrpcEngineServer:
@@ -115,15 +128,8 @@ class GrpcEngineServer:
         return f"grpc://127.0.0.1:{self.port}"
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        service = SERVICES[self.config.runtime](self.engine)
-        server.add_generic_rpc_handlers((service.handler(),))
-        bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-        if bound == 0:
-            raise OSError(f"cannot bind {host}:{port}")
-        await server.start()
-        self._server, self.port = server, bound
-        return bound
+        self._server, self.port = await start_grpc_server(SERVICES[self.config.runtime](self.engine).handler(), host, port)
+        return self.port
 
     async def stop(self, grace: float | None = 0.5) -> None:
         server, self._server = self._server, None

@@ -26,7 +26,7 @@ import grpc
 from aiohttp import web
 
 from protos import sglang_scheduler_pb2 as sg
-from standins.grpc_engine import SERVER_OPTIONS, GrpcEngineConfig, GrpcEngineState, ScriptedEngine
+from standins.grpc_engine import GrpcEngineConfig, GrpcEngineState, ScriptedEngine, start_grpc_server
 from standins.grpc_services import SglangService
 from standins.pd_worker import PD_FAULTS, PdState, PdWorkerConfig, bootstrap_app, wait_for_kv
 
@@ -118,14 +118,8 @@ class GrpcPdServer:
         if self.pd.config.role == "prefill":
             await web.TCPSite(runner, host, bootstrap_port).start()
             self.bootstrap_port = int(runner.addresses[0][1])
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        server.add_generic_rpc_handlers((SglangPdService(self.engine, self.pd).handler(),))
-        bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-        if bound == 0:
-            raise OSError(f"cannot bind {host}:{port}")
-        await server.start()
-        self._server, self.port = server, bound
-        return bound
+        self._server, self.port = await start_grpc_server(SglangPdService(self.engine, self.pd).handler(), host, port)
+        return self.port
 
     async def stop(self, grace: float | None = 0.5) -> None:
         server, self._server = self._server, None
