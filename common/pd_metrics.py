@@ -14,8 +14,6 @@ gateway's metrics registry (:mod:`common.telemetry`), with the helpers the PD di
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import Counter, Histogram
 
 # The gateway's one memo of labelled children (telemetry's: .labels() validates and locks on every call).
