@@ -28,11 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +38,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.cpu_cost import cpu_seconds  # noqa: E402
-from bench.gateway import REPO, start_grpc_engine  # noqa: E402
+from bench.gateway import start_grpc_engine  # noqa: E402
 from bench.grpc_pipeline import (  # noqa: E402
     _TEMPLATE_TOKENS,
     MARKER,
@@ -49,23 +46,30 @@ from bench.grpc_pipeline import (  # noqa: E402
     SIZES,
     STREAMS,
     Model,
-    TestWatch,
     _bases,
     _concrete,
-    _no_heavy_load,
     _start_target,
     prompt_text,
     split,
 )
-from bench.loadgen import WRK, run_wrk, write_script  # noqa: E402
-from bench.machine import describe, loadavg  # noqa: E402
-from bench.nginx import MODEL, NGINX  # noqa: E402
-from bench.peers import PEERS, peer_version  # noqa: E402
+from bench.loadgen import run_wrk, write_script  # noqa: E402
+from bench.nginx import MODEL  # noqa: E402
 from bench.procs import LOOPBACK, ManagedProcess, ProcessGroup, StartError, free_port, http_post_json  # noqa: E402
+from bench.rounds import (  # noqa: E402
+    RESULTS,
+    add_round_options,
+    bench_meta,
+    in_work_dir,
+    measure_rounds,
+    render_cpu_table,
+    round_ratios,
+    summarize_cases,
+    without_missing_smg,
+    write_results,
+)
 from bench.run import _raise_on_sigterm  # noqa: E402
 from bench.streaming import run_streams  # noqa: E402
 
-RESULTS = REPO / "bench" / "results"
 SURFACES = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
 TARGETS = ("gateway", "smg")
 SYSTEM = "You are a helpful assistant."
@@ -177,66 +181,19 @@ class Case:
         }
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 2), "min": min(values), "max": max(values)}
-
-
 def summarize(cases: list[Case]) -> dict[str, Any]:
     """Each case's median and spread, and per target the Messages / chat ratios by round."""
-    out: dict[str, Any] = {}
-    for case in cases:
-        if not case.rounds:
-            continue
-        out[case.key] = {
-            metric: _spread([r[metric] for r in case.rounds])
-            for metric in ("cpu_us_per_request", "cpu_us_per_token", "cpu_us_per_event", "rps", "tokens_per_s",
-                           "events_per_stream")
-        } | {
-            "errors": sum(r["errors"] for r in case.rounds),
-            "disturbed_rounds": sum(r["disturbed"] for r in case.rounds),
-        }
+    out = summarize_cases(cases, lambda case: case.key)
     by_key = {case.key: case for case in cases}
     for target in TARGETS:
-        chat, messages = by_key.get(f"{target}/chat"), by_key.get(f"{target}/messages")
-        if not chat or not messages or not chat.rounds or not messages.rounds:
-            continue
-        ratios: dict[str, Any] = {}
-        for metric in ("cpu_us_per_request", "cpu_us_per_token", "cpu_us_per_event"):
-            per_round = [m[metric] / c[metric] for c, m in zip(chat.rounds, messages.rounds) if c[metric]]
-            ratios[metric] = {"median": round(statistics.median(per_round), 3), "min": round(min(per_round), 3),
-                              "max": round(max(per_round), 3)}  # fmt: skip
-        out[f"{target}/messages-vs-chat"] = ratios
+        ratios = round_ratios(by_key.get(f"{target}/chat"), by_key.get(f"{target}/messages"))
+        if ratios is not None:
+            out[f"{target}/messages-vs-chat"] = ratios
     return out
 
 
 def render_markdown(summary: dict[str, Any], failures: dict[str, str]) -> str:
-    rows = [
-        "| target | surface | CPU µs/req median | min..max | CPU µs/tok median | min..max | CPU µs/event "
-        "| events/stream | req/s c=64 | tok/s | errors | rounds with a pytest |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for key, entry in summary.items():
-        if key.endswith("messages-vs-chat"):
-            continue
-        req, tok = entry["cpu_us_per_request"], entry["cpu_us_per_token"]
-        rows.append(
-            f"| {key.replace('/', ' | ')} | {req['median']:,.0f} | {req['min']:,.0f}..{req['max']:,.0f} "
-            f"| {tok['median']:.2f} | {tok['min']:.2f}..{tok['max']:.2f} | {entry['cpu_us_per_event']['median']:.2f} "
-            f"| {entry['events_per_stream']['median']:.0f} | {entry['rps']['median']:,.0f} "
-            f"| {entry['tokens_per_s']['median']:,.0f} | {entry['errors']} | {entry['disturbed_rounds']} |"
-        )
-    for key, ratios in summary.items():
-        if key.endswith("messages-vs-chat"):
-            req, tok, ev = ratios["cpu_us_per_request"], ratios["cpu_us_per_token"], ratios["cpu_us_per_event"]
-            rows.append(
-                f"\n{key.split('/')[0]}: Messages / chat CPU per request x{req['median']:.3f} "
-                f"(rounds {req['min']:.3f}..{req['max']:.3f}), per output token x{tok['median']:.3f} "
-                f"(rounds {tok['min']:.3f}..{tok['max']:.3f}), per event x{ev['median']:.3f} "
-                f"(rounds {ev['min']:.3f}..{ev['max']:.3f})"
-            )
-    for key, reason in failures.items():
-        rows.append(f"\n{key}: not measured: {reason}")
-    return "\n".join(rows)
+    return render_cpu_table(summary, failures, "surface", "/", "messages-vs-chat", "Messages / chat")
 
 
 def run(args: argparse.Namespace, group: ProcessGroup, work: Path) -> tuple[list[Case], dict[str, str]]:
@@ -267,25 +224,7 @@ def run(args: argparse.Namespace, group: ProcessGroup, work: Path) -> tuple[list
                 print(f"  {case.key}: not measured: {exc}", flush=True)
                 continue
             cases.append(case)
-    for number in range(args.rounds):
-        shift = number % max(len(cases), 1)
-        for case in cases[shift:] + cases[:shift]:
-            for attempt in range(1, args.attempts + 1):
-                _no_heavy_load(args.wait_for_tests)
-                with TestWatch() as watch:
-                    entry = case.measure(args)
-                entry.update(round=number, loadavg=loadavg(), disturbed=watch.seen, attempt=attempt)
-                if not watch.seen or args.wait_for_tests <= 0:
-                    break
-                print(f"  {case.key}: a pytest ran meanwhile; measuring again", flush=True)
-            case.rounds.append(entry)
-            print(
-                f"  round {number + 1} {case.key}: {entry['cpu_us_per_request']:,.0f} µs CPU/req "
-                f"({entry['rps']:,.0f} req/s), {entry['cpu_us_per_token']:.2f} µs CPU/token "
-                f"({entry['tokens_per_s']:,.0f} tok/s), errors {entry['errors']}"
-                + ("; a pytest ran meanwhile" if entry["disturbed"] else ""),
-                flush=True,
-            )
+    measure_rounds(cases, args, lambda case: case.key)
     return cases, failures
 
 
@@ -297,27 +236,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--tokenizer", default="qwen3", choices=sorted(MODELS))
     add("--size", default="1k", choices=sorted(SIZES))
     add("--variant", default="cached", choices=("cached", "unique"))
-    add("--rounds", type=int, default=5, help="rounds over every (target, surface) (default 5)")
-    add("--duration", type=float, default=3.0, help="seconds of wrk c=64 per case and round (default 3)")
-    add("--warmup", type=float, default=0.5, help="seconds of wrk warm-up before each measurement (default 0.5)")
-    add("--stream-rounds", type=int, default=2, help=f"rounds of {STREAMS} streams per case and round (default 2)")
-    add("--delay-ms", type=float, default=0.0,
-        help="the engine's pause before each token (default 0: as fast as it can; the gateway then merges tokens "
-             "into fewer events when it falls behind, which lowers its CPU per token)")
-    add("--target-core", default="0")
-    add("--load-core", default="1")
-    add("--wait-for-tests", type=float, default=0.0,
-        help="before each measurement, wait up to this many seconds while a pytest runs (default 0: do not wait)")
-    add("--attempts", type=int, default=2,
-        help="with --wait-for-tests, measure again (up to this many times) when a pytest ran meanwhile")
+    add_round_options(add, "(target, surface)",
+                      "the engine's pause before each token (default 0: as fast as it can; the gateway then merges "
+                      "tokens into fewer events when it falls behind, which lowers its CPU per token)")  # fmt: skip
     add("--output", type=Path, default=RESULTS / "messages-vs-chat.json")
     args = parser.parse_args(argv)
     args.surface, args.targets = split(args.surface), split(args.targets)
     if set(args.surface) - set(SURFACES) or set(args.targets) - set(TARGETS) or not args.surface:
         parser.error("unknown surface or target")
-    if "smg" in args.targets and not PEERS["smg"].installed:
-        print("smg is not installed (bench/run.py --install-peers): measuring the gateway alone", file=sys.stderr)
-        args.targets = [t for t in args.targets if t != "smg"]
+    args.targets = without_missing_smg(args.targets)
     args.chunk_tokens, args.stock_engine = 1, False  # what bench/grpc_pipeline.py's target start reads
     return args
 
@@ -325,32 +252,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _raise_on_sigterm()
-    meta = describe(REPO, NGINX, WRK)
-    meta["smg_version"] = peer_version(PEERS["smg"]) if PEERS["smg"].installed else None
-    work = Path(tempfile.mkdtemp(prefix="gw-messages-bench-"))
-    cases: list[Case] = []
-    failures: dict[str, str] = {}
-    try:
-        with ProcessGroup(work / "logs") as group:
-            cases, failures = run(args, group, work)
-    except KeyboardInterrupt:
-        print("\ninterrupted; stopping everything", file=sys.stderr)
+    meta = bench_meta()
+    done = in_work_dir("gw-messages-bench-", "logs-messages", lambda group, work: run(args, group, work))
+    if done is None:
         return 130
-    finally:
-        logs = RESULTS / "logs-messages"
-        shutil.rmtree(logs, ignore_errors=True)
-        shutil.copytree(work / "logs", logs, dirs_exist_ok=True) if (work / "logs").is_dir() else None
-        shutil.rmtree(work, ignore_errors=True)
-    meta["loadavg_end"] = loadavg()
+    cases, failures = done
     summary = summarize(cases)
-    print()
-    print(render_markdown(summary, failures))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({
-        "meta": meta, "config": vars(args) | {"output": str(args.output)}, "summary": summary, "failures": failures,
-        "rounds": {case.key: case.rounds for case in cases},
-    }, indent=2, default=str))  # fmt: skip
-    print(f"\nwrote {args.output}")
+    write_results(args, meta, render_markdown(summary, failures), summary=summary, failures=failures,
+                  rounds={case.key: case.rounds for case in cases})  # fmt: skip
     return 0
 
 

@@ -28,11 +28,8 @@ import io
 import json
 import pstats
 import signal
-import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -40,19 +37,26 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gateway import PYTHON, REPO, start_gateway, start_grpc_engine  # noqa: E402
-from bench.grpc_pipeline import _TEMPLATE_TOKENS, MODELS, SIZES, Model, TestWatch, _no_heavy_load, prompt_text, split  # noqa: E402
-from bench.loadgen import WRK  # noqa: E402
-from bench.machine import describe, loadavg  # noqa: E402
-from bench.messages_vs_chat import Case, _spread  # noqa: E402
-from bench.nginx import NGINX  # noqa: E402
-from bench.peers import PEERS, peer_version, start_smg  # noqa: E402
+from bench.grpc_pipeline import _TEMPLATE_TOKENS, MODELS, SIZES, Model, prompt_text, split  # noqa: E402
+from bench.messages_vs_chat import Case  # noqa: E402
+from bench.peers import start_smg  # noqa: E402
 from bench.procs import LOOPBACK, ManagedProcess, ProcessGroup, StartError, child_env, free_port, http_get, pinned  # noqa: E402
+from bench.rounds import (  # noqa: E402
+    RESULTS,
+    add_round_options,
+    bench_meta,
+    in_work_dir,
+    measure_rounds,
+    render_cpu_table,
+    round_ratios,
+    summarize_cases,
+    without_missing_smg,
+    write_results,
+)
 from bench.run import _raise_on_sigterm  # noqa: E402
 
-RESULTS = REPO / "bench" / "results"
 PATHS = ("grpc", "zmq")
 TARGETS = ("gateway", "smg")
-METRICS = ("cpu_us_per_request", "cpu_us_per_token", "cpu_us_per_event", "rps", "tokens_per_s", "events_per_stream")
 
 
 def start_zmq_engine(group: ProcessGroup, url: str, model: Model, core: str, delay_ms: float = 0.0) -> ManagedProcess:
@@ -99,55 +103,17 @@ def make_case(target: str, path: str, base: str, pid: int, prompt: str, unique: 
 
 
 def summarize(cases: list[Case]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for case in cases:
-        if case.rounds:
-            out[case.target] = {m: _spread([r[m] for r in case.rounds]) for m in METRICS} | {
-                "errors": sum(r["errors"] for r in case.rounds),
-                "disturbed_rounds": sum(r["disturbed"] for r in case.rounds),
-            }
+    out = summarize_cases(cases, lambda case: case.target)
     by_key = {case.target: case for case in cases}
     for target in TARGETS:
-        grpc, zmq = by_key.get(f"{target}-grpc"), by_key.get(f"{target}-zmq")
-        if not grpc or not zmq or not grpc.rounds or not zmq.rounds:
-            continue
-        ratios: dict[str, Any] = {}
-        for metric in ("cpu_us_per_request", "cpu_us_per_token", "cpu_us_per_event"):
-            per_round = [z[metric] / g[metric] for g, z in zip(grpc.rounds, zmq.rounds) if g[metric]]
-            ratios[metric] = {"median": round(statistics.median(per_round), 3), "min": round(min(per_round), 3),
-                              "max": round(max(per_round), 3)}  # fmt: skip
-        out[f"{target}/zmq-vs-grpc"] = ratios
+        ratios = round_ratios(by_key.get(f"{target}-grpc"), by_key.get(f"{target}-zmq"))
+        if ratios is not None:
+            out[f"{target}/zmq-vs-grpc"] = ratios
     return out
 
 
 def render_markdown(summary: dict[str, Any], failures: dict[str, str]) -> str:
-    rows = [
-        "| target | path | CPU µs/req median | min..max | CPU µs/tok median | min..max | CPU µs/event "
-        "| events/stream | req/s c=64 | tok/s | errors | rounds with a pytest |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for key, entry in summary.items():
-        if key.endswith("zmq-vs-grpc"):
-            continue
-        req, tok = entry["cpu_us_per_request"], entry["cpu_us_per_token"]
-        rows.append(
-            f"| {key.replace('-', ' | ')} | {req['median']:,.0f} | {req['min']:,.0f}..{req['max']:,.0f} "
-            f"| {tok['median']:.2f} | {tok['min']:.2f}..{tok['max']:.2f} | {entry['cpu_us_per_event']['median']:.2f} "
-            f"| {entry['events_per_stream']['median']:.0f} | {entry['rps']['median']:,.0f} "
-            f"| {entry['tokens_per_s']['median']:,.0f} | {entry['errors']} | {entry['disturbed_rounds']} |"
-        )
-    for key, ratios in summary.items():
-        if key.endswith("zmq-vs-grpc"):
-            req, tok, ev = ratios["cpu_us_per_request"], ratios["cpu_us_per_token"], ratios["cpu_us_per_event"]
-            rows.append(
-                f"\n{key.split('/')[0]}: ZMQ / gRPC CPU per request x{req['median']:.3f} "
-                f"(rounds {req['min']:.3f}..{req['max']:.3f}), per output token x{tok['median']:.3f} "
-                f"(rounds {tok['min']:.3f}..{tok['max']:.3f}), per event x{ev['median']:.3f} "
-                f"(rounds {ev['min']:.3f}..{ev['max']:.3f})"
-            )
-    for key, reason in failures.items():
-        rows.append(f"\n{key}: not measured: {reason}")
-    return "\n".join(rows)
+    return render_cpu_table(summary, failures, "path", "-", "zmq-vs-grpc", "ZMQ / gRPC")
 
 
 def run(args: argparse.Namespace, group: ProcessGroup, work: Path) -> tuple[list[Case], dict[str, str]]:
@@ -183,25 +149,7 @@ def run(args: argparse.Namespace, group: ProcessGroup, work: Path) -> tuple[list
                 print(f"  {key}: not measured: {str(exc)[-600:]}", flush=True)
                 continue
             cases.append(case)
-    for number in range(args.rounds):
-        shift = number % max(len(cases), 1)
-        for case in cases[shift:] + cases[:shift]:
-            for attempt in range(1, args.attempts + 1):
-                _no_heavy_load(args.wait_for_tests)
-                with TestWatch() as watch:
-                    entry = case.measure(args)
-                entry.update(round=number, loadavg=loadavg(), disturbed=watch.seen, attempt=attempt)
-                if not watch.seen or args.wait_for_tests <= 0:
-                    break
-                print(f"  {case.target}: a pytest ran meanwhile; measuring again", flush=True)
-            case.rounds.append(entry)
-            print(
-                f"  round {number + 1} {case.target}: {entry['cpu_us_per_request']:,.0f} µs CPU/req "
-                f"({entry['rps']:,.0f} req/s), {entry['cpu_us_per_token']:.2f} µs CPU/token "
-                f"({entry['tokens_per_s']:,.0f} tok/s), errors {entry['errors']}"
-                + ("; a pytest ran meanwhile" if entry["disturbed"] else ""),
-                flush=True,
-            )
+    measure_rounds(cases, args, lambda case: case.target)
     return cases, failures
 
 
@@ -267,19 +215,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--tokenizer", default="qwen3", choices=sorted(MODELS))
     add("--size", default="1k", choices=sorted(SIZES))
     add("--variant", default="cached", choices=("cached", "unique"))
-    add("--rounds", type=int, default=5, help="rounds over every (target, path) (default 5)")
-    add("--duration", type=float, default=3.0, help="seconds of wrk c=64 per case and round (default 3)")
-    add("--warmup", type=float, default=0.5, help="seconds of wrk warm-up before each measurement (default 0.5)")
-    add("--stream-rounds", type=int, default=2, help="rounds of 32 streams per case and round (default 2)")
-    add("--delay-ms", type=float, default=0.0,
-        help="both engines' pause before each token (default 0: as fast as they can; a target then merges the "
-             "tokens that arrived together into fewer events, the more so the faster its engine)")
-    add("--target-core", default="0")
-    add("--load-core", default="1")
-    add("--wait-for-tests", type=float, default=0.0,
-        help="before each measurement, wait up to this many seconds while a pytest runs (default 0: do not wait)")
-    add("--attempts", type=int, default=2,
-        help="with --wait-for-tests, measure again (up to this many times) when a pytest ran meanwhile")
+    add_round_options(add, "(target, path)",
+                      "both engines' pause before each token (default 0: as fast as they can; a target then merges "
+                      "the tokens that arrived together into fewer events, the more so the faster its engine)")  # fmt: skip
     add("--profile", action="store_true",
         help="instead: the gateway under cProfile on each path, and where their own times differ")
     add("--top", type=int, default=30, help="functions to list with --profile (default 30)")
@@ -288,45 +226,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.paths, args.targets = split(args.paths), split(args.targets)
     if set(args.paths) - set(PATHS) or set(args.targets) - set(TARGETS) or not args.paths:
         parser.error("unknown path or target")
-    if "smg" in args.targets and not PEERS["smg"].installed:
-        print("smg is not installed (bench/run.py --install-peers): measuring the gateway alone", file=sys.stderr)
-        args.targets = [t for t in args.targets if t != "smg"]
+    args.targets = without_missing_smg(args.targets)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _raise_on_sigterm()
-    meta = describe(REPO, NGINX, WRK)
-    meta["smg_version"] = peer_version(PEERS["smg"]) if PEERS["smg"].installed else None
+    meta = bench_meta()
+
+    def body(group: ProcessGroup, work: Path) -> tuple[list[Case], dict[str, str], str]:
+        if args.profile:
+            return [], {}, profile(args, group, work)
+        return (*run(args, group, work), "")
+
     # A short prefix: an ipc:// path must fit a Unix socket address (about 100 bytes) with its suffixes.
-    work = Path(tempfile.mkdtemp(prefix="gwz-"))
-    cases: list[Case] = []
-    failures: dict[str, str] = {}
-    try:
-        with ProcessGroup(work / "logs") as group:
-            if args.profile:
-                print(profile(args, group, work))
-                return 0
-            cases, failures = run(args, group, work)
-    except KeyboardInterrupt:
-        print("\ninterrupted; stopping everything", file=sys.stderr)
+    done = in_work_dir("gwz-", "logs-zmq", body)
+    if done is None:
         return 130
-    finally:
-        logs = RESULTS / "logs-zmq"
-        shutil.rmtree(logs, ignore_errors=True)
-        shutil.copytree(work / "logs", logs, dirs_exist_ok=True) if (work / "logs").is_dir() else None
-        shutil.rmtree(work, ignore_errors=True)
-    meta["loadavg_end"] = loadavg()
+    cases, failures, profiled = done
+    if args.profile:
+        print(profiled)
+        return 0
     summary = summarize(cases)
-    print()
-    print(render_markdown(summary, failures))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({
-        "meta": meta, "config": vars(args) | {"output": str(args.output)}, "summary": summary, "failures": failures,
-        "rounds": {case.target: case.rounds for case in cases},
-    }, indent=2, default=str))  # fmt: skip
-    print(f"\nwrote {args.output}")
+    write_results(args, meta, render_markdown(summary, failures), summary=summary, failures=failures,
+                  rounds={case.target: case.rounds for case in cases})  # fmt: skip
     return 0
 
 
