@@ -29,12 +29,9 @@ import itertools
 import json
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,18 +43,25 @@ if __package__ in (None, ""):
 from tokenizers import Tokenizer  # noqa: E402
 
 from bench.cpu_cost import cpu_seconds  # noqa: E402
-from bench.gateway import PYTHON, REPO, start_gateway, start_grpc_engine  # noqa: E402
+from bench.gateway import PYTHON, start_gateway, start_grpc_engine  # noqa: E402
 from bench.hotspots import _summary as profile_summary  # noqa: E402
-from bench.loadgen import WRK, run_wrk, write_script  # noqa: E402
-from bench.machine import describe, loadavg  # noqa: E402
-from bench.nginx import MODEL, NGINX  # noqa: E402
-from bench.peers import PEERS, peer_version, start_smg  # noqa: E402
+from bench.loadgen import run_wrk, write_script  # noqa: E402
+from bench.nginx import MODEL  # noqa: E402
+from bench.peers import start_smg  # noqa: E402
 from bench.procs import LOOPBACK, ManagedProcess, ProcessGroup, StartError, free_port, http_post_json  # noqa: E402
+from bench.rounds import (  # noqa: E402
+    RESULTS,
+    bench_meta,
+    in_work_dir,
+    no_heavy_load,
+    watched,
+    without_missing_smg,
+    write_results,
+)
 from bench.run import _raise_on_sigterm  # noqa: E402
 from bench.streaming import run_streams  # noqa: E402
 from standins.fixtures import FIXTURE_MODELS as FIXTURES
 
-RESULTS = REPO / "bench" / "results"
 MARKER = "@@REQ@@"
 SHORT_TOKENS, STREAM_TOKENS, STREAMS = 16, 256, 32
 TARGETS = ("gateway", "smg")
@@ -140,44 +144,6 @@ def _smoke(url: str, body: dict[str, Any], stream: bool, timeout: float = 90.0) 
     if not parsed.get("choices"):
         raise StartError(f"no choices: {answer[:300]!r}")
     return dict(parsed["usage"])
-
-
-def _tests_running() -> bool:
-    return subprocess.run(["pgrep", "-f", "pytest"], capture_output=True, check=False).returncode == 0
-
-
-def _no_heavy_load(wait_s: float = 1800.0) -> None:
-    """Wait while a test suite runs on the machine (it would share the cores)."""
-    if wait_s <= 0:
-        return
-    deadline = time.monotonic() + wait_s
-    while _tests_running():
-        if time.monotonic() > deadline:
-            print("  note: pytest still running; measuring anyway", flush=True)
-            return
-        print("  waiting for a running pytest to finish ...", flush=True)
-        time.sleep(20)
-
-
-class TestWatch:
-    """Notes whether a pytest ran at any time while the ``with`` block ran (polled every 0.5 s)."""
-
-    def __init__(self) -> None:
-        self.seen = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        while not self._stop.wait(0.5):
-            self.seen = self.seen or _tests_running()
-
-    def __enter__(self) -> TestWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def main_thread_cpu(pid: int) -> float:
@@ -280,19 +246,13 @@ def run_all(args: argparse.Namespace, group: ProcessGroup, work: Path) -> dict[s
                 proc: ManagedProcess | None = None
                 try:
                     proc = _start_target(target, group, work, port, engine_url, model, args)
-                    url = f"http://{LOOPBACK}:{port}/v1/chat/completions"
+                    url, pid = f"http://{LOOPBACK}:{port}/v1/chat/completions", proc.popen.pid
                     for size, variant in itertools.product(args.sizes, VARIANTS):
                         key = f"{name}/{size}/{variant}"
-                        for attempt in range(1, args.attempts + 1):
-                            _no_heavy_load(args.wait_for_tests)
-                            with TestWatch() as watch:
-                                entry = measure_case(
-                                    args, url, proc.popen.pid, engine.popen.pid, model, size, variant, work
-                                )
-                            entry.update(loadavg=loadavg(), disturbed=watch.seen, attempt=attempt)
-                            if not watch.seen or args.wait_for_tests <= 0:
-                                break
-                            print(f"  {key}: a pytest ran meanwhile; measuring again", flush=True)
+                        entry = watched(
+                            functools.partial(measure_case, args, url, pid, engine.popen.pid, model, size, variant, work),
+                            args, key,
+                        )  # fmt: skip
                         results.setdefault(key, {})[target] = entry
                         print(f"  {key}: {_line(entry)}", flush=True)
                 except (StartError, RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
@@ -414,7 +374,7 @@ def profile(args: argparse.Namespace, group: ProcessGroup, work: Path, mode: str
     url = f"http://{LOOPBACK}:{port}/v1/chat/completions"
     sampler: subprocess.Popen[bytes] | None = None
     try:
-        _no_heavy_load(args.wait_for_tests)
+        no_heavy_load(args.wait_for_tests)
         prompt = prompt_text(model.folder / "tokenizer.json", SIZES[size] - _TEMPLATE_TOKENS)
         marker = MARKER if variant == "unique" else None
         body = chat_body(prompt, marker is not None, SHORT_TOKENS if mode == "chat" else STREAM_TOKENS, mode == "stream")
@@ -490,43 +450,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.tokenizers, args.sizes, args.targets = split(args.tokenizers), split(args.sizes), split(args.targets)
     if set(args.tokenizers) - set(MODELS) or set(args.sizes) - set(SIZES) or set(args.targets) - set(TARGETS):
         parser.error("unknown tokenizer, size or target")
-    if "smg" in args.targets and not PEERS["smg"].installed:
-        print("smg is not installed (bench/run.py --install-peers): measuring the gateway alone", file=sys.stderr)
-        args.targets = [t for t in args.targets if t != "smg"]
+    args.targets = without_missing_smg(args.targets)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _raise_on_sigterm()
+    meta = bench_meta()
 
-    meta = describe(REPO, NGINX, WRK)
-    meta["smg_version"] = peer_version(PEERS["smg"]) if PEERS["smg"].installed else None
-    work = Path(tempfile.mkdtemp(prefix="gw-grpc-bench-"))
-    results: dict[str, Any] = {}
-    text = ""
-    try:
-        with ProcessGroup(work / "logs") as group:
-            if not args.profile_only:
-                results = run_all(args, group, work)
-            if args.profile or args.profile_only:
-                text = "\n".join(profile(args, group, work, mode) for mode in split(args.profile_modes))
-    except KeyboardInterrupt:
-        print("\ninterrupted; stopping everything", file=sys.stderr)
+    def body(group: ProcessGroup, work: Path) -> tuple[dict[str, Any], str]:
+        results = {} if args.profile_only else run_all(args, group, work)
+        text = ""
+        if args.profile or args.profile_only:
+            text = "\n".join(profile(args, group, work, mode) for mode in split(args.profile_modes))
+        return results, text
+
+    done = in_work_dir("gw-grpc-bench-", "logs-grpc", body)
+    if done is None:
         return 130
-    finally:
-        logs = RESULTS / "logs-grpc"
-        shutil.rmtree(logs, ignore_errors=True)
-        shutil.copytree(work / "logs", logs, dirs_exist_ok=True) if (work / "logs").is_dir() else None
-        shutil.rmtree(work, ignore_errors=True)
-    meta["loadavg_end"] = loadavg()
+    results, text = done
     if results:
-        print()
-        print(render_markdown(results))
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps({"meta": meta, "config": vars(args) | {"output": str(args.output)},
-                                           "results": results}, indent=2, default=str))  # fmt: skip
-        print(f"\nwrote {args.output}")
+        write_results(args, meta, render_markdown(results), results=results)
     if text:
         print(text)
     return 0
