@@ -24,11 +24,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,15 +35,14 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gateway import MANAGE, PYTHON, REPO, START_TIMEOUT_S, mock_worker_argv  # noqa: E402
-from bench.loadgen import WRK  # noqa: E402
-from bench.machine import describe, loadavg  # noqa: E402
-from bench.nginx import MODEL, NGINX  # noqa: E402
-from bench.peers import _NO_EGRESS, PEERS, peer_version  # noqa: E402
+from bench.machine import loadavg  # noqa: E402
+from bench.nginx import MODEL  # noqa: E402
+from bench.peers import _NO_EGRESS, PEERS  # noqa: E402
 from bench.procs import LOOPBACK, ManagedProcess, ProcessGroup, StartError, child_env, free_port, http_get, http_post_json, pinned  # noqa: E402
+from bench.rounds import RESULTS, bench_meta, failure_lines, in_work_dir, rotations, spread, write_results  # noqa: E402
 from bench.run import _raise_on_sigterm  # noqa: E402
 from bench.streaming import percentile, run_streams_multi  # noqa: E402
 
-RESULTS = REPO / "bench" / "results"
 TARGETS = ("gateway", "gateway-pd", "smg", "smg-pd")
 
 
@@ -144,8 +141,8 @@ def summarize(names: list[str], blocks: list[dict[str, Any]]) -> dict[str, Any]:
         p50 = [b[name]["ttfb_p50_ms"] for b in blocks]
         p99 = [b[name]["ttfb_p99_ms"] for b in blocks]
         out[name] = {
-            "ttft_p50_ms": {"median": round(statistics.median(p50), 3), "min": min(p50), "max": max(p50)},
-            "ttft_p99_ms": {"median": round(statistics.median(p99), 3), "min": min(p99), "max": max(p99)},
+            "ttft_p50_ms": spread(p50, 3),
+            "ttft_p99_ms": spread(p99, 3),
             "samples": sum(b[name]["samples"] for b in blocks),
             "errors": sum(b[name]["errors"] for b in blocks),
         }
@@ -157,10 +154,8 @@ def summarize(names: list[str], blocks: list[dict[str, Any]]) -> dict[str, Any]:
             dispatch = [a - d for a, d in zip(added, direct_pd)]
             out[f"{base}/pd-added"] = {
                 "engines_pd_added_p50_ms": round(statistics.median(direct_pd), 3),
-                "dispatch_added_p50_ms": {"median": round(statistics.median(dispatch), 3),
-                                          "min": round(min(dispatch), 3), "max": round(max(dispatch), 3)},  # fmt: skip
-                "added_p50_ms": {"median": round(statistics.median(added), 3), "min": round(min(added), 3),
-                                 "max": round(max(added), 3)},  # fmt: skip
+                "dispatch_added_p50_ms": spread(dispatch, 3, round_ends=True),
+                "added_p50_ms": spread(added, 3, round_ends=True),
                 "round_trip_ms": round(statistics.median(trip), 3),
                 "added_over_round_trip": round(statistics.median(a / t for a, t in zip(added, trip)), 3),
             }
@@ -185,8 +180,7 @@ def render_markdown(summary: dict[str, Any], failures: dict[str, str]) -> str:
                         f"of it the stand-ins' own PD (direct-pd minus direct) {entry['engines_pd_added_p50_ms']:+.2f} ms, "
                         f"the {name.split('/')[0]}'s dispatch {entry['dispatch_added_p50_ms']['median']:+.2f} ms (blocks "
                         f"{entry['dispatch_added_p50_ms']['min']:+.2f}..{entry['dispatch_added_p50_ms']['max']:+.2f})")  # fmt: skip
-    for key, reason in failures.items():
-        rows.append(f"\n{key}: not measured: {reason}")
+    rows += failure_lines(failures)
     return "\n".join(rows)
 
 
@@ -214,9 +208,7 @@ def run(args: argparse.Namespace, group: ProcessGroup, work: Path) -> tuple[list
     names = list(urls)
     all_names = names + ["direct-pd"]
     blocks: list[dict[str, Any]] = []
-    for number in range(args.blocks):
-        shift = number % len(names)
-        order = names[shift:] + names[:shift]
+    for number, order in rotations(names, args.blocks):
         results = run_streams_multi([urls[n] for n in order], streams=args.streams, rounds=args.rounds,
                                     warmup_rounds=args.warmup_rounds, core=args.load_core)  # fmt: skip
         block: dict[str, Any] = {name: result.to_dict() for name, result in zip(order, results)}
@@ -258,33 +250,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asyncio.run(_direct_pd(prefill, decode, int(bootstrap), args.rounds, args.warmup_rounds))))
         return 0
     _raise_on_sigterm()
-    meta = describe(REPO, NGINX, WRK)
-    meta["smg_version"] = peer_version(PEERS["smg"]) if PEERS["smg"].installed else None
-    work = Path(tempfile.mkdtemp(prefix="gw-pd-bench-"))
-    names: list[str] = []
-    blocks: list[dict[str, Any]] = []
-    failures: dict[str, str] = {}
-    try:
-        with ProcessGroup(work / "logs") as group:
-            names, blocks, failures = run(args, group, work)
-    except KeyboardInterrupt:
-        print("\ninterrupted; stopping everything", file=sys.stderr)
+    meta = bench_meta()
+    done = in_work_dir("gw-pd-bench-", "logs-pd", lambda group, work: run(args, group, work))
+    if done is None:
         return 130
-    finally:
-        logs = RESULTS / "logs-pd"
-        shutil.rmtree(logs, ignore_errors=True)
-        shutil.copytree(work / "logs", logs, dirs_exist_ok=True) if (work / "logs").is_dir() else None
-        shutil.rmtree(work, ignore_errors=True)
-    meta["loadavg_end"] = loadavg()
+    names, blocks, failures = done
     summary = summarize(names, blocks) if blocks else {}
-    print()
-    print(render_markdown(summary, failures))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({
-        "meta": meta, "config": vars(args) | {"output": str(args.output)}, "summary": summary, "failures": failures,
-        "blocks": blocks,
-    }, indent=2, default=str))  # fmt: skip
-    print(f"\nwrote {args.output}")
+    write_results(args, meta, render_markdown(summary, failures), summary=summary, failures=failures, blocks=blocks)
     return 0
 
 
