@@ -62,8 +62,7 @@ from bench.rounds import (  # noqa: E402
     in_work_dir,
     measure_rounds,
     render_cpu_table,
-    round_ratios,
-    summarize_cases,
+    summarize_with_ratios,
     without_missing_smg,
     write_results,
 )
@@ -183,13 +182,7 @@ class Case:
 
 def summarize(cases: list[Case]) -> dict[str, Any]:
     """Each case's median and spread, and per target the Messages / chat ratios by round."""
-    out = summarize_cases(cases, lambda case: case.key)
-    by_key = {case.key: case for case in cases}
-    for target in TARGETS:
-        ratios = round_ratios(by_key.get(f"{target}/chat"), by_key.get(f"{target}/messages"))
-        if ratios is not None:
-            out[f"{target}/messages-vs-chat"] = ratios
-    return out
+    return summarize_with_ratios(cases, lambda case: case.key, TARGETS, "/chat", "/messages", "messages-vs-chat")
 
 
 def render_markdown(summary: dict[str, Any], failures: dict[str, str]) -> str:

@@ -5,8 +5,9 @@ work directory and its results file.
   during a measurement (:func:`watched` measures again when it did);
 - :func:`measure_rounds`: ``--rounds`` rounds over cases, each round starting one case later, so a busy
   moment of the machine falls on every case alike;
-- :func:`spread`, :func:`summarize_cases`, :func:`round_ratios`: a case's median and min..max over
-  the rounds, and the ratio of two cases as the median of the per-round ratios;
+- :func:`spread`, :func:`summarize_cases`, :func:`round_ratios`, :func:`summarize_with_ratios`: a
+  case's median and min..max over the rounds, and the ratio of two cases as the median of the
+  per-round ratios;
 - :func:`render_cpu_table`: the CPU per request / token / event table of such cases;
 - :func:`bench_meta`, :func:`in_work_dir`, :func:`write_results`: the machine description, a
   temporary work directory whose logs are kept under bench/results/, and the JSON results file.
@@ -157,6 +158,19 @@ def round_ratios(base: RoundCase | None, other: RoundCase | None) -> dict[str, A
         per_round = [o[metric] / b[metric] for b, o in zip(base.rounds, other.rounds) if b[metric]]
         ratios[metric] = spread(per_round, 3, round_ends=True)
     return ratios
+
+
+def summarize_with_ratios(cases: Sequence[RoundCase], key: Callable[[Any], str], targets: Sequence[str],
+                          base: str, other: str, name: str) -> dict[str, Any]:  # fmt: skip
+    """:func:`summarize_cases`, then per target measured both ways the :func:`round_ratios` of the
+    case keyed ``{target}{other}`` over the one keyed ``{target}{base}``, as ``{target}/{name}``."""
+    out = summarize_cases(cases, key)
+    by_key = {key(case): case for case in cases}
+    for target in targets:
+        ratios = round_ratios(by_key.get(f"{target}{base}"), by_key.get(f"{target}{other}"))
+        if ratios is not None:
+            out[f"{target}/{name}"] = ratios
+    return out
 
 
 def failure_lines(failures: dict[str, str]) -> list[str]:

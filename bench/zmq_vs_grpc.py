@@ -48,8 +48,7 @@ from bench.rounds import (  # noqa: E402
     in_work_dir,
     measure_rounds,
     render_cpu_table,
-    round_ratios,
-    summarize_cases,
+    summarize_with_ratios,
     without_missing_smg,
     write_results,
 )
@@ -103,13 +102,8 @@ def make_case(target: str, path: str, base: str, pid: int, prompt: str, unique: 
 
 
 def summarize(cases: list[Case]) -> dict[str, Any]:
-    out = summarize_cases(cases, lambda case: case.target)
-    by_key = {case.target: case for case in cases}
-    for target in TARGETS:
-        ratios = round_ratios(by_key.get(f"{target}-grpc"), by_key.get(f"{target}-zmq"))
-        if ratios is not None:
-            out[f"{target}/zmq-vs-grpc"] = ratios
-    return out
+    """Each case's median and spread, and per target the ZMQ / gRPC ratios by round."""
+    return summarize_with_ratios(cases, lambda case: case.target, TARGETS, "-grpc", "-zmq", "zmq-vs-grpc")
 
 
 def render_markdown(summary: dict[str, Any], failures: dict[str, str]) -> str:
