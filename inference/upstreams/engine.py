@@ -37,7 +37,7 @@ from inference.upstreams.registry import KeyedRegistry, UnknownUpstream
 __all__ = [
     "ENGINE_CLIENTS", "ENGINE_CONNECTORS", "CommandResult", "Constraint", "ConstraintKind",
     "DisaggregationParams", "EmbedRequest", "EmbedResult", "EngineClient", "EngineClients", "EngineConnect",
-    "EngineHealth", "EngineKey", "EngineOutput", "EngineRequest", "Finish", "FinishReason", "ModelInfo",
+    "EngineHealth", "EngineKey", "EngineOutput", "EngineRequest", "Finish", "FinishReason", "KvTransfer", "ModelInfo",
     "ProfileOptions", "SamplingParams", "TokenLogprobs", "TokenizerBundle", "connect_engine", "engine_connector",
 ]  # fmt: skip
 
@@ -113,6 +113,16 @@ class DisaggregationParams:
 
 
 @dataclass(frozen=True, slots=True)
+class KvTransfer:
+    """The KV handoff a leg of a sequential prefill-then-decode carries (vLLM's kv_transfer_params):
+    connector params as JSON text, or the typed host and port of the prefill's KV server, or both."""
+
+    json: str | None = None
+    remote_host: str | None = None
+    remote_port: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class EngineRequest:
     """One generation: the prompt as token ids and how to sample it.
 
@@ -129,6 +139,7 @@ class EngineRequest:
     data_parallel_rank: int | None = None
     return_prompt_logprobs: bool = False
     disaggregation: DisaggregationParams | None = None
+    kv_transfer: KvTransfer | None = None  # sequential PD (vLLM): this leg's KV handoff
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +215,8 @@ class EngineOutput:
     finish: Finish | None = None
     spec_accepted_tokens: int = 0  # speculative decoding (the last output only): drafts accepted
     spec_draft_tokens: int = 0  # and drafts proposed; 0 when the engine does not speculate
+    # Sequential PD (the last output only): the KV handoff params a prefill engine returned, as JSON text.
+    kv_transfer_params: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -1,5 +1,6 @@
-"""Prefill/decode disaggregation for engines the gateway serves (gRPC): SGLang-style parallel
-dispatch. The same request goes to the prefill and the decode engine at once, each with the same
+"""Prefill/decode disaggregation for engines the gateway serves (gRPC).
+
+SGLang-style parallel dispatch (:func:`parallel_pd`). The same request goes to the prefill and the decode engine at once, each with the same
 :class:`~inference.upstreams.engine.DisaggregationParams` (the prefill worker's bootstrap host, its
 bootstrap port or 8998, a fresh room); the answer is the decode engine's outputs, streamed as they
 come; the prefill engine's outputs are read and dropped.
@@ -9,8 +10,14 @@ the decode iteration (the gRPC client cancels its RPC and sends Abort) and raise
 failure; a decode that fails or is cancelled (the client went away) cancels the prefill the same
 way; a prefill still running when the decode ended is cancelled.
 
-vLLM's sequential prefill-then-decode with kv_transfer_params is not here: the engine request and
-output types do not carry kv_transfer_params yet (see :func:`pd_engine_refusal`).
+vLLM-style sequential dispatch (:func:`sequential_pd`): the prefill leg first (one token, n=1, not
+streamed, tagged per the prefill worker's KV connector: :mod:`inference.upstreams.pd_kv`), read to
+its end for the kv_transfer_params its engine returns; then the decode leg with the handoff params
+(relayed, minted or the typed host and port), whose outputs are the answer.
+
+A decode that fails before its first output while a KV handoff was expected and its prefill had not
+failed counts as a KV transfer failure (gw_pd_kv_transfer_failures_total), as does a NIXL prefill
+that returned no params (the decode recomputes the prompt).
 """
 
 from __future__ import annotations
@@ -31,13 +38,16 @@ from inference.routing.pd import GRPC_DEFAULT_BOOTSTRAP_PORT, PdMember, grpc_roo
 from inference.routing.workers import WorkerHandle
 from inference.routing.load_report import EngineLoad
 from inference.upstreams.engine import (
-    CommandResult, DisaggregationParams, EngineClient, EngineHealth, EngineOutput, EngineRequest, ModelInfo,
-    ProfileOptions, TokenizerBundle,
+    CommandResult, DisaggregationParams, EngineClient, EngineHealth, EngineOutput, EngineRequest, KvTransfer,
+    ModelInfo, ProfileOptions, TokenizerBundle,
 )
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.pd_http import PdFailure
+from inference.upstreams.pd_kv import SEQUENTIAL_PD_RUNTIMES, effective_kv_engine_id, kv_plan
 
-__all__ = ["PARALLEL_PD_RUNTIMES", "PdEngineClient", "disaggregation_for", "parallel_pd", "pd_engine_refusal"]
+__all__ = [
+    "PARALLEL_PD_RUNTIMES", "PdEngineClient", "disaggregation_for", "parallel_pd", "pd_engine_refusal", "sequential_pd",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +57,7 @@ PARALLEL_PD_RUNTIMES = frozenset({"sglang", "tokenspeed"})  # runtimes that carr
 def pd_engine_refusal(runtime: str) -> GatewayError | None:
     """None when the gateway serves PD for ``runtime``'s engines, else the reference's refusal
     (400 runtime_pd_not_supported)."""
-    if runtime in PARALLEL_PD_RUNTIMES:
+    if runtime in PARALLEL_PD_RUNTIMES or runtime in SEQUENTIAL_PD_RUNTIMES:
         return None
     return GatewayError(400, "runtime_pd_not_supported", "This runtime does not support PD disaggregated mode")
 
@@ -61,16 +71,19 @@ def disaggregation_for(prefill: PdMember) -> DisaggregationParams:
 
 async def _drain(
     outputs: AsyncIterator[EngineOutput], model: str | None, runtime: str, worker: WorkerHandle | None
-) -> None:
-    """The prefill side, read to its end; its worker's in-flight count and breaker kept meanwhile."""
+) -> str | None:
+    """The prefill side, read to its end; its worker's in-flight count and breaker kept meanwhile.
+    Returns the kv_transfer_params its engine returned (sequential PD), if any."""
     started = perf_counter()
+    returned: str | None = None
     load = worker.load if worker is not None else None
     if load is not None:
         load.in_flight += 1
     try:
         async with aclosing(outputs) as iterator:  # type: ignore[type-var]  # an async generator
-            async for _ in iterator:
-                pass
+            async for output in iterator:
+                if output.kv_transfer_params is not None:
+                    returned = output.kv_transfer_params
     except UpstreamFailure as failure:
         if load is not None:
             load.breaker.record(not failure.rejected)
@@ -83,9 +96,10 @@ async def _drain(
     if load is not None:
         load.breaker.record(False)
     pd_metrics.record_pd_prefill(model, runtime, perf_counter() - started)
+    return returned
 
 
-def _rank_ended(handle: WorkerHandle, _task: asyncio.Task[None]) -> None:
+def _rank_ended(handle: WorkerHandle, _task: asyncio.Task[Any]) -> None:
     give_back(handle)
 
 
@@ -97,7 +111,7 @@ async def _stop(task: asyncio.Future[Any]) -> None:
         pass
 
 
-def _failed(task: asyncio.Task[None]) -> BaseException | None:
+def _failed(task: asyncio.Task[Any]) -> BaseException | None:
     if not task.done() or task.cancelled():
         return None
     return task.exception()
@@ -164,6 +178,12 @@ async def parallel_pd(
                 first = False
                 pd_metrics.record_pd_ttft(model, prefill.runtime, perf_counter() - started)
             yield output
+    except UpstreamFailure:
+        if first and _failed(prefill_task) is None and not prefill_task.cancelled():
+            # The decode failed before any output with its prefill not failed: it never had the KV
+            # (what an engine waits for before its first output), as a KV timeout reports it.
+            pd_metrics.PD_KV_TRANSFER_FAILURES.inc()
+        raise
     finally:
         if step is not None and not step.done():
             await _stop(step)
@@ -180,9 +200,63 @@ def _as_failure(failure: BaseException) -> BaseException:
     return UpstreamFailure(FailureKind.BROKEN, f"prefill failed: {type(failure).__name__}: {failure}")
 
 
+async def sequential_pd(
+    prefill: EngineClient,
+    decode: EngineClient,
+    request: EngineRequest,
+    partner: PdMember,
+    model: str | None = None,
+) -> AsyncIterator[EngineOutput]:
+    """The decode engine's outputs for ``request`` after its prefill on ``partner``'s engine, the KV
+    handed over by kv_transfer_params (vLLM). A prefill failure is a PdFailure naming its worker
+    (nothing was sent to the decode); a decode failure is the decode's. Raises as
+    :meth:`EngineClient.generate` does."""
+    started = perf_counter()
+    worker = partner.handle
+    traits = partner.traits
+    ranked = take_rank(worker)
+    rank = ranked.dp_rank if ranked is not None else None
+    engine_id = effective_kv_engine_id(traits.kv_engine_id, traits.dp_size, rank)
+    plan = kv_plan(traits.kv_connector, partner.host, traits.bootstrap_port, engine_id, request.sampling.n)
+    prefill_request = dataclasses.replace(
+        request,
+        sampling=dataclasses.replace(request.sampling, max_new_tokens=1, n=1),
+        stream=False,
+        data_parallel_rank=rank,
+        kv_transfer=KvTransfer(json=plan.prefill_json) if plan.prefill_json is not None else None,
+    )
+    try:
+        returned = await _drain(prefill.generate(prefill_request), model, prefill.runtime, worker)
+    finally:
+        if ranked is not None and ranked is not worker:
+            give_back(ranked)
+    prefill_ended = perf_counter()
+    handoff, missing = plan.decode(returned)
+    if missing:  # NIXL expected params back and got none: the decode recomputes the prompt
+        pd_metrics.PD_KV_TRANSFER_FAILURES.inc()
+    expected = handoff != KvTransfer()
+    outputs = decode.generate(dataclasses.replace(request, kv_transfer=handoff if expected else None))
+    first = True
+    try:
+        async for output in outputs:
+            if first:
+                first = False
+                now = perf_counter()
+                pd_metrics.record_kv_connector_mode(plan.mode.value)
+                pd_metrics.record_pd_kv_transfer(model, prefill.runtime, now - prefill_ended)
+                pd_metrics.record_pd_ttft(model, prefill.runtime, now - started)
+            yield output
+    except UpstreamFailure:
+        if first and expected:  # the decode failed before any output with a handoff to take: KV not had
+            pd_metrics.PD_KV_TRANSFER_FAILURES.inc()
+        raise
+    finally:
+        await outputs.aclose()  # type: ignore[attr-defined]  # an async generator
+
+
 class PdEngineClient(EngineClient):
     """A decode engine paired with its prefill engine for one request: ``generate`` runs
-    :func:`parallel_pd` (a fresh rendezvous per call), ``abort`` reaches both; everything else is
+    :func:`sequential_pd` for vLLM, else :func:`parallel_pd` (a fresh rendezvous per call), ``abort`` reaches both; everything else is
     the decode engine's."""
 
     def __init__(self, prefill: EngineClient, decode: EngineClient, partner: PdMember, model: str | None = None) -> None:
@@ -194,6 +268,8 @@ class PdEngineClient(EngineClient):
         self.model = model
 
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        if self.decode.runtime in SEQUENTIAL_PD_RUNTIMES:
+            return sequential_pd(self.prefill, self.decode, request, self.partner, self.model)
         return parallel_pd(
             self.prefill, self.decode, request, disaggregation_for(self.partner), self.model, self.partner.handle
         )

@@ -145,6 +145,11 @@ class PdHttpDispatch:
         if 200 <= answer.status < 300:
             pd_metrics.record_pd_ttft(model, prefill.worker.record.runtime_type, timings.decode_head_secs)
         if not 200 <= answer.status < 300:
+            failed = prefill_task.done() and (prefill_task.cancelled() or prefill_task.exception() is not None)
+            if answer.status == 500 and not failed:
+                # An internal error before any output, the prefill not failed: the decode did not get the
+                # KV (what it waits for before answering; overload and refusals are other statuses).
+                pd_metrics.PD_KV_TRANSFER_FAILURES.inc()
             # The decode worker refused or failed: its answer is the client's; nothing waits for the prefill.
             await _cancelled(prefill_task)
             return PdAnswer(answer, None, decode, prefill, logprobs, timings)

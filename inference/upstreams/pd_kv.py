@@ -24,6 +24,7 @@ from enum import StrEnum
 import orjson
 
 from inference.routing.pd import GRPC_DEFAULT_BOOTSTRAP_PORT
+from inference.upstreams.engine import KvTransfer
 
 __all__ = [
     "MOONCAKE_CONNECTOR",
@@ -34,7 +35,10 @@ __all__ = [
     "DecodeKv",
     "effective_kv_engine_id",
     "kv_plan",
+    "SEQUENTIAL_PD_RUNTIMES",
 ]
+
+SEQUENTIAL_PD_RUNTIMES = frozenset({"vllm"})  # runtimes that hand the KV over by kv_transfer_params
 
 MOONCAKE_CONNECTOR = "MooncakeConnector"
 NIXL_CONNECTOR = "NixlConnector"
@@ -59,13 +63,8 @@ def effective_kv_engine_id(base: str | None, dp_size: int | None, dp_rank: int |
     return base
 
 
-@dataclass(frozen=True, slots=True)
-class DecodeKv:
-    """What the decode leg carries: a JSON string, or the typed remote host and port, or nothing."""
-
-    json: str | None = None
-    remote_host: str | None = None
-    remote_port: int | None = None
+# What the decode leg carries: a JSON string, or the typed remote host and port, or nothing.
+DecodeKv = KvTransfer
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,6 +106,7 @@ class WireComplete:
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
     spec_accepted_tokens: int = 0  # speculative decoding: draft tokens accepted, and proposed
     spec_draft_tokens: int = 0
+    kv_transfer_params: str | None = None  # JSON text (vLLM's sequential PD: the prefill's handoff)
 
 
 def _merged(a: WireChunk, b: WireChunk) -> WireChunk | None:
@@ -437,6 +438,7 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
             finish=Finish(reason, complete.matched_token_id, complete.matched_stop_str),
             spec_accepted_tokens=complete.spec_accepted_tokens,
             spec_draft_tokens=complete.spec_draft_tokens,
+            kv_transfer_params=complete.kv_transfer_params,
         )
 
     async def _abort_after_exit(self, request_id: str) -> None:

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import grpc
+import orjson
 
 from inference.routing.workers import Transport
 from inference.upstreams.engine import (
@@ -101,6 +102,14 @@ class VllmClient(GrpcEngineClient[pb.GenerateResponse]):
         )
         if request.data_parallel_rank is not None:
             message.data_parallel_rank = request.data_parallel_rank
+        kv = request.kv_transfer
+        if kv is not None:
+            if kv.json is not None:
+                message.kv_transfer_params_json = kv.json
+            if kv.remote_host is not None:
+                message.kv_transfer_params.CopyFrom(
+                    pb.KvTransferParams(remote_host=kv.remote_host, remote_port=kv.remote_port or 0)
+                )
         return message
 
     def _decode(self, response: pb.GenerateResponse) -> WireChunk | WireComplete | None:
@@ -132,6 +141,7 @@ class VllmClient(GrpcEngineClient[pb.GenerateResponse]):
                 spec_draft_tokens=d.spec_draft_tokens,
                 logprobs=output_logprobs(d.output_logprobs) if d.HasField("output_logprobs") else None,
                 prompt_logprobs=input_logprobs(d.input_logprobs) if d.HasField("input_logprobs") else None,
+                kv_transfer_params=_kv_params(d),
             )
         return None
 
@@ -144,3 +154,14 @@ class VllmClient(GrpcEngineClient[pb.GenerateResponse]):
         return await self._embed(
             tokenized(pb.EmbedRequest(request_id=request.request_id), request.input_ids, request.original_text)
         )
+
+
+def _kv_params(complete: pb.GenerateComplete) -> str | None:
+    """The KV handoff a prefill engine returned, as JSON text: the JSON field as sent, else the
+    typed host and port in it."""
+    if complete.HasField("kv_transfer_params_json"):
+        return complete.kv_transfer_params_json
+    if complete.HasField("kv_transfer_params"):
+        typed = complete.kv_transfer_params
+        return orjson.dumps({"remote_host": typed.remote_host, "remote_port": typed.remote_port}).decode()
+    return None

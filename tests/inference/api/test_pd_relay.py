@@ -154,3 +154,17 @@ async def test_a_failed_pair_is_retried_on_a_new_pair_without_the_worker_that_fa
             assert answer.status_code == 200
         assert len(broken.pd.received) >= 1 and len(prefill.pd.received) == 2
         assert decode.pd.kv_failures == 0
+
+
+async def test_a_decode_without_its_kv_counts_a_kv_transfer_failure(make_gateway: GatewayFactory) -> None:
+    from common.telemetry import REGISTRY
+
+    before = REGISTRY.get_sample_value("gw_pd_kv_transfer_failures_total") or 0.0
+    async with pd_gateway(make_gateway, kv_timeout_s=0.3) as (gateway, prefill, decode):
+        body = {"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "mock": {"pd_fault": "prefill_hang"}}
+        assert (await gateway.post("/v1/chat/completions", json=body)).status_code == 500
+        assert decode.pd.kv_failures == 1
+        # A decode that fails on its own with a status other than an internal error is not counted.
+        refused = {"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "mock": {"pd_fault": "decode_drop"}}
+        await gateway.post("/v1/chat/completions", json=refused)
+    assert (REGISTRY.get_sample_value("gw_pd_kv_transfer_failures_total") or 0.0) == before + 1

@@ -117,3 +117,28 @@ async def test_a_prompt_must_fit_the_smaller_context_window_of_the_pair(make_gat
     finally:
         await prefill.stop()
         await decode.stop()
+
+
+async def test_a_decode_that_never_gets_its_kv_counts_a_kv_transfer_failure(make_gateway: GatewayFactory) -> None:
+    from common.telemetry import REGISTRY
+
+    before = REGISTRY.get_sample_value("gw_pd_kv_transfer_failures_total") or 0.0
+    prefill = GrpcPdServer(GrpcEngineConfig(runtime="sglang", tokenizer=QWEN, model=QWEN_MODEL), PdWorkerConfig("prefill"))
+    decode = GrpcPdServer(
+        GrpcEngineConfig(runtime="sglang", tokenizer=QWEN, model=QWEN_MODEL), PdWorkerConfig("decode", kv_timeout_s=0.3)
+    )
+    await prefill.start()
+    await decode.start()
+    try:
+        TOKENIZERS.cache.get(QWEN, None)
+        http = make_gateway([pd_record(prefill, WorkerType.PREFILL), pd_record(decode, WorkerType.DECODE)],
+                            history_backend="memory", retry_max_retries=0)  # fmt: skip
+        with pytest.raises(openai.APIStatusError) as caught:
+            await sdk(http).chat.completions.create(
+                model=QWEN_MODEL, messages=[{"role": "user", "content": "Hi [[pd:prefill_hang]]"}]
+            )
+        assert caught.value.status_code == 502 and decode.pd.kv_failures == 1
+    finally:
+        await prefill.stop()
+        await decode.stop()
+    assert (REGISTRY.get_sample_value("gw_pd_kv_transfer_failures_total") or 0.0) == before + 1

@@ -142,6 +142,7 @@ async def test_a_consumer_that_stops_early_cancels_both_sides() -> None:
 
 def test_runtimes_without_the_rendezvous_are_refused_as_the_reference_does() -> None:
     assert pd_engine_refusal("sglang") is None and pd_engine_refusal("tokenspeed") is None
-    for runtime in ("vllm", "trtllm", "mlx"):
+    assert pd_engine_refusal("vllm") is None  # sequential PD with kv_transfer_params (issue 24 item 2)
+    for runtime in ("trtllm", "mlx"):
         error = pd_engine_refusal(runtime)
         assert error is not None and (error.status, error.code) == (400, "runtime_pd_not_supported")
