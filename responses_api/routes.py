@@ -26,7 +26,8 @@ def validate_responses(body: dict[str, Any]) -> ValidatedRequest:
 
 
 RESPONSES = Surface(
-    "/v1/responses", validate_responses, RESPONSES_SSE, engine=Serve(ServedResponses), provider=Serve(ServedResponses)
+    "/v1/responses", validate_responses, RESPONSES_SSE, engine=Serve(ServedResponses), provider=Serve(ServedResponses),
+    refuses_epd=True,
 )
 
 

@@ -25,7 +25,7 @@ from inference.auth import Identity, IdentityKind
 from inference.dataplane import DataPlane, data_plane
 from inference.errors import GatewayError
 from inference.kit import Passed, RoutePlan, pass_gate, run_attempts
-from inference.kit.pd_route import pd_pair_for, serves_by_pd
+from inference.kit.pd_route import pd_pair_for, serves_by_epd, serves_by_pd
 from inference.routing.dp_ranks import take_rank
 from inference.routing.pd import PdPair, batch_size, choose_partner, inject_bootstrap
 from inference.routing.selection import RoutingDecision, select_worker
@@ -148,6 +148,8 @@ class SurfaceRoute:
             choose_partner(pair)  # an engine worker's client runs the pair (inference.served.base)
             return pair.decode.handle
 
+        if self.surface.refuses_epd and serves_by_epd(dp, model):
+            raise errors.endpoint_not_supported(self.upstream_path, "gRPC EPD")
         pd = serves_by_pd(dp, model)
         if pd:
             pair = pd_pair_for(dp, model, routing_key, checked.body)

@@ -146,6 +146,7 @@ class Surface:
     relayed: Handling = Relay()
     engine: Handling = None
     provider: Handling = Relay()
+    refuses_epd: bool = False  # 501 on a gRPC EPD deployment (encode workers, no regular one: spec 2)
 
     def handling(self, kind: WorkerKind) -> Handling:
         if kind is WorkerKind.ENGINE:

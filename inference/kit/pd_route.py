@@ -15,7 +15,7 @@ from inference.routing.pd import PdPair, select_pair
 from inference.routing.policies import SelectionRequest
 from inference.routing.request_text import request_text
 
-__all__ = ["pd_pair_for", "serves_by_pd"]
+__all__ = ["pd_pair_for", "serves_by_epd", "serves_by_pd"]
 
 
 def serves_by_pd(dp: DataPlane, model: str | None) -> bool:
@@ -32,6 +32,19 @@ def serves_by_pd(dp: DataPlane, model: str | None) -> bool:
         return False
     prefills, decodes = pool.members(canonical)
     return bool(prefills or decodes)
+
+
+def serves_by_epd(dp: DataPlane, model: str | None) -> bool:
+    """Whether requests for ``model`` (None: any) land on a gRPC EPD deployment: no regular worker
+    serves it and a ready engine encode worker does (surfaces the spec refuses there answer 501)."""
+    snapshot = dp.registry.snapshot
+    canonical = snapshot.aliases.get(model, model) if model else None
+    if canonical is None:
+        if snapshot.routable:
+            return False
+    elif snapshot.routable_by_model.get(canonical) or snapshot.routable_any_model:
+        return False
+    return snapshot.pd.encodes(canonical)
 
 
 def pd_pair_for(

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from inference import errors
 from inference.routing.breaker import BreakerState
-from inference.routing.workers import PdTraits, WorkerHandle, WorkerRecord, WorkerStatus, WorkerType
+from inference.routing.workers import PdTraits, WorkerHandle, WorkerKind, WorkerRecord, WorkerStatus, WorkerType
 
 if TYPE_CHECKING:  # the policies package imports the registry, which imports this module
     from inference.routing.policies.base import SelectionPolicy, SelectionRequest
@@ -223,6 +223,15 @@ class PdPool:
     decode_by_model: Mapping[str, tuple[PdMember, ...]] = field(default_factory=lambda: _NONE)
     prefill_any: tuple[PdMember, ...] = ()
     decode_any: tuple[PdMember, ...] = ()
+    # The models of ready encode workers the gateway serves (gRPC EPD), and whether one serves any model.
+    encode_models: frozenset[str] = frozenset()
+    encode_any: bool = False
+
+    def encodes(self, model: str | None) -> bool:
+        """Whether a ready engine encode worker serves ``model`` (None: any): an EPD deployment."""
+        if model is None:
+            return self.encode_any or bool(self.encode_models)
+        return self.encode_any or model in self.encode_models
 
     def __bool__(self) -> bool:
         return bool(self.prefill_by_model or self.decode_by_model or self.prefill_any or self.decode_any)
@@ -257,9 +266,15 @@ def build_pd_pool(
     """The pool of the ready prefill and decode workers among ``handles`` (registration order kept)."""
     by_model: dict[WorkerType, dict[str, list[PdMember]]] = {WorkerType.PREFILL: {}, WorkerType.DECODE: {}}
     any_model: dict[WorkerType, list[PdMember]] = {WorkerType.PREFILL: [], WorkerType.DECODE: []}
+    encode_models: set[str] = set()
+    encode_any = False
     for handle in handles:
         record = handle.record
         kind = record.worker_type
+        if kind == WorkerType.ENCODE and record.status == WorkerStatus.READY and record.kind is WorkerKind.ENGINE:
+            encode_models.update(record.served_models)
+            encode_any = encode_any or not record.served_models
+            continue
         if kind not in by_model or record.status != WorkerStatus.READY:
             continue
         member = PdMember.of(handle, traits_of(record), context_of(record))
@@ -273,6 +288,8 @@ def build_pd_pool(
         MappingProxyType({m: tuple(ms) for m, ms in by_model[WorkerType.DECODE].items()}),
         tuple(any_model[WorkerType.PREFILL]),
         tuple(any_model[WorkerType.DECODE]),
+        frozenset(encode_models),
+        encode_any,
     )
 
 
