@@ -29,7 +29,7 @@ from inference.upstreams.engine import ModelInfo
 
 __all__ = [
     "labels_from_model_info", "engine_spec", "parser_choice", "ENGINE_LABELS", "DP_SIZE_LABEL", "dp_size_from_server_info",
-    "dp_ranks",
+    "dp_ranks", "KV_LABELS", "kv_labels_from_server_info",
 ]
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,17 @@ ENGINE_LABELS = (
 
 DP_SIZE_LABEL = "dp_size"
 """The label registration fills, under --dp-aware, with the engine's reported data-parallel size."""
+
+KV_LABELS = ("kv_connector", "kv_role", "kv_engine_id")
+"""The labels registration fills from an engine's GetServerInfo (vLLM reports its KV connector, role
+and engine id there): the engine-reported values the spec's kv_connector/kv_engine_id fields override."""
+
+
+def kv_labels_from_server_info(info: Mapping[str, Any] | None) -> dict[str, str]:
+    """The non-empty KV connector facts of an engine's server info (vLLM gRPC GetServerInfo)."""
+    if info is None:
+        return {}
+    return {name: value for name in KV_LABELS if isinstance(value := info.get(name), str) and value}
 
 
 def labels_from_model_info(info: ModelInfo) -> dict[str, str]:

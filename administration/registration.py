@@ -36,7 +36,9 @@ from django.utils import timezone
 from administration.discovery import (
     Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker, discover_provider, http_server_info,
 )
-from administration.engine_facts import DP_SIZE_LABEL, dp_size_from_server_info, labels_from_model_info
+from administration.engine_facts import (
+    DP_SIZE_LABEL, dp_size_from_server_info, kv_labels_from_server_info, labels_from_model_info,
+)
 from administration.models import JobState, JobType, Worker, WorkerStatus
 from administration.notices import publish_registry_changed
 from administration.reachability import Reachability
@@ -199,16 +201,22 @@ async def _aengine_facts(url: str, api_key: str | None, runtime: str | None) -> 
         client = await connect_engine(url, runtime, api_key=api_key, detect_timeout=_ENGINE_PROBE_TIMEOUT_SECS)
         try:
             labels = labels_from_model_info(await client.model_info())
-            if current_config().dp_aware:  # the engine's data-parallel size, for a rank per request
+            info: dict[str, Any] | None = None
+            if current_config().dp_aware or client.runtime in _KV_REPORTING_RUNTIMES:
                 try:
-                    info: dict[str, Any] | None = await client.server_info()
+                    info = await client.server_info()
                 except UpstreamFailure as exc:
                     log.info("worker %s: no server info (%s)", url, exc)
-                    info = None
+            # The engine-reported KV connector and engine id (prefill/decode: the KV handoff of sequential PD).
+            labels.update(kv_labels_from_server_info(info))
+            if current_config().dp_aware:  # the engine's data-parallel size, for a rank per request
                 _add_dp_size(labels, info, url)
             return client.runtime, labels
         finally:
             await client.close()
+
+
+_KV_REPORTING_RUNTIMES = frozenset({"vllm"})  # engines whose GetServerInfo names their KV connector
 
 
 def _cli_key(worker: Worker) -> str | None:

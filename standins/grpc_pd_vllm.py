@@ -69,6 +69,14 @@ class VllmPdService(VllmService):
         self.host = host
         self.bootstrap_port: int | None = None
 
+    async def GetServerInfo(self, request: vl.GetServerInfoRequest, context: _Context) -> vl.GetServerInfoResponse:
+        """vLLM's answer, with the KV connector, role and engine id a PD engine reports."""
+        answer = await super().GetServerInfo(request, context)
+        answer.kv_connector = self.connector
+        answer.kv_role = "kv_producer" if self.pd.config.role == "prefill" else "kv_consumer"
+        answer.kv_engine_id = self.engine_id
+        return answer
+
     def _faults(self, text: str) -> frozenset[str]:
         role = self.pd.config.role
         named = [name for name in _MARKER.findall(text) if name in PD_FAULTS or name == LOSE_KV]
