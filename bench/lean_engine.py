@@ -22,10 +22,10 @@ Messages must stream the same number of tokens to compare their cost per token).
 ``--zmq-url ipc://PATH`` runs the ZMQ engine-core stand-in instead (:mod:`standins.zmq_engine`, vLLM's
 EngineCore dialing in to the gateway's worker ``PATH``, as ``runmockworker --zmq``) with the same
 scripted engine made lean, and its record of every ADD's raw array kept to the last 64 (the
-stand-in keeps them all: a long prompt each, which grows without bound under load), and its
-scheduler stats' ``prefix_cache_stats`` completed with vLLM's ``preempted_requests``,
-``preempted_queries`` and ``preempted_hits`` (0), which the stand-in leaves out and smg 1.13.0
-requires (it drops every output without them), and the stats' ``kv_cache_eviction_events`` (empty). It prints
+stand-in keeps them all: a long prompt each, which grows without bound under load). Its messages are
+the stand-in's, laid out as vLLM's (:mod:`standins.engine_core_wire`: the scheduler stats with every
+field, which smg 1.13.0 requires: it drops every output whose stats lack
+``prefix_cache_stats.preempted_*`` or ``kv_cache_eviction_events``). It prints
 ``mock zmq engine serving ...`` once registered (bench/zmq_vs_grpc.py).
 """
 
@@ -96,17 +96,6 @@ def run_lean_zmq(tokenizer: str, model: str, zmq_url: str, chunk_tokens: int, de
         self.adds = _RecentAdds()
 
     state_cls.__init__ = lean_init  # type: ignore[method-assign]
-    stats = zmq_engine.ZmqEngineCore.scheduler_stats
-
-    def full_stats(self: Any) -> dict[str, Any]:
-        out = stats(self)
-        prefix = out.get("prefix_cache_stats")
-        if isinstance(prefix, dict):  # vLLM's PrefixCacheStats has these too; smg 1.13.0 requires them
-            prefix.update(preempted_requests=0, preempted_queries=0, preempted_hits=0)
-        out.setdefault("kv_cache_eviction_events", [])
-        return out
-
-    zmq_engine.ZmqEngineCore.scheduler_stats = full_stats  # type: ignore[method-assign]
     config = zmq_engine.ZmqEngineConfig(tokenizer=tokenizer, model=model, chunk_tokens=chunk_tokens,
                                         delay_ms=delay_ms)  # fmt: skip
     zmq_engine.run_zmq_engine(config, zmq_engine.handshake_address_for(zmq_url))

@@ -18,7 +18,9 @@ What it does, as vLLM's EngineCoreProc does:
   world_size, data_parallel_size, data_parallel_rank, max_num_seqs, ...).
 - **ADD** runs the request with the scripted reply: outputs of ``chunk_tokens`` new tokens, each an
   EngineCoreOutputs with the scheduler stats piggy-backed; the last with its finish reason (0 stop,
-  1 length). The engine has no tokenizer: it stops at EOS only when the request's
+  1 length). Every message is laid out as vLLM's (:mod:`standins.engine_core_wire`: trailing
+  defaults left off, SchedulerStats with every field, ``finished_requests`` only in a data-parallel
+  group). The engine has no tokenizer: it stops at EOS only when the request's
   ``eos_token_id`` (or a stop token id) names it, and otherwise runs on to ``max_tokens`` (vLLM's
   default 16 when the map leaves it out); a stop token id is reported as the ``stop_reason``; a
   prompt it cannot take (empty, ids outside the vocabulary, at or past the context length) ends
@@ -52,7 +54,6 @@ import contextlib
 import logging
 import struct
 import sys
-import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NoReturn, cast
@@ -61,6 +62,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from standins.engine_core_wire import engine_core_output, engine_core_outputs, prefix_cache_stats, scheduler_stats
 from standins.scripted_engine import (
     MOCK_ENGINE_VERSION,
     REPLIES,
@@ -105,14 +107,6 @@ def _encode(value: Any) -> bytes:
 
 def _decode(payload: bytes) -> Any:
     return msgspec.msgpack.decode(payload)
-
-
-def _output(request_id: str, tokens: list[int], finish: int | None = None, stop_reason: int | None = None,
-            cached: int = 0) -> list[Any]:
-    """An EngineCoreOutput: request_id, new_token_ids, new_logprobs, new_prompt_logprobs_tensors,
-    pooling_output, finish_reason, stop_reason, events, kv_transfer_params, trace_headers,
-    num_cached_tokens."""
-    return [request_id, tokens, None, None, None, finish, stop_reason, None, None, None, cached]
 
 
 @dataclass(frozen=True)
@@ -305,30 +299,29 @@ class ZmqEngineCore:
         task.add_done_callback(self._tasks.discard)
 
     def scheduler_stats(self) -> dict[str, Any]:
-        """SchedulerStats as a map: this engine's own counts, ``state.stats`` over them."""
-        running = len(self.state.running)
-        stats: dict[str, Any] = {
-            "num_running_reqs": running,
-            "num_waiting_reqs": 0,
-            "step_counter": self._step,
-            "current_wave": self.current_wave,
-            "kv_cache_usage": min(1.0, running / self.config.max_num_seqs),
-            "prefix_cache_stats": {"reset": False, **self._prefix},
-            "num_corrupted_reqs": 0,
-        }
-        stats.update(self.state.stats)
-        return stats
+        """SchedulerStats as vLLM's map (every field): this engine's own counts, ``state.stats`` over them."""
+        running, counts = len(self.state.running), self._prefix
+        return scheduler_stats(
+            num_running_reqs=running, step_counter=self._step, current_wave=self.current_wave,
+            kv_cache_usage=min(1.0, running / self.config.max_num_seqs),
+            prefix=prefix_cache_stats(counts["requests"], counts["queries"], counts["hits"]), overrides=self.state.stats,
+        )  # fmt: skip
 
-    async def _send(self, outputs: list[list[Any]] | None = None, *, utility_output: list[Any] | None = None,
-                    wave_complete: int | None = None, aux: list[bytes] | None = None) -> None:
-        """One EngineCoreOutputs: engine_index, outputs, scheduler_stats, timestamp, utility_output,
-        finished_requests, wave_complete."""
+    async def _send(self, outputs: list[list[Any]] | None = None, *, finished: list[str] | None = None,
+                    utility_output: list[Any] | None = None, wave_complete: int | None = None,
+                    aux: list[bytes] | None = None) -> None:
+        """One EngineCoreOutputs: a step's ``outputs`` (with the scheduler stats, and in a
+        data-parallel group the ids ``finished`` in it), or a utility answer, or a wave's end."""
         if self._output is None:
             return
-        self._step += 1
-        stats = None if utility_output is not None else self.scheduler_stats()
-        finished = [o[0] for o in outputs or () if o[5] is not None] or None
-        message = [self.index, outputs or [], stats, time.monotonic(), utility_output, finished, wave_complete]
+        step = utility_output is None and wave_complete is None
+        if step:
+            self._step += 1
+        message = engine_core_outputs(
+            self.index, outputs, scheduler_stats=self.scheduler_stats() if step else None,
+            utility_output=utility_output, finished_requests=(finished or None) if self.dp_size > 1 else None,
+            wave_complete=wave_complete,
+        )  # fmt: skip
         await self._output.send_multipart([_encode(message), *(aux or ())])
         self.state.aux_frames_sent += len(aux or ())
         self.state.outputs_sent += 1
@@ -365,18 +358,22 @@ class ZmqEngineCore:
                         finish = _FINISH[choice.finish]
                         if choice.finish == "stop" and choice.matched is not None and choice.matched != eos:
                             stop_reason = choice.matched  # a stop token id; EOS is no stop reason
-                    output = _output(request_id, list(new), finish, stop_reason, cached)
                     tensors = _Tensors(self.config.zero_copy_threshold)
+                    sampled = prompt = None
                     if sample_top is not None and new:
-                        output[2] = tensors.logprobs(*self.logprob_rows(list(new), sample_top), numpy=True,
-                                                     short=self.state.malformed_logprobs)  # fmt: skip
+                        sampled = tensors.logprobs(*self.logprob_rows(list(new), sample_top), numpy=True,
+                                                   short=self.state.malformed_logprobs)  # fmt: skip
                     if prompt_top is not None:
-                        output[3] = tensors.logprobs(*self.logprob_rows(list(ids[1:]), prompt_top), numpy=False)
+                        prompt = tensors.logprobs(*self.logprob_rows(list(ids[1:]), prompt_top), numpy=False)
                         prompt_top = None  # the whole prompt with the first output
-                    await self._send([output], aux=tensors.aux)
+                    output = engine_core_output(
+                        request_id, list(new), new_logprobs=sampled, new_prompt_logprobs_tensors=prompt,
+                        finish_reason=finish, stop_reason=stop_reason, num_cached_tokens=cached,
+                    )  # fmt: skip
+                    await self._send([output], finished=[request_id] if finished else None, aux=tensors.aux)
         except _Refused as refused:
             log.info("Request %s refused: %s", request_id, refused)
-            await self._send([_output(request_id, [], ERROR)])
+            await self._send([engine_core_output(request_id, [], finish_reason=ERROR)], finished=[request_id])
         if self.dp_size > 1 and not self.state.running:
             await self._send(wave_complete=self.current_wave)
             self.current_wave += 1

@@ -13,14 +13,16 @@ Followed: the public vLLM sources in the vllm-project/vllm repository, at
 The layouts are the contract:
 
 - ``EngineCoreRequest``, ``EngineCoreOutput``, ``EngineCoreOutputs`` and ``UtilityOutput`` are
-  ``array_like`` Structs: positional msgpack arrays in field order; with ``omit_defaults`` only
-  *trailing* fields at their default are left off.
+  ``array_like`` Structs: positional msgpack arrays of every field in field order (msgspec's
+  ``omit_defaults`` leaves nothing out of an array-like Struct, jcrist/msgspec#720; a shorter array
+  from another encoder still decodes, its missing trailing fields at their defaults).
 - ``SamplingParams`` is a Struct without ``array_like``: a msgpack *map* by field name, fields at
   their default omitted. Its defaults are vLLM's (``max_tokens`` 16, ``top_k`` 0), so a value equal
   to vLLM's default is not sent and one that differs always is.
 - Dataclasses (the handshake's EngineHandshakeMetadata, the engine's SchedulerStats and
-  EngineCoreReadyResponse) are maps by field name; they are read here as plain dicts, tolerant of
-  fields newer vLLM versions add.
+  EngineCoreReadyResponse) are maps by field name (every field, ``None`` ones included); they are
+  read here as plain dicts, tolerant of fields newer vLLM versions add and of older ones lacking
+  later fields (SchedulerStats before ``kv_cache_eviction_events`` or ``preempted_*``).
 
 A data-plane message from the gateway is ``[identity, type byte, msgpack payload, aux frames...]``
 on the input ROUTER; an engine's outputs arrive on the output PULL as ``[msgpack payload, aux
