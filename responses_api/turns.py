@@ -5,7 +5,7 @@ surface (:mod:`responses_api.served`) builds the output items, events, tool loop
 per worker kind a :class:`ModelTurns` makes the turns:
 
 - on engine workers (gRPC) :class:`EngineTurns` renders each turn as a chat turn of the gateway's
-  own pipeline (:class:`~inference.served.chat_turn.ChatTurn`);
+  own pipeline (:class:`~inference.pipeline.chat_turn.ChatTurn`);
 - on external providers :class:`~responses_api.provider_turns.ProviderTurns` sends each turn to the
   provider's own /v1/responses.
 
@@ -23,7 +23,7 @@ from inference.pipeline.events import Event, Usage
 from inference.pipeline.usage import UsageTally
 from inference.routing.workers import WorkerHandle
 from inference.served.base import ServedAnswer, ServedRequest
-from inference.served.chat_turn import ChatTurn, TurnRun, turn_events
+from inference.pipeline.chat_turn import ChatTurn, TurnRun, turn_events
 from inference.upstreams.engine import EngineOutput
 from inference.writers import ResponseWriter
 from responses_api.mcp_tools import McpServers
@@ -102,4 +102,4 @@ class EngineTurns:
         turn = responses_turn(body, self.request.model, messages, tools, self.names, stream=self.request.stream)
         request_id = self.response_id if not self._count else f"{self.response_id}-{self._count}"
         self._count += 1
-        return _EngineTurn(ChatTurn(self.request.dp, turn, request_id))
+        return _EngineTurn(ChatTurn(self.request.target_of, turn, request_id))

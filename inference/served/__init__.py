@@ -3,7 +3,7 @@ request to engine requests through the pipeline's stages (:mod:`inference.pipeli
 pipeline's API-neutral events to its own wire format, through the surface's response writer.
 
 A served surface plugs into the same attempts loop as the relays: :meth:`open` starts the engine
-request on a worker and returns an :class:`~inference.served.engine_answer.EngineAnswer` once the
+request on a worker and returns an :class:`~inference.pipeline.engine_answer.EngineAnswer` once the
 engine's first output arrived (a failure before it is retried on another worker), and the answer's
 ``forward`` writes the response.
 """

@@ -15,13 +15,13 @@ from inference.pipeline.tokenizers import ModelTokenizer
 from inference.routing.pd import pair_context_length, pd_partner
 from inference.routing.registry import RegistrySnapshot
 from inference.routing.workers import EngineSpec, WorkerHandle, WorkerKind, WorkerRecord
-from inference.schemas.families import ModelFamily, detect_family
-from inference.upstreams.engine import EngineClient
+from inference.schemas.families import detect_family
+from inference.pipeline.target import EngineTarget
 from inference.upstreams.pd_engine import PdEngineClient, pd_engine_refusal
 from inference.writers import ResponseWriter
 
 __all__ = [
-    "EngineTarget", "LocalAnswer", "ServedAnswer", "ServedRequest", "ServedSurface", "engine_target",
+    "LocalAnswer", "ServedAnswer", "ServedRequest", "ServedSurface", "engine_target",
     "models_without_tokenizer", "tokenizer_ready",
 ]  # fmt: skip
 
@@ -56,17 +56,10 @@ class ServedRequest:
     # for what the gateway itself sends a provider (the Responses API's provider turns).
     headers: tuple[tuple[str, str], ...] = ()
 
-
-@dataclass(frozen=True, slots=True)
-class EngineTarget:
-    """An engine worker as a served request uses it."""
-
-    worker: WorkerHandle
-    client: EngineClient
-    tokenizer: ModelTokenizer
-    spec: EngineSpec
-    family: ModelFamily | None
-    model: str
+    def target_of(self, worker: WorkerHandle, model: str) -> EngineTarget:
+        """``worker``'s engine target for ``model`` on this request's data plane (a turn's
+        :data:`~inference.pipeline.chat_turn.TargetOf`)."""
+        return engine_target(self.dp, worker, model)
 
 
 def _tokenizer_source(record: WorkerRecord, spec: EngineSpec) -> dict[str, str | None]:

@@ -27,10 +27,11 @@ from inference.pipeline.events import Event, Finished, ReasoningDelta, TextDelta
 from inference.pipeline.usage import UsageTally
 from inference.routing.workers import WorkerHandle
 from inference.schemas.profiles import Profile, detect_profile
-from inference.served.base import EngineTarget, ServedRequest, ServedSurface
+from inference.pipeline.target import EngineTarget
+from inference.served.base import ServedRequest, ServedSurface
 from inference.pipeline.turn import chat_turn
-from inference.served.chat_turn import ChatTurn, TurnRun, turn_events
-from inference.served.engine_answer import EngineAnswer
+from inference.pipeline.chat_turn import ChatTurn, TurnRun, turn_events
+from inference.pipeline.engine_answer import EngineAnswer
 from inference.served.openai_shapes import chat_logprobs, usage_json
 from inference.upstreams.engine import EngineOutput
 from inference.upstreams.failures import UpstreamFailure
@@ -47,7 +48,7 @@ class ServedChat(ServedSurface):
         body = request.body
         rid = body.get("rid")
         self.id = rid if isinstance(rid, str) and rid else f"chatcmpl-{uuid.uuid4().hex}"
-        self.turn = ChatTurn(request.dp, chat_turn(body, request.model, stream=request.stream), self.id)
+        self.turn = ChatTurn(request.target_of, chat_turn(body, request.model, stream=request.stream), self.id)
         self.sampling = self.turn.sampling
         self.created = int(time.time())
         self.model = request.model or request.requested_model

@@ -25,9 +25,10 @@ from inference.pipeline.sampling import completion_sampling
 from inference.pipeline.stops import StopTokens
 from inference.pipeline.usage import UsageTally
 from inference.routing.workers import WorkerHandle
-from inference.served.base import EngineTarget, ServedRequest, ServedSurface, engine_target
-from inference.served.chat_turn import turn_events
-from inference.served.engine_answer import EngineAnswer, open_generations
+from inference.pipeline.target import EngineTarget
+from inference.served.base import ServedRequest, ServedSurface, engine_target
+from inference.pipeline.chat_turn import turn_events
+from inference.pipeline.engine_answer import EngineAnswer, open_generations
 from inference.served.openai_shapes import completion_logprobs, usage_json
 from inference.upstreams.engine import EngineOutput, EngineRequest
 from inference.upstreams.failures import UpstreamFailure

@@ -1,6 +1,6 @@
 """POST /v1/messages/count_tokens on engine workers (spec 1, "Token counting"): counted by the gateway
 with the model's tokenizer, from exactly the prompt POST /v1/messages would send (the same mapper,
-render and tokenize as :class:`~inference.served.chat_turn.ChatTurn`): ``{"input_tokens": N}``.
+render and tokenize as :class:`~inference.pipeline.chat_turn.ChatTurn`): ``{"input_tokens": N}``.
 No engine call.
 
 Refusals: the tokenizer still loading 503 tokenizer_not_ready (Retry-After: 1), none to be had 500

@@ -23,8 +23,9 @@ from inference.pipeline.prompt import check_prompt, tokenize
 from inference.pipeline.stops import StopTokens
 from inference.pipeline.usage import UsageTally
 from inference.routing.workers import WorkerHandle
-from inference.served.base import EngineTarget, ServedRequest, ServedSurface, engine_target
-from inference.served.engine_answer import EngineAnswer, open_generations
+from inference.pipeline.target import EngineTarget
+from inference.served.base import ServedRequest, ServedSurface, engine_target
+from inference.pipeline.engine_answer import EngineAnswer, open_generations
 from inference.upstreams.engine import Constraint, ConstraintKind, EngineOutput, EngineRequest, SamplingParams
 from inference.upstreams.failures import UpstreamFailure
 from inference.writers import ResponseWriter

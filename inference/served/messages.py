@@ -2,7 +2,7 @@
 "Messages-style API": gRPC and ZMQ handling, Response building; "Events": Messages stream).
 
 The request is mapped once to a :class:`~inference.pipeline.turn.Turn` (:mod:`.messages_turn`) and
-run by :class:`~inference.served.chat_turn.ChatTurn` as chat completions are; its pipeline events
+run by :class:`~inference.pipeline.chat_turn.ChatTurn` as chat completions are; its pipeline events
 become the Messages answer:
 
 - whole: a thinking block first (empty signature), then the text, then tool_use blocks (a parser's
@@ -33,8 +33,8 @@ from inference.pipeline.usage import UsageTally
 from inference.routing.workers import RuntimeType, WorkerHandle
 from inference.schemas.messages import MessagesRequest
 from inference.served.base import ServedRequest, ServedSurface
-from inference.served.chat_turn import ChatTurn, TurnRun, turn_events
-from inference.served.engine_answer import EngineAnswer
+from inference.pipeline.chat_turn import ChatTurn, TurnRun, turn_events
+from inference.pipeline.engine_answer import EngineAnswer
 from inference.served.messages_turn import has_images, messages_turn
 from inference.upstreams.engine import EngineOutput, FinishReason
 from inference.upstreams.failures import UpstreamFailure
@@ -135,7 +135,7 @@ class ServedMessages(ServedSurface):
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         rid = request.body.get("rid")
         engine_id = rid if isinstance(rid, str) and rid else self.id
-        self.turn = ChatTurn(request.dp, messages_turn(parsed, request.model, stream=request.stream), engine_id)
+        self.turn = ChatTurn(request.target_of, messages_turn(parsed, request.model, stream=request.stream), engine_id)
         self.model = request.model or request.requested_model
 
     def _refuse_on_mlx(self) -> None:

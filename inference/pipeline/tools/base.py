@@ -25,7 +25,7 @@ anywhere, and returns :class:`TextDelta` and :class:`ToolCallDelta` events:
   ``[TOOL_CALLS]``, Llama's ``<|python_tag|>``). Decoding with ``skip_special_tokens`` (the
   default) would remove them before the parser sees them, so a request this parser reads decodes
   those of them its tokenizer holds as special, and still skips every other special token (the
-  chat turn's detokenize settings, :mod:`inference.served.chat_turn`).
+  chat turn's detokenize settings, :mod:`inference.pipeline.chat_turn`).
 
 :meth:`ToolParser.parse` runs the same machine over the whole text, so the two always agree.
 """

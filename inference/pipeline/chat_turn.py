@@ -25,13 +25,12 @@ from inference.pipeline.tool_choice import ConstrainedCalls
 from inference.pipeline.turn import Turn
 from inference.pipeline.tools import TOOL_PARSERS
 from inference.routing.workers import WorkerHandle
-from inference.served.base import EngineTarget, engine_target
-from inference.served.engine_answer import EngineAnswer, open_generation
-from inference.dataplane import DataPlane
+from inference.pipeline.engine_answer import EngineAnswer, open_generation
+from inference.pipeline.target import EngineTarget
 from inference.upstreams.engine import EngineOutput, EngineRequest, SamplingParams
 from inference.writers import ResponseWriter
 
-__all__ = ["ChatTurn", "TurnRun", "TurnDeliver", "turn_events"]
+__all__ = ["ChatTurn", "TargetOf", "TurnRun", "TurnDeliver", "turn_events"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +52,10 @@ class TurnRun:
     def choices(self) -> list[ChoiceOutput]:
         return [ChoiceOutput(index, self.target.tokenizer, self.options) for index in range(self.n)]
 
+
+TargetOf = Callable[[WorkerHandle, str], EngineTarget]
+"""How a turn finds its engine target on a worker for a model (the served surfaces bind
+:func:`inference.served.base.engine_target` to their data plane)."""
 
 TurnDeliver = Callable[[TurnRun, AsyncIterator[EngineOutput], ResponseWriter], Awaitable[bool]]
 """A surface's reader of a started turn (the writer is the surface's own)."""
@@ -77,8 +80,8 @@ async def turn_events(
 class ChatTurn:
     """One chat-shaped request's turn (see the module's docstring)."""
 
-    def __init__(self, dp: DataPlane, turn: Turn, request_id: str) -> None:
-        self.dp = dp
+    def __init__(self, target_of: TargetOf, turn: Turn, request_id: str) -> None:
+        self.target_of = target_of
         self.turn = turn
         self.request_id = request_id
         self.sampling: SamplingParams = turn.sampling
@@ -97,7 +100,7 @@ class ChatTurn:
     async def open(self, worker: WorkerHandle, deliver: TurnDeliver) -> EngineAnswer:
         """Start the turn on ``worker``; return once the engine's first output arrived."""
         turn = self.turn
-        target = engine_target(self.dp, worker, turn.model)
+        target = self.target_of(worker, turn.model)
         prompt = await self._prompt(target)
         check_prompt(len(prompt.ids), target.spec.context_length, turn.prompt_param)
         sampling = self.sampling
