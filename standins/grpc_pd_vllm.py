@@ -43,10 +43,11 @@ from standins.grpc_engine import SERVER_OPTIONS, GrpcEngineConfig, GrpcEngineSta
 from standins.grpc_services import VllmService
 from standins.pd_worker import PD_FAULTS, PdState, PdWorkerConfig, bootstrap_app, wait_for_kv
 
-__all__ = ["LOSE_KV", "MOONCAKE", "NIXL", "VllmPdServer", "VllmPdService"]
+__all__ = ["CONNECTORS", "LOSE_KV", "MOONCAKE", "NIXL", "VllmPdServer", "VllmPdService"]
 
 NIXL = "NixlConnector"
 MOONCAKE = "MooncakeConnector"
+CONNECTORS = {"nixl": NIXL, "mooncake": MOONCAKE}  # runmockworker --kv-connector
 # Besides PD_FAULTS: a prefill that answers but never makes its KV available (the decode's pull times out).
 LOSE_KV = "prefill_lose_kv"
 _MARKER = re.compile(r"\[\[pd:([a-z_]+)\]\]")
@@ -232,3 +233,7 @@ class VllmPdServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+    async def wait(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()

@@ -12,16 +12,24 @@ prints ``mock zmq engine serving MODEL via HANDSHAKE (dp_size N)`` once register
 
 With ``--role prefill|decode``: the HTTP worker as one side of SGLang-style PD disaggregation
 (:mod:`standins.pd_worker`; ``--bootstrap-port`` for a prefill worker's bootstrap server,
-``--kv-timeout`` for how long a decode waits for its KV, ``--pd-fault`` to fail on command).
+``--kv-timeout`` for how long a decode waits for its KV, ``--pd-fault`` to fail on command). With
+``--grpc --role``: the SGLang gRPC stand-in in that role (:mod:`standins.grpc_pd`), or with
+``--runtime vllm`` the vLLM one handing the KV over by kv_transfer_params (:mod:`standins.grpc_pd_vllm`,
+``--kv-connector nixl|mooncake``, ``--kv-engine-id``); a prefill one's bootstrap server listens on
+``--bootstrap-port`` (a free port when unset, printed).
 """
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from standins.grpc_engine import REPLIES, RUNTIMES, GrpcEngineConfig, run_grpc_engine
+from standins.grpc_pd import GrpcPdServer
+from standins.grpc_pd_vllm import CONNECTORS, VllmPdServer
 from standins.mock_worker import MockWorkerConfig, run_mock_worker
 from standins.pd_worker import PD_FAULTS, PD_ROLES, PdWorkerConfig, run_pd_worker
 from standins.zmq_engine import ZmqEngineConfig, handshake_address_for, run_zmq_engine
@@ -59,6 +67,11 @@ class Command(BaseCommand):
         pd_options.add_argument(
             "--pd-fault", action="append", choices=PD_FAULTS, default=[], help="fail every request on this side so"
         )
+        pd_options.add_argument(
+            "--kv-connector", choices=sorted(CONNECTORS), default="nixl",
+            help="with --grpc --runtime vllm: the KV connector the engine uses and reports (default nixl)",
+        )
+        pd_options.add_argument("--kv-engine-id", default="engine-0", help="with --grpc --runtime vllm: the KV engine id it reports")
         grpc_options = parser.add_argument_group("gRPC engine stand-in (--grpc)")
         grpc_options.add_argument("--grpc", action="store_true", help="serve an engine's gRPC service instead of HTTP")
         grpc_options.add_argument(
@@ -149,10 +162,49 @@ class Command(BaseCommand):
                 raise ValueError(f"no tokenizer at {config.tokenizer_file}")
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        if options["role"]:
+            self._serve_grpc_pd(config, options)
+            return
         try:
             run_grpc_engine(config, options["host"], options["port"])
         except (OSError, RuntimeError) as exc:
             raise CommandError(f"cannot serve on {options['host']}:{options['port']}: {exc}") from None
+
+    def _serve_grpc_pd(self, config: GrpcEngineConfig, options: dict[str, Any]) -> None:
+        if config.runtime not in ("sglang", "vllm"):
+            raise CommandError("--grpc --role serves --runtime sglang (disaggregated_params) or vllm (kv_transfer_params)")
+        try:
+            pd = PdWorkerConfig(
+                options["role"], options["bootstrap_port"], options["kv_timeout"], tuple(options["pd_fault"])
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        host, port = options["host"], options["port"]
+
+        async def serve() -> None:
+            server: GrpcPdServer | VllmPdServer
+            if config.runtime == "vllm":
+                server = VllmPdServer(config, pd, CONNECTORS[options["kv_connector"]], options["kv_engine_id"])
+            else:
+                server = GrpcPdServer(config, pd)
+            bound = await server.start(host, port)
+            url_host = f"[{host}]" if ":" in host else host
+            boot = f" (bootstrap port {server.bootstrap_port})" if server.bootstrap_port is not None else ""
+            sys.stdout.write(
+                f"mock grpc engine ({config.runtime} {pd.role}) serving {config.model} on grpc://{url_host}:{bound}{boot}\n"
+            )
+            sys.stdout.flush()
+            try:
+                await server.wait()
+            finally:
+                await server.stop()
+
+        try:
+            asyncio.run(serve())
+        except KeyboardInterrupt:
+            pass
+        except OSError as exc:
+            raise CommandError(f"cannot serve on {host}:{port}: {exc}") from None
 
     def _serve_zmq(self, options: dict[str, Any]) -> None:
         if not options["tokenizer"] or not options["zmq_url"]:
