@@ -23,7 +23,7 @@ from standins.grpc_engine import GrpcEngineConfig
 from standins.grpc_pd import GrpcPdServer
 from standins.pd_worker import PdWorkerConfig
 from tests.administration.test_grpc_workers import EngineFactory, handle_of, register, start_engine  # noqa: F401
-from tests.conftest import GatewayFactory, WorkerFactory
+from tests.conftest import GatewayFactory, WorkerFactory, until
 from tests.inference.served.conftest import QWEN, QWEN_MODEL
 from tests.inference.served.test_pd_served import pd_record
 from tests.pd_fleet import serving_pd_worker
@@ -119,6 +119,11 @@ async def test_grpc_requests_carry_the_rank(
 ) -> None:
     engine = await start_engine(runtime, dp_size=2)
     got = await register(gateway, {"url": engine.url})
+
+    async def tokenizer_loaded() -> bool:  # ready workers serve once their tokenizer is in (readiness says so)
+        return (await gateway.get("/readiness")).status_code == 200
+
+    await until(tokenizer_loaded)
     for stream in (False, True, False):
         response = await gateway.post("/v1/chat/completions", json={**CHAT, "stream": stream})
         assert response.status_code == 200, response.text
