@@ -13,12 +13,15 @@ from typing import Any
 
 import pytest
 import zmq
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.test import AsyncClient
 
 from administration.models import Worker
 from administration.registry_sync import RegistrySync
 from common.config import GatewayConfig
 from inference.dataplane import data_plane
+from inference.routing.breaker import BreakerState
 from inference.routing.registry import REGISTRY
 from standins.fixtures import FIXTURE_MODELS
 from standins.zmq_engine import ZmqEngineConfig, ZmqEngineGroup
@@ -92,6 +95,44 @@ async def test_a_zmq_worker_is_ready_once_its_engines_handshake(api, fleet, ipc_
         await group.stop()
 
 
+async def test_a_dead_engine_leaves_the_worker_not_ready_until_its_engines_handshake_again(
+    api, fleet, ipc_dir: Path
+) -> None:
+    """Spec 3's worker status: ZMQ health checks stay on, so an engine that sent ENGINE_CORE_DEAD
+    fails the probes and after failure_threshold of them the worker is not_ready (out of rotation;
+    GET /workers shows it not healthy); the breaker counts requests, not probes, and stays closed;
+    once engines handshake again the probes succeed and the worker is ready."""
+    body = zmq_body(ipc_dir, health={"disable_health_check": True})  # ignored for ZMQ
+    location = (await api.post("/workers", body, content_type="application/json")).json()["location"]
+
+    async def status_is(status: str) -> bool:
+        got = await api.get(location)
+        return got.status_code == 200 and got.json().get("status") == status
+
+    group = ZmqEngineGroup(ZmqEngineConfig(tokenizer=QWEN), body["zmq_handshake_address"])
+    await group.start()
+    try:
+        await until(lambda: status_is("ready"))
+        await group.engines[0].die()
+        await until(lambda: status_is("not_ready"))
+        shown = (await api.get(location)).json()
+        assert shown["is_healthy"] is False
+        listed = [w for w in (await api.get("/workers")).json()["workers"] if w["url"] == body["url"]]
+        assert [(w["status"], w["is_healthy"]) for w in listed] == [("not_ready", False)]
+        assert "Qwen/Qwen3-8B" not in REGISTRY.snapshot.routable_models  # out of rotation
+        assert REGISTRY.snapshot.workers[0].load.breaker.state is BreakerState.CLOSED
+    finally:
+        await group.stop()
+    again = ZmqEngineGroup(ZmqEngineConfig(tokenizer=QWEN), body["zmq_handshake_address"])
+    await again.start()
+    try:
+        await until(lambda: status_is("ready"))
+        assert (await api.get(location)).json()["is_healthy"] is True
+        assert "Qwen/Qwen3-8B" in REGISTRY.snapshot.routable_models
+    finally:
+        await again.stop()
+
+
 async def test_an_ipc_worker_without_a_runtime_is_sglang_over_the_same_wire(api, fleet, ipc_dir: Path) -> None:
     body = zmq_body(ipc_dir)
     del body["runtime"]
@@ -161,6 +202,13 @@ async def test_zmq_refusals_of_the_gateway_config(api, ipc_dir: Path, caplog, co
     async with running_fleet(config):
         await _fails(api, zmq_body(ipc_dir, dp_size=2))
     assert reason in caplog.text
+
+
+def test_rungateway_refuses_zmq_worker_urls_with_more_than_one_serving_process(ipc_dir: Path) -> None:
+    """At the command line the refusal stops start-up with the reason (POST /workers under --workers 2:
+    the registration job fails, above)."""
+    with pytest.raises(CommandError, match=r"ZMQ \(ipc://\) workers need one serving process \(--workers 1\)"):
+        call_command("rungateway", "--worker-urls", f"ipc://{ipc_dir}/engine", "--workers", "2")
 
 
 async def test_model_path_flag_names_the_model(api, ipc_dir: Path) -> None:
