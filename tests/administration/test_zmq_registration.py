@@ -89,8 +89,15 @@ async def test_a_zmq_worker_is_ready_once_its_engines_handshake(api, fleet, ipc_
         assert flushed.json()["total_zmq_workers_skipped"] == 1
         handle = REGISTRY.snapshot.workers[0]
         assert handle.record.engine is not None and handle.record.engine.dp_size == 2
-        await fleet.loads.apoll()  # the load monitor reads the client's per-rank scheduler stats
-        assert [entry["dp_rank"] for entry in handle.load.engine_load or ()] == [0, 1]
+
+        async def loads_read() -> bool:
+            # The load monitor reads the client's per-rank scheduler stats, once the published
+            # snapshot routes the worker as ready (the store says ready a moment before).
+            await fleet.loads.apoll()
+            ranks = [entry["dp_rank"] for entry in REGISTRY.snapshot.workers[0].load.engine_load or ()]
+            return ranks == [0, 1]
+
+        await until(loads_read)
     finally:
         await group.stop()
 
