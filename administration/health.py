@@ -7,7 +7,8 @@ a failed RPC is a failed probe. ``success_threshold``
 consecutive successes make a pending or not_ready worker ready; ``failure_threshold`` consecutive
 failures make a ready worker not_ready. A pending worker is probed every second until it is ready,
 then every ``check_interval_secs``. Transitions are conditional UPDATEs, so several gateway
-processes probing the same worker agree.
+processes probing the same worker agree. A gRPC prefill or decode worker that recovers (not_ready
+to ready) has its kv_engine_id asked of its engine again (:mod:`administration.kv_engine_reread`).
 
 The cost stays flat as the fleet grows: each worker keeps a connection between probes and a bounded
 number of probes run at once, their timeouts starting when they get their turn
@@ -25,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
 from administration.db import STORE_ERRORS, arun_db
+from administration.kv_engine_reread import reread_kv_engine_id, rereads_kv_engine_id
 from administration.worker_clients import WorkerClients, WorkerRequestFailed
 from common.telemetry import record_health_check
 from common.ticks import sleep_to_mark
@@ -177,5 +179,7 @@ class HealthChecker:
                 self._targets[worker_id] = replace(target, status=new)
                 successes = failures = 0
                 await self._on_change(worker_id, new)
+                if target.engine is not None and rereads_kv_engine_id(target.engine, target.worker_type, status, new):
+                    await reread_kv_engine_id(worker_id, target.engine, target.timeout_secs)
             pause = target.interval_secs if status == WorkerStatus.READY or new == WorkerStatus.READY else _PENDING_PROBE_SECS
             await sleep_to_mark(min(pause, target.interval_secs) * random.uniform(0.9, 1.1))

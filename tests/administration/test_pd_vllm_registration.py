@@ -10,12 +10,14 @@ from typing import Any, AsyncIterator
 import httpx
 import pytest
 
+from administration.db import arun_db
+from administration.models import Worker
 from administration.registry_sync import RegistrySync
 from common.config import current_config
 from inference.pipeline.tokenizer_registry import TOKENIZERS
 from inference.routing.registry import REGISTRY
 from standins.grpc_engine import GrpcEngineConfig
-from standins.grpc_pd_vllm import NIXL, VllmPdServer
+from standins.grpc_pd_vllm import MOONCAKE, NIXL, VllmPdServer
 from standins.pd_worker import PdWorkerConfig
 from tests.conftest import GatewayFactory, until
 from tests.inference.served.conftest import QWEN, QWEN_MODEL
@@ -67,6 +69,68 @@ async def test_the_engine_reported_connector_routes_the_kv_handoff(fleet: httpx.
         assert prefill.pd.received[-1]["kv_transfer_params_json"] == {"do_remote_decode": True, "do_remote_prefill": False}
         assert decode.pd.received[-1]["kv_transfer_params_json"]["remote_engine_id"] == "prefill-7"
         assert decode.pd.kv_waits == 1 and decode.pd.kv_failures == 0
+    finally:
+        await prefill.stop()
+        await decode.stop()
+
+
+def _stored_labels(worker_id: str) -> dict[str, str]:
+    return dict(Worker.objects.get(pk=worker_id).labels)
+
+
+async def test_a_recovered_worker_re_reads_its_engine_id(fleet: httpx.AsyncClient) -> None:
+    """Spec 3: a gRPC prefill or decode worker that recovers from not_ready re-reads kv_engine_id from
+    its engine (the engine's value replaces the stored label); an operator's kv_engine_id field still
+    wins where the id is used (D63)."""
+    config = GrpcEngineConfig(runtime="vllm", tokenizer=QWEN, model=QWEN_MODEL)
+    prefill = VllmPdServer(config, PdWorkerConfig("prefill"), MOONCAKE, engine_id="prefill-1")
+    decode = VllmPdServer(config, PdWorkerConfig("decode"), MOONCAKE, engine_id="decode-1")
+    await prefill.start()
+    await decode.start()
+    try:
+        TOKENIZERS.cache.get(QWEN, None)
+        prefill_spec: dict[str, Any] = {"url": prefill.url, "worker_type": "prefill", "bootstrap_port": prefill.bootstrap_port}
+        decode_spec: dict[str, Any] = {"url": decode.url, "worker_type": "decode", "kv_engine_id": "pinned-decode"}
+        ids = []
+        for spec in (prefill_spec, decode_spec):
+            answer = await fleet.post("/workers", json=spec)
+            assert answer.status_code == 202, answer.text
+            ids.append(answer.json()["worker_id"])
+        prefill_id, decode_id = ids
+
+        def status_of(worker_id: str) -> str | None:
+            return next((h.record.status for h in REGISTRY.snapshot.workers if h.id == worker_id), None)
+
+        async def both(status: str) -> bool:
+            return all(status_of(worker_id) == status for worker_id in ids)
+
+        async def labels_of(worker_id: str) -> dict[str, str]:
+            return await arun_db(_stored_labels, worker_id)
+
+        await until(lambda: both("ready"))
+        assert (await fleet.get(f"/workers/{prefill_id}")).json()["kv_engine_id"] == "prefill-1"
+        assert (await labels_of(decode_id))["kv_engine_id"] == "decode-1"
+
+        # Both engines stop: the workers leave rotation; each comes back on its port with a new engine id.
+        for server in (prefill, decode):
+            await server.stop()
+        await until(lambda: both("not_ready"))
+        assert (await labels_of(prefill_id))["kv_engine_id"] == "prefill-1"  # nothing re-read while down
+        for server, engine_id in ((prefill, "prefill-2"), (decode, "decode-2")):
+            server.engine_id = engine_id
+            await server.start(port=server.port)
+        await until(lambda: both("ready"))
+
+        async def re_read() -> bool:
+            return ((await labels_of(prefill_id)).get("kv_engine_id"), (await labels_of(decode_id)).get("kv_engine_id")) == (
+                "prefill-2", "decode-2",
+            )  # fmt: skip
+
+        await until(re_read)
+        assert (await labels_of(prefill_id))["kv_connector"] == MOONCAKE
+        assert (await fleet.get(f"/workers/{prefill_id}")).json()["kv_engine_id"] == "prefill-2"
+        # The operator's field overrides the engine-reported id: it is what GET /workers shows.
+        assert (await fleet.get(f"/workers/{decode_id}")).json()["kv_engine_id"] == "pinned-decode"
     finally:
         await prefill.stop()
         await decode.stop()
