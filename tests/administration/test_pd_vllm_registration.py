@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from administration.db import arun_db
+from administration.kv_engine_reread import reread_kv_engine_id, rereads_kv_engine_id
 from administration.models import Worker
 from administration.registry_sync import RegistrySync
 from common.config import current_config
@@ -133,4 +134,32 @@ async def test_a_recovered_worker_re_reads_its_engine_id(fleet: httpx.AsyncClien
         assert (await fleet.get(f"/workers/{decode_id}")).json()["kv_engine_id"] == "pinned-decode"
     finally:
         await prefill.stop()
+        await decode.stop()
+
+
+async def test_a_failed_re_read_changes_nothing(fleet: httpx.AsyncClient) -> None:
+    """The re-read is the control plane's: an engine that does not answer GetServerInfo leaves the
+    stored id as it was, and the call never raises into the health loop."""
+    config = GrpcEngineConfig(runtime="vllm", tokenizer=QWEN, model=QWEN_MODEL)
+    decode = VllmPdServer(config, PdWorkerConfig("decode"), MOONCAKE, engine_id="decode-1")
+    await decode.start()
+    try:
+        TOKENIZERS.cache.get(QWEN, None)
+        answer = await fleet.post("/workers", json={"url": decode.url, "worker_type": "decode"})
+        assert answer.status_code == 202, answer.text
+        worker_id = answer.json()["worker_id"]
+
+        async def ready() -> bool:
+            return any(h.id == worker_id and h.record.status == "ready" for h in REGISTRY.snapshot.workers)
+
+        await until(ready)
+        record = next(h.record for h in REGISTRY.snapshot.workers if h.id == worker_id)
+        assert rereads_kv_engine_id(record, "decode", "not_ready", "ready")
+        assert not rereads_kv_engine_id(record, "regular", "not_ready", "ready")
+        assert not rereads_kv_engine_id(record, "decode", "pending", "ready")
+        assert await reread_kv_engine_id(worker_id, record, 5.0) is None  # the same id: nothing to store
+        await decode.stop()
+        assert await reread_kv_engine_id(worker_id, record, 1.0) is None
+        assert (await arun_db(_stored_labels, worker_id))["kv_engine_id"] == "decode-1"
+    finally:
         await decode.stop()
