@@ -16,9 +16,11 @@ One socket set per worker, shared by its ``dp_size`` engines:
   fans them out. The engine has no tokenizer: the first configured EOS id goes in
   ``eos_token_id``, the others into ``stop_token_ids`` (unless ``ignore_eos``), and ``max_tokens``
   is clamped to the context window the engine reported.
-- **Demultiplexing.** One reader task decodes the output socket and routes each
-  EngineCoreOutput by request id to that generation's queue; the generator turns them into neutral
-  :class:`EngineOutput`. Closing or cancelling the generator sends ABORT for the choices still
+- **Demultiplexing.** One reader (the event loop's callback on the output socket's FD) decodes
+  each step and routes each EngineCoreOutput by request id to that generation's inbox (a deque and
+  one waiter); the generator turns them into neutral :class:`EngineOutput`: outputs of one choice
+  queued together fold into one, and a request that is not streamed gets one output per choice, at
+  its end (as a gRPC engine answers it). Closing or cancelling the generator sends ABORT for the choices still
   running. Logprobs and prompt logprobs (vLLM's tensors, inline or in aux frames) are decoded by
   :mod:`.logprobs`; one that does not decode ends the generation with an ``UpstreamFailure``.
 - **Death.** ``ENGINE_CORE_DEAD`` on the output socket, an engine's connection to it dropping
@@ -31,7 +33,9 @@ One socket set per worker, shared by its ``dp_size`` engines:
   with START_DP_WAVE ``(wave, chosen index)`` when the engines are paused, follows
   ``wave_complete`` and ``start_wave``.
 
-Nothing here blocks the event loop: every socket is a ``zmq.asyncio`` socket.
+Nothing here blocks the event loop: the handshake and input sockets are ``zmq.asyncio`` sockets
+(sends first tried without waiting), the output socket is read without blocking from the event
+loop's reader callback on its FD.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,9 +62,11 @@ from inference.upstreams.engine import (
     EngineHealth,
     EngineOutput,
     EngineRequest,
+    Finish,
     ModelInfo,
     ProfileOptions,
     TokenizerBundle,
+    TokenLogprobs,
 )
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.zmq import codec
@@ -78,30 +85,77 @@ OUTPUT_BATCH = 64  # output messages taken per wake-up of the output loop, at mo
 HEALTH_UTILITY = "is_sleeping"  # a utility every EngineCore answers, cheaply
 
 
-@dataclass
+@dataclass(slots=True)
 class _Flight:
-    """One generation in flight: its engine requests (one per choice) and its queue."""
+    """One generation in flight: its engine requests (one per choice) and what arrived for them.
+    A deque and one waiter rather than an ``asyncio.Queue``: a put is an append, and the generator
+    is woken once however many of its outputs one engine step (or one drain) carried."""
 
     rank: int
     choices: dict[str, int]  # engine request id → choice index
-    queue: asyncio.Queue[codec.EngineCoreOutput | UpstreamFailure] = field(default_factory=asyncio.Queue)
+    items: deque[codec.EngineCoreOutput | UpstreamFailure] = field(default_factory=deque)
+    waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: codec.EngineCoreOutput | UpstreamFailure) -> None:
+        self.items.append(item)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> codec.EngineCoreOutput | UpstreamFailure:
+        while not self.items:
+            waiter = self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self.waiter = None
+        return self.items.popleft()
 
 
-def _merged(a: EngineOutput, b: EngineOutput) -> EngineOutput | None:
-    """Two outputs of one choice as one, when the first is not final and neither carries logprobs
-    (those keep the engine's own steps); None otherwise."""
-    if a.index != b.index or a.finish is not None:
-        return None
-    if a.logprobs is not None or b.logprobs is not None or a.prompt_logprobs is not None or b.prompt_logprobs is not None:
-        return None
-    return EngineOutput(
-        index=a.index,
-        token_ids=a.token_ids + b.token_ids,
-        prompt_tokens=b.prompt_tokens,
-        completion_tokens=b.completion_tokens,
-        cached_tokens=max(a.cached_tokens, b.cached_tokens),
-        finish=b.finish,
-    )
+class _Run:
+    """The output the generator holds back while more of the same choice is already queued: the
+    engine outputs that arrived together, folded into one (token ids joined, counts the latest), as
+    long as none carries logprobs (those keep the engine's own steps) and the run has not finished.
+    Mutable, so a fold is an ``extend``, not a new output per engine message."""
+
+    __slots__ = ("index", "token_ids", "completion", "cached", "finish", "logprobs", "prompt_logprobs")
+
+    def __init__(self, index: int, token_ids: list[int], completion: int, cached: int, finish: Finish | None,
+                 logprobs: tuple[TokenLogprobs, ...] | None,
+                 prompt_logprobs: tuple[TokenLogprobs | None, ...] | None) -> None:  # fmt: skip
+        self.index = index
+        self.token_ids = token_ids
+        self.completion = completion
+        self.cached = cached
+        self.finish = finish
+        self.logprobs = logprobs
+        self.prompt_logprobs = prompt_logprobs
+
+    def takes(self, index: int, logprobs: object, prompt_logprobs: object) -> bool:
+        """The next output of choice ``index`` (with these logprobs) folds into this run."""
+        return (
+            index == self.index and self.finish is None and logprobs is None and prompt_logprobs is None
+            and self.logprobs is None and self.prompt_logprobs is None
+        )  # fmt: skip
+
+    def fold(self, token_ids: list[int], completion: int, cached: int, finish: Finish | None,
+             logprobs: tuple[TokenLogprobs, ...] | None,
+             prompt_logprobs: tuple[TokenLogprobs | None, ...] | None) -> None:  # fmt: skip
+        """The choice's next output into this one, whatever it carries (a non-streamed choice:
+        logprobs joined, one per token; the prompt's logprobs come once)."""
+        self.token_ids.extend(token_ids)
+        self.completion, self.cached, self.finish = completion, cached, finish
+        if logprobs is not None:
+            self.logprobs = logprobs if self.logprobs is None else self.logprobs + logprobs
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = prompt_logprobs
+
+    def output(self, prompt_tokens: int) -> EngineOutput:
+        return EngineOutput(
+            index=self.index, token_ids=tuple(self.token_ids), prompt_tokens=prompt_tokens,
+            completion_tokens=self.completion, cached_tokens=self.cached, logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs, finish=self.finish,
+        )  # fmt: skip
 
 
 class ZmqEngineClient(EngineClient):
@@ -142,6 +196,9 @@ class ZmqEngineClient(EngineClient):
         self._handshake: zmq.asyncio.Socket | None = None
         self._input: zmq.asyncio.Socket | None = None
         self._output: zmq.asyncio.Socket | None = None
+        self._input_plain: zmq.Socket[bytes] | None = None  # the input socket, sent on without waiting
+        self._output_plain: zmq.Socket[bytes] | None = None  # the same socket, read by the loop's reader callback
+        self._output_fd: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._first_handshake: asyncio.Future[None] | None = None  # the first wait for the engines (open)
         self._rotation = 0
@@ -208,13 +265,14 @@ class ZmqEngineClient(EngineClient):
             context.destroy(linger=0)
             raise
         self._context, self._handshake, self._input, self._output = context, handshake, inputs, output
+        self._input_plain = zmq.Socket.shadow(inputs.underlying)
         self.handshake_endpoint = handshake.getsockopt_string(zmq.LAST_ENDPOINT)
         self._tasks = [
             asyncio.create_task(self._handshake_loop(handshake), name=f"zmq-handshake {self.url}"),
             asyncio.create_task(self._registration_loop(inputs), name=f"zmq-input {self.url}"),
-            asyncio.create_task(self._output_loop(output), name=f"zmq-output {self.url}"),
             asyncio.create_task(self._monitor_loop(monitor), name=f"zmq-monitor {self.url}"),
         ]
+        self._watch_output(output)
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Until every engine finished its handshake; ``UpstreamFailure`` (TIMEOUT) after ``timeout``."""
@@ -241,13 +299,14 @@ class ZmqEngineClient(EngineClient):
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        self._unwatch_output()
         self._fail_all(f"the ZMQ worker {self.url} was closed")
         if self._output is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._output.disable_monitor()
         if self._context is not None:
             self._context.destroy(linger=0)  # closes every socket, the monitor's too
-        self._context = self._handshake = self._input = self._output = None
+        self._context = self._handshake = self._input = self._output = self._input_plain = None
 
     # Background tasks.
 
@@ -300,27 +359,52 @@ class ZmqEngineClient(EngineClient):
             rank.registered = True
             self._maybe_ready(rank)
 
-    async def _output_loop(self, socket: zmq.asyncio.Socket) -> None:
-        # After each awaited message, the ones already queued are taken without waiting, through a
-        # plain socket on the same ZMQ socket (up to OUTPUT_BATCH, then the loop runs others): an
-        # awaited receive costs a future and pyzmq's event bookkeeping per message, which was most
-        # of what a ZMQ request cost the gateway more than a gRPC one (bench/zmq_vs_grpc.py).
-        queued: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)
-        while True:
-            self._output_message(await socket.recv_multipart(copy=True))
-            for _ in range(OUTPUT_BATCH - 1):
+    def _watch_output(self, socket: zmq.asyncio.Socket) -> None:
+        """Read the output socket from the event loop's own reader callback: a plain socket on the
+        same ZMQ socket, its FD watched with ``add_reader``, every queued message taken without
+        waiting. No future and no pyzmq event bookkeeping per message (an awaited ``zmq.asyncio``
+        receive costs both), which was most of what a ZMQ request cost the gateway more than a gRPC
+        one (bench/zmq_vs_grpc.py)."""
+        plain: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)
+        loop = asyncio.get_running_loop()
+        fd: int = plain.FD
+        self._output_plain, self._output_fd = plain, fd
+        loop.add_reader(fd, self._output_readable)
+        loop.call_soon(self._output_readable)  # anything queued before the FD was watched
+
+    def _unwatch_output(self) -> None:
+        if self._output_fd is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed already
+                asyncio.get_running_loop().remove_reader(self._output_fd)
+        self._output_plain = self._output_fd = None
+
+    def _output_readable(self) -> None:
+        """Take the queued output messages (up to OUTPUT_BATCH, then again after the loop ran the
+        others). ZMQ's FD is edge-triggered: it signals a change, not pending messages, so reading
+        stops only at EAGAIN (which re-arms it), or continues on a later loop turn by itself."""
+        socket = self._output_plain
+        if socket is None:
+            return
+        try:
+            for _ in range(OUTPUT_BATCH):
                 try:
-                    frames = queued.recv_multipart(zmq.NOBLOCK, copy=True)
+                    frames = socket.recv_multipart(zmq.NOBLOCK, copy=True)
                 except zmq.Again:
-                    break
+                    return
                 self._output_message(frames)
+        except zmq.ZMQError as exc:  # closed meanwhile
+            logger.warning("ZMQ worker %s: reading outputs failed: %s", self.url, exc)
+            return
+        except Exception:  # a bug in handling one message must not stop the reading
+            logger.exception("ZMQ worker %s: handling an output message failed", self.url)
+        asyncio.get_running_loop().call_soon(self._output_readable)
 
     def _output_message(self, frames: list[bytes]) -> None:
         if len(frames) == 1 and frames[0] == codec.ENGINE_CORE_DEAD:
             self._engines_died("the engine core died (ENGINE_CORE_DEAD)")
             return
         try:
-            outputs = codec.decode_outputs(frames[0])
+            outputs = codec.decode_step(frames[0])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             logger.warning("ZMQ worker %s: outputs that do not decode: %s", self.url, exc)
             return
@@ -367,22 +451,22 @@ class ZmqEngineClient(EngineClient):
     def _fail_all(self, detail: str) -> None:
         """End every generation and utility call waiting on this worker (each its own failure)."""
         for flight in {id(f): f for f in self._flights.values()}.values():
-            flight.queue.put_nowait(UpstreamFailure(FailureKind.BROKEN, detail))
+            flight.put(UpstreamFailure(FailureKind.BROKEN, detail))
         for future in self._utility.values():
             if not future.done():
                 future.set_exception(UpstreamFailure(FailureKind.BROKEN, detail))
 
-    def _take(self, outputs: codec.EngineCoreOutputs, frames: list[bytes] | None = None) -> None:
+    def _take(self, outputs: codec.EngineCoreOutputsRawStats, frames: list[bytes] | None = None) -> None:
         index = outputs.engine_index
-        if outputs.scheduler_stats is not None and 0 <= index < self.dp_size:
-            self.ranks[index].stats = outputs.scheduler_stats
+        if 0 <= index < self.dp_size and codec.has_stats(outputs.scheduler_stats):
+            self.ranks[index].raw_stats = outputs.scheduler_stats
         for output in outputs.outputs:
             flight = self._flights.get(output.request_id)
             if flight is not None:
                 if frames is not None and len(frames) > 1:  # tensors in aux frames: the generator decodes them
                     inline_aux_frames(output.new_logprobs, frames)
                     inline_aux_frames(output.new_prompt_logprobs_tensors, frames)
-                flight.queue.put_nowait(output)
+                flight.put(output)
         utility = outputs.utility_output
         if utility is not None:
             future = self._utility.pop(utility.call_id, None)
@@ -403,13 +487,13 @@ class ZmqEngineClient(EngineClient):
     # Sending.
 
     async def _send(self, rank: int, kind: codec.RequestType, payload: bytes) -> None:
-        socket = self._input
-        if socket is None:
+        socket, plain = self._input, self._input_plain
+        if socket is None or plain is None:
             raise UpstreamFailure(FailureKind.CONNECT, f"the ZMQ worker {self.url} is not started")
         frames = (codec.engine_identity(rank), kind.value, payload)
         try:
             try:  # at once when the socket takes it (no future, no event bookkeeping), else awaited
-                zmq.Socket.shadow(socket.underlying).send_multipart(frames, zmq.NOBLOCK)
+                plain.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:
                 await socket.send_multipart(frames)
         except zmq.ZMQError as exc:
@@ -482,14 +566,20 @@ class ZmqEngineClient(EngineClient):
             # Outputs already queued when one is taken are merged into it, a run per choice (as the
             # gRPC client merges the messages that arrived together): a burst of tokens costs the
             # pipeline one step and the client one write.
-            pending: EngineOutput | None = None
+            prompt_tokens = len(request.input_ids)
+            # Not streamed (no stop strings either): the caller only folds the outputs into one
+            # answer, so each choice's are folded here and given once, at its end, as a gRPC engine
+            # answers a non-streamed request (the engine core sends every step regardless).
+            whole = not request.stream
+            held: dict[int, _Run] = {}
+            pending: _Run | None = None
             failure: UpstreamFailure | None = None
             while open_ids:
-                if pending is not None and flight.queue.empty():
+                if pending is not None and not flight.items:
                     yielded = True
-                    yield pending
+                    yield pending.output(prompt_tokens)
                     pending = None
-                item = await flight.queue.get()
+                item = flight.items.popleft() if flight.items else await flight.get()
                 if isinstance(item, UpstreamFailure):
                     open_ids.clear()  # the engine is gone: nothing to abort
                     failure = item
@@ -514,27 +604,31 @@ class ZmqEngineClient(EngineClient):
                     finish = finish_of(item, self.eos_token_ids)
                 elif not item.new_token_ids:
                     continue
-                output = EngineOutput(
-                    index=index,
-                    token_ids=tuple(item.new_token_ids),
-                    prompt_tokens=len(request.input_ids),
-                    completion_tokens=completion[index],
-                    cached_tokens=cached[index],
-                    logprobs=token_logprobs,
-                    prompt_logprobs=logprobs[index].pop_prompt(),
-                    finish=finish,
-                )
-                merged = _merged(pending, output) if pending is not None else None
-                if merged is not None:
-                    pending = merged
+                prompt_logprobs = logprobs[index].pop_prompt()
+                if whole:  # one output per choice, at its end
+                    run = held.get(index)
+                    if run is None:
+                        held[index] = _Run(index, list(item.new_token_ids), completion[index], cached[index], finish,
+                                           token_logprobs, prompt_logprobs)  # fmt: skip
+                    else:
+                        run.fold(item.new_token_ids, completion[index], cached[index], finish, token_logprobs,
+                                 prompt_logprobs)  # fmt: skip
+                    if finish is not None:
+                        yielded = True
+                        yield held.pop(index).output(prompt_tokens)
+                    continue
+                if pending is not None and pending.takes(index, token_logprobs, prompt_logprobs):
+                    pending.token_ids.extend(item.new_token_ids)
+                    pending.completion, pending.cached, pending.finish = completion[index], cached[index], finish
                     continue
                 if pending is not None:
                     yielded = True
-                    yield pending
-                pending = output
+                    yield pending.output(prompt_tokens)
+                pending = _Run(index, list(item.new_token_ids), completion[index], cached[index], finish,
+                               token_logprobs, prompt_logprobs)  # fmt: skip
             if pending is not None:
                 yielded = True
-                yield pending
+                yield pending.output(prompt_tokens)
             if failure is not None:
                 raise failure.broke_off() if yielded else failure
         finally:
@@ -556,7 +650,7 @@ class ZmqEngineClient(EngineClient):
         with contextlib.suppress(UpstreamFailure):
             await self._send(flight.rank, codec.RequestType.ABORT, codec.encode(sorted(flight.choices)))
         for engine_id in flight.choices:
-            flight.queue.put_nowait(codec.EngineCoreOutput(engine_id, [], finish_reason=codec.WireFinishReason.ABORT))
+            flight.put(codec.EngineCoreOutput(engine_id, [], finish_reason=codec.WireFinishReason.ABORT))
 
     async def _call_utility(self, rank: int, method: str, *args: Any) -> codec.UtilityOutput:
         call_id = uuid.uuid4().int >> 64

@@ -43,6 +43,7 @@ __all__ = [
     "ENGINE_CORE_DEAD",
     "EngineCoreOutput",
     "EngineCoreOutputs",
+    "EngineCoreOutputsRawStats",
     "EngineCoreRequest",
     "RequestType",
     "SamplingParams",
@@ -51,6 +52,9 @@ __all__ = [
     "WireFinishReason",
     "decode_handshake",
     "decode_outputs",
+    "decode_stats",
+    "decode_step",
+    "has_stats",
     "decode_ready_response",
     "encode",
     "engine_identity",
@@ -194,6 +198,17 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     start_wave: int | None = None
 
 
+_NIL = b"\xc0"  # msgpack's nil
+
+
+class EngineCoreOutputsRawStats(EngineCoreOutputs, array_like=True, omit_defaults=True, gc=False):
+    """EngineCoreOutputs as the client reads every step: the scheduler stats left as their msgpack
+    bytes (nil when absent), decoded only when the loads are asked (:func:`decode_stats`); decoding
+    them with every step was a third of a step's decode."""
+
+    scheduler_stats: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(_NIL))  # type: ignore[assignment]
+
+
 def _ext_hook(code: int, data: memoryview) -> Any:
     """vLLM's tensors and pickled values arrive as extension types: kept opaque (raw bytes)."""
     return bytes(data)
@@ -201,6 +216,8 @@ def _ext_hook(code: int, data: memoryview) -> Any:
 
 _ENCODER = msgspec.msgpack.Encoder()
 _OUTPUTS_DECODER = msgspec.msgpack.Decoder(EngineCoreOutputs, ext_hook=_ext_hook)
+_STEP_DECODER = msgspec.msgpack.Decoder(EngineCoreOutputsRawStats, ext_hook=_ext_hook)
+_STATS_DECODER = msgspec.msgpack.Decoder(dict[str, Any] | None, ext_hook=_ext_hook)
 _REQUEST_DECODER = msgspec.msgpack.Decoder(EngineCoreRequest, ext_hook=_ext_hook)
 _ANY_DECODER = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
 
@@ -212,6 +229,25 @@ def encode(message: Any) -> bytes:
 
 def decode_outputs(payload: bytes | memoryview) -> EngineCoreOutputs:
     return _OUTPUTS_DECODER.decode(payload)
+
+
+def decode_step(payload: bytes | memoryview) -> EngineCoreOutputsRawStats:
+    """An output message with its scheduler stats undecoded (the client's hot path)."""
+    return _STEP_DECODER.decode(payload)
+
+
+def has_stats(raw: msgspec.Raw) -> bool:
+    """Stats kept by :func:`decode_step` are there (not nil)."""
+    return len(raw) > 1 or (len(raw) == 1 and bytes(raw) != _NIL)
+
+
+def decode_stats(raw: msgspec.Raw) -> dict[str, Any]:
+    """Scheduler stats kept by :func:`decode_step` (``{}`` for nil, or for stats that do not decode:
+    they are only read for the loads)."""
+    try:
+        return _STATS_DECODER.decode(raw) or {}
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return {}
 
 
 def decode_request(payload: bytes | memoryview) -> EngineCoreRequest:

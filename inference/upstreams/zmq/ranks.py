@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import msgspec
+
 from inference.routing.load_report import EngineLoad
 from inference.upstreams.zmq import codec
 
@@ -30,7 +32,8 @@ class EngineRank:
     registered: bool = False  # the ready response arrived on the input socket
     num_gpu_blocks: int = 0
     ready_response: dict[str, Any] = field(default_factory=dict)
-    stats: dict[str, Any] = field(default_factory=dict)  # the last SchedulerStats
+    stats: dict[str, Any] = field(default_factory=dict)  # the last SchedulerStats, when given decoded
+    raw_stats: msgspec.Raw | None = None  # the last SchedulerStats as the engine sent it (decoded by load)
     in_flight: int = 0
 
     @property
@@ -39,7 +42,7 @@ class EngineRank:
 
     def load(self) -> EngineLoad:
         """This rank's load from its last scheduler stats and its ready response."""
-        stats = self.stats
+        stats = codec.decode_stats(self.raw_stats) if self.raw_stats is not None else self.stats
         running = int(stats.get("num_running_reqs") or 0)
         waiting = int(stats.get("num_waiting_reqs") or 0)
         usage = float(stats.get("kv_cache_usage") or 0.0)

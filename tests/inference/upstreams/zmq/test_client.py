@@ -465,6 +465,22 @@ async def test_prompt_logprobs(ipc_dir: Path, threshold: int) -> None:
         await w.client.close()
 
 
+async def test_a_non_streamed_request_gets_one_output_per_choice_at_its_end(worker: Worker) -> None:
+    sampling = SamplingParams(n=2, logprobs=True, top_logprobs=1, max_new_tokens=5)
+    ids = worker.prompt()
+    streamed = await worker.collect(EngineRequest("s", ids, sampling, return_prompt_logprobs=True))
+    whole = await worker.collect(EngineRequest("w", ids, sampling, stream=False, return_prompt_logprobs=True))
+    assert sorted(o.index for o in whole) == [0, 1]  # one each, nothing before it
+    for output in whole:
+        steps = [o for o in streamed if o.index == output.index]
+        assert len(steps) > 1  # the engine sent every step
+        assert output.token_ids == tuple(t for o in steps for t in o.token_ids)
+        assert output.completion_tokens == len(output.token_ids) == 5 and output.prompt_tokens == len(ids)
+        assert output.finish == steps[-1].finish and output.finish is not None
+        assert _entries(output.logprobs or ()) == _entries(item for o in steps for item in o.logprobs or ())
+        assert output.prompt_logprobs == steps[0].prompt_logprobs and output.prompt_logprobs is not None
+
+
 async def test_a_malformed_tensor_is_an_upstream_failure(worker: Worker) -> None:
     worker.engine.state.malformed_logprobs = True
     with pytest.raises(UpstreamFailure) as failed:
