@@ -126,7 +126,11 @@ async def test_a_dead_engine_leaves_the_worker_not_ready_until_its_engines_hands
         assert shown["is_healthy"] is False
         listed = [w for w in (await api.get("/workers")).json()["workers"] if w["url"] == body["url"]]
         assert [(w["status"], w["is_healthy"]) for w in listed] == [("not_ready", False)]
-        assert "Qwen/Qwen3-8B" not in REGISTRY.snapshot.routable_models  # out of rotation
+
+        async def out_of_rotation() -> bool:  # the published snapshot follows the store a moment later
+            return "Qwen/Qwen3-8B" not in REGISTRY.snapshot.routable_models
+
+        await until(out_of_rotation)
         assert REGISTRY.snapshot.workers[0].load.breaker.state is BreakerState.CLOSED
     finally:
         await group.stop()
@@ -135,7 +139,11 @@ async def test_a_dead_engine_leaves_the_worker_not_ready_until_its_engines_hands
     try:
         await until(lambda: status_is("ready"))
         assert (await api.get(location)).json()["is_healthy"] is True
-        assert "Qwen/Qwen3-8B" in REGISTRY.snapshot.routable_models
+
+        async def back_in_rotation() -> bool:
+            return "Qwen/Qwen3-8B" in REGISTRY.snapshot.routable_models
+
+        await until(back_in_rotation)
     finally:
         await again.stop()
 
