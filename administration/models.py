@@ -8,6 +8,7 @@ from typing import Any
 from django.core.validators import RegexValidator
 from django.db import models
 
+from inference.accounting import Outcome
 from inference.routing.workers import (
     RuntimeType,
     Transport,
@@ -20,7 +21,8 @@ from inference.routing.workers import (
 
 __all__ = [
     "Worker", "WorkerStatus", "WorkerSource", "WorkerType", "JobType", "JobState", "TenantRateLimit", "RegistryChange",
-    "TokenizerStatus", "RegisteredTokenizer",
+    "TokenizerStatus", "RegisteredTokenizer", "UsageMinute", "RequestLogEntry", "ModelPrice", "TenantBudget",
+    "BudgetPeriod",
 ]
 
 
@@ -125,6 +127,12 @@ class Worker(models.Model):
         return [model for model in dict.fromkeys(ids) if model]
 
 
+TENANT_ID_VALIDATOR = RegexValidator(
+    r"^[^\s:=]+\Z",
+    "A tenant id is the part before ':' in --tenant-api-key TENANT:KEY: no spaces, ':' or '='.",
+)
+
+
 class TenantRateLimit(models.Model):
     """Requests per minute for one tenant's keys, set in the admin console. The gateway processes load
     these rows in their fleet loop (never per request): a row overrides the tenant's
@@ -133,12 +141,7 @@ class TenantRateLimit(models.Model):
     tenant_id = models.CharField(
         max_length=255,
         unique=True,
-        validators=[
-            RegexValidator(
-                r"^[^\s:=]+\Z",
-                "A tenant id is the part before ':' in --tenant-api-key TENANT:KEY: no spaces, ':' or '='.",
-            )
-        ],
+        validators=[TENANT_ID_VALIDATOR],
         help_text="The tenant of --tenant-api-key TENANT:KEY (every key of that tenant shares the budget).",
     )
     requests_per_minute = models.PositiveIntegerField(
@@ -153,6 +156,117 @@ class TenantRateLimit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}: {self.requests_per_minute or 'unlimited'} req/min"
+
+
+class UsageMinute(models.Model):
+    """What one tenant (or the shared key's or open mode's scope, :data:`inference.accounting.SHARED_SCOPE`
+    and ``OPEN_SCOPE``) used of one canonical model in one UTC minute. Every gateway process adds its own
+    in-memory sums to the row in one bulk upsert per flush interval, so the processes and hosts of one
+    store sum into the same row; nothing writes it on a request's path."""
+
+    tenant = models.CharField(max_length=255)
+    model = models.CharField(max_length=255)
+    minute = models.DateTimeField(help_text="The UTC minute, seconds zero.")
+    requests = models.BigIntegerField(default=0)
+    errors = models.BigIntegerField(default=0, help_text="Requests whose outcome was not success.")
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    cached_tokens = models.BigIntegerField(default=0)
+    reasoning_tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["minute", "tenant", "model"], name="usage_minute_key")]
+        indexes = [
+            models.Index(fields=["tenant", "minute"], name="usage_tenant_minute"),
+            models.Index(fields=["model", "minute"], name="usage_model_minute"),
+        ]
+        ordering = ["-minute", "tenant", "model"]
+
+    def __str__(self) -> str:
+        return f"{self.minute:%Y-%m-%d %H:%M} {self.tenant} {self.model}: {self.requests} requests"
+
+
+class RequestLogEntry(models.Model):
+    """One inference request as an operator searches for it: never a body, a header or a key. Written
+    in the flush batches; the newest --request-log-max-rows are kept."""
+
+    at = models.DateTimeField(help_text="When the request arrived (UTC).")
+    request_id = models.CharField(max_length=128)
+    tenant = models.CharField(max_length=255)
+    model = models.CharField(max_length=255)
+    worker = models.CharField(max_length=512, blank=True, help_text="The URL of the worker that answered.")
+    surface = models.CharField(max_length=32)
+    route = models.CharField(max_length=128)
+    status = models.PositiveSmallIntegerField()
+    outcome = models.CharField(max_length=16, choices=[(outcome.value, outcome.label) for outcome in Outcome])
+    error_code = models.CharField(max_length=64, blank=True)
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    cached_tokens = models.BigIntegerField(default=0)
+    reasoning_tokens = models.BigIntegerField(default=0)
+    latency_ms = models.FloatField()
+    ttft_ms = models.FloatField(null=True, blank=True, help_text="Time to the first token, when streamed.")
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["at"], name="reqlog_at"),
+            models.Index(fields=["request_id"], name="reqlog_request_id"),
+            models.Index(fields=["tenant", "at"], name="reqlog_tenant_at"),
+            models.Index(fields=["model", "at"], name="reqlog_model_at"),
+        ]
+        ordering = ["-at", "-id"]
+        verbose_name = "request log entry"
+        verbose_name_plural = "request log"
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.request_id} {self.status}"
+
+
+class ModelPrice(models.Model):
+    """A model's price from ``effective_from`` on, per million tokens. A change adds a row: spend is
+    counted with the price in force when the tokens were used, so history is never rewritten."""
+
+    model = models.CharField(max_length=255, help_text="The canonical model id.")
+    effective_from = models.DateTimeField()
+    input_per_million = models.DecimalField(max_digits=14, decimal_places=6)
+    cached_input_per_million = models.DecimalField(max_digits=14, decimal_places=6)
+    output_per_million = models.DecimalField(max_digits=14, decimal_places=6)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["model", "effective_from"], name="model_price_key")]
+        ordering = ["model", "-effective_from"]
+
+    def __str__(self) -> str:
+        return f"{self.model} from {self.effective_from:%Y-%m-%d %H:%M}"
+
+
+class BudgetPeriod(models.TextChoices):
+    DAY = "day", "UTC day"
+    MONTH = "month", "Calendar month (UTC)"
+
+
+class TenantBudget(models.Model):
+    """Tokens (prompt plus completion) one tenant may use per UTC day or calendar month, set in the
+    console. Loaded by the fleet loop like tenant rate limits: a row overrides --tenant-budget, and
+    --default-tenant-budget covers tenants with neither."""
+
+    tenant_id = models.CharField(
+        max_length=255,
+        unique=True,
+        validators=[TENANT_ID_VALIDATOR],
+        help_text="The tenant of --tenant-api-key TENANT:KEY (every key of that tenant shares the budget).",
+    )
+    tokens = models.PositiveBigIntegerField(help_text="Tokens per period; 0 means unlimited.")
+    period = models.CharField(max_length=8, choices=BudgetPeriod.choices, default=BudgetPeriod.DAY)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tenant_id"]
+        verbose_name = "tenant token budget"
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {self.tokens or 'unlimited'} tokens/{self.period}"
 
 
 class RegistryChange(models.Model):

@@ -12,6 +12,7 @@ from django.conf import settings
 
 from common.config import GatewayConfig, current_config
 from inference import errors
+from inference.accounting import AccountingEntry, UsageLedger
 from inference.admission import MediaBudget, PermitPool, RateLimiter
 from inference.admission.rate_limit import TenantLimits, refit_rate_limiter
 from inference.auth import KeyRing
@@ -54,6 +55,9 @@ class DataPlane:
     prefill_policy: SelectionPolicy | None = None
     decode_policy: SelectionPolicy | None = None
     pd_http: PdHttpDispatch | None = None
+    # What this process's requests used since the last flush (inference.accounting); the control side
+    # drains it into the store every --usage-flush-interval-secs.
+    ledger: UsageLedger = field(default_factory=UsageLedger)
 
     @classmethod
     def build(cls, config: GatewayConfig) -> DataPlane:
@@ -97,6 +101,10 @@ class DataPlane:
         if limits.any:
             self._limiter = refit_rate_limiter(self._limiter, limits, getattr(settings, "REDIS_URL", None))
         self.rate_limiter = self._limiter if limits.any else None
+
+    def account(self, entry: AccountingEntry) -> None:
+        """Record one finished request: the one place every surface's turn runner reports to."""
+        self.ledger.add(entry)
 
     def relay_for(self, name: str, path: str) -> Relay:
         """The relay called ``name`` (a transport, or external); 501 for one this gateway does not have."""
