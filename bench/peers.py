@@ -7,6 +7,7 @@ venvs with pip. Starting a peer returns a process that answers a chat request, o
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -144,7 +145,7 @@ def _start_litellm(group: ProcessGroup, work: Path, port: int, worker_url: str, 
 
 
 PEERS: dict[str, Peer] = {
-    "smg": Peer("smg", "smg", "smg", _start_smg, "smg (Rust)"),
+    "smg": Peer("smg", "smg==1.13.0", "smg", _start_smg, "smg (Rust)"),  # the release PERFORMANCE.md compares with
     "litellm": Peer("litellm", "litellm[proxy]", "litellm", _start_litellm, "LiteLLM proxy"),
 }
 
@@ -156,7 +157,7 @@ def find_peers() -> dict[str, Peer]:
 
 def peer_version(peer: Peer) -> str | None:
     """The installed distribution's version, read from the venv's metadata (no import of the package)."""
-    dist = peer.requirement.split("[", 1)[0]
+    dist = re.split(r"[\[=<>~!]", peer.requirement, maxsplit=1)[0]
     code = f"import importlib.metadata as m; print(m.version({dist!r}))"
     try:
         done = subprocess.run(
