@@ -175,6 +175,10 @@ class GatewayConfig:
     history_memory_max_entries: int = 10000  # memory backend: responses + conversations + items kept
     history_retention_days: int = 30  # manage.py purge_history deletes records idle longer (0: keep)
     max_background_responses: int = 1024  # background Responses runs at once per process (0: none)
+    # Usage accounting (administration/usage_flush.py, D67): each process's sums written this often
+    usage_flush_interval_secs: float = 5.0
+    request_log_max_rows: int = 100_000  # the request log keeps the newest this many rows (0: no log)
+    request_log_retention_days: int = 30  # and none older than this (0: kept until the row cap)
     # Not flags: set by share() in each serving process of a supervised gateway
     media_request_limit: int = 0  # the whole gateway's media budget: the most one request may hold (0: the budget)
     rate_limit_share: int = 1  # tenant limits (flags and console rows) are divided by it, rounded up
@@ -543,6 +547,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag("history_retention_days", _count,
          "manage.py purge_history deletes stored responses and conversations with no activity for this many "
          "days (0: keep forever)"),
+    Flag("usage_flush_interval_secs", _positive_float,
+         "how often each serving process writes its usage sums and request log rows to the store in one "
+         "transaction (a crash loses at most this long of accounting)"),
+    Flag("request_log_max_rows", _count,
+         "the request log keeps the newest this many requests (0: no request log; usage sums are kept)"),
+    Flag("request_log_retention_days", _count,
+         "request log rows older than this many days are pruned (0: only --request-log-max-rows prunes)"),
 )
 
 
