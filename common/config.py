@@ -30,6 +30,7 @@ __all__ = [
     "POLICIES",
     "SERVERS",
     "HISTORY_BACKENDS",
+    "BUDGET_PERIODS",
     "add_gateway_arguments",
     "config_from_namespace",
     "parse_gateway_args",
@@ -42,6 +43,7 @@ SERVERS = ("uvicorn", "daphne")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 CONTROL_PLANE_ROLES = ("admin", "user")
 HISTORY_BACKENDS = ("db", "memory", "none")
+BUDGET_PERIODS = ("day", "month")  # a token budget's period: the UTC day or the calendar month (UTC)
 # --backend: what the --worker-urls are. An engine name skips runtime detection; a provider name
 # makes them external providers (their models read from the provider, only their own keys sent).
 ENGINE_BACKENDS = ("sglang", "vllm", "trtllm", "mlx", "tokenspeed")
@@ -148,6 +150,8 @@ class GatewayConfig:
     multimodal_max_inflight_bytes: int = 0
     default_tenant_rate_limit: int = 0  # requests per minute per tenant key
     tenant_rate_limits: tuple[tuple[str, str], ...] = ()  # (tenant_id, requests per minute)
+    default_tenant_budget: str = "0/day"  # TOKENS/day|month per tenant key (0: no budget)
+    tenant_budgets: tuple[tuple[str, str], ...] = ()  # (tenant_id, TOKENS/day|month)
     # Load monitor and worker overload protection
     load_monitor_interval: float = 10.0
     worker_overload_protection: bool = False
@@ -297,6 +301,14 @@ def _digits(text: str) -> str:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
     return text
+
+
+def _budget(text: str) -> str:
+    """A token budget, ``TOKENS/day`` or ``TOKENS/month`` (inference/admission/budgets.py reads it)."""
+    tokens, sep, period = text.partition("/")
+    if not sep or not tokens.isdigit() or period not in BUDGET_PERIODS:
+        raise argparse.ArgumentTypeError(f"expected TOKENS/day or TOKENS/month, got {text!r}")
+    return f"{int(tokens)}/{period}"
 
 
 def _bool(text: str) -> bool:
@@ -507,6 +519,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("tenant_rate_limits", _pair("=", "tenant=requests_per_minute", _digits),
          "requests per minute of one tenant, repeatable (a row in the admin console overrides it)",
          kind="append", option="--tenant-rate-limit", metavar="TENANT=RPM"),
+    Flag("default_tenant_budget", _budget,
+         "tokens (prompt plus completion) per UTC day or calendar month of each tenant with no budget of its own "
+         "(flag or console row; 0: no budget)", metavar="TOKENS/day|month"),
+    Flag("tenant_budgets", _pair("=", "tenant=TOKENS/day|month", _budget),
+         "tokens per UTC day or calendar month of one tenant, repeatable (a row in the admin console overrides it)",
+         kind="append", option="--tenant-budget", metavar="TENANT=TOKENS/day|month"),
     Flag("load_monitor_interval", _positive_float, "seconds between worker load polls"),
     Flag("worker_overload_protection", _bool, "shed workers whose load report crosses the thresholds", kind="switch"),
     Flag("worker_overload_waiting_requests", _count, "waiting requests at which a worker leaves routing (0: unset)"),
