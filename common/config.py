@@ -108,6 +108,7 @@ class GatewayConfig:
     dp_aware: bool = False  # data-parallel aware routing (a rank per request); refuses ZMQ dp_size above 1
     prefill_policy: str | None = None  # PD: the prefill side's policy (default: --policy)
     decode_policy: str | None = None  # PD: the decode side's policy (default: --policy)
+    pd_admission_wait_secs: float = 30.0  # PD: how long a request waits for an overloaded pair to be freed
     model_policies: tuple[tuple[str, str], ...] = ()
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 64
@@ -477,6 +478,8 @@ FLAGS: tuple[Flag, ...] = (
          "above 1 are refused)", kind="switch"),
     Flag("prefill_policy", _choice(POLICIES), "PD: the prefill side's worker selection policy (default: --policy)"),
     Flag("decode_policy", _choice(POLICIES), "PD: the decode side's worker selection policy (default: --policy)"),
+    Flag("pd_admission_wait_secs", _non_negative_float,
+         "PD: longest wait for a load report that frees an overloaded prefill or decode side (0: shed at once)"),
     Flag("model_policies", _pair("=", "model=policy", _choice(POLICIES)), "policy for one model, repeatable",
          kind="append", option="--model-policy", metavar="MODEL=POLICY"),
     Flag("cache_threshold", _fraction, "cache_aware: prefix match ratio above which the matching worker is used"),
