@@ -184,6 +184,7 @@ class GatewayConfig:
     usage_flush_interval_secs: float = 5.0
     request_log_max_rows: int = 100_000  # the request log keeps the newest this many rows (0: no log)
     request_log_retention_days: int = 30  # and none older than this (0: kept until the row cap)
+    usage_max_range_days: int = 366  # GET /usage and the usage console read at most this many days at once (D71)
     # Not flags: set by share() in each serving process of a supervised gateway
     media_request_limit: int = 0  # the whole gateway's media budget: the most one request may hold (0: the budget)
     rate_limit_share: int = 1  # tenant limits (flags and console rows) are divided by it, rounded up
@@ -575,6 +576,8 @@ FLAGS: tuple[Flag, ...] = (
          "the request log keeps the newest this many requests (0: no request log; usage sums are kept)"),
     Flag("request_log_retention_days", _count,
          "request log rows older than this many days are pruned (0: only --request-log-max-rows prunes)"),
+    Flag("usage_max_range_days", _positive_int,
+         "the most days one GET /usage (or the console's usage page) sums at once; a longer range is refused"),
 )
 
 
