@@ -162,6 +162,7 @@ class GatewayConfig:
     prometheus_host: str = "0.0.0.0"
     prometheus_port: int = 29000
     prometheus_duration_buckets: tuple[float, ...] = ()
+    usage_metrics_tenant_label: bool = False  # gw_usage_tokens_total by tenant too (cardinality: off by default)
     health_check_port: int = 0  # 0: probes only on the main listener
     # Outbound URLs a caller can influence (common/ssrf.py): MCP servers now, external providers later
     ssrf_allow_loopback: bool = False  # let them reach 127.0.0.0/8 and ::1
@@ -537,6 +538,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("prometheus_port", _port, "metrics listener port"),
     Flag("prometheus_duration_buckets", _positive_float, "histogram buckets for durations (seconds)", kind="list",
          metavar="SECONDS"),
+    Flag("usage_metrics_tenant_label", _bool, "label gw_usage_tokens_total by tenant too (one series per tenant, "
+         "model and token type)", kind="switch"),
     Flag("health_check_port", _count, "a separate listener for the probes (0: none)"),
     Flag("ssrf_allow_loopback", _bool, "let URLs callers give (MCP servers) reach loopback addresses",
          kind="switch"),
