@@ -97,7 +97,8 @@ STORE = Outage(
 )
 REDIS = Outage(
     "Redis",
-    "tenant rate limits are counted in each process alone and registry notices wait for the store's change log",
+    "tenant rate limits and token budgets are counted in each process alone and registry notices wait for the "
+    "store's change log",
     retry_secs=1.0,
 )
 BROKER = Outage(

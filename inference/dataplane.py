@@ -14,6 +14,7 @@ from common.config import GatewayConfig, current_config
 from inference import errors
 from inference.accounting import AccountingEntry, UsageLedger
 from inference.admission import MediaBudget, PermitPool, RateLimiter
+from inference.admission.budgets import BudgetCounter, TenantBudgets, refit_budget_counter
 from inference.admission.rate_limit import TenantLimits, refit_rate_limiter
 from inference.auth import KeyRing
 from inference.routing.policies import PolicySet, SelectionPolicy, make_policy
@@ -50,6 +51,11 @@ class DataPlane:
     # tenant has a limit. Installed on the event loop by install_tenant_limits, never per request.
     tenant_limits: TenantLimits = field(default_factory=lambda: TenantLimits(0, ()))
     _limiter: RateLimiter | None = None
+    # Token budgets (inference.admission.budgets), installed like the limits: budgets is the counter,
+    # or None while no tenant has a budget (admission only checks); _budget_counter outlives that.
+    tenant_budgets: TenantBudgets = field(default_factory=lambda: TenantBudgets.combine("0/day", (), {}))
+    budgets: BudgetCounter | None = None
+    _budget_counter: BudgetCounter | None = None
     # Prefill/decode disaggregation: each side's policy (--prefill-policy, --decode-policy, default
     # --policy) and the HTTP dual dispatch over the HTTP relay.
     prefill_policy: SelectionPolicy | None = None
@@ -85,6 +91,7 @@ class DataPlane:
         if isinstance(http, HttpRelay):
             built.pd_http = PdHttpDispatch(http)
         built.install_tenant_limits({})
+        built.install_tenant_budgets({})
         return built
 
     def install_tenant_limits(self, stored: Mapping[str, int]) -> None:
@@ -102,9 +109,26 @@ class DataPlane:
             self._limiter = refit_rate_limiter(self._limiter, limits, getattr(settings, "REDIS_URL", None))
         self.rate_limiter = self._limiter if limits.any else None
 
+    def install_tenant_budgets(self, stored: Mapping[str, str]) -> None:
+        """Apply the token budgets stored in the console (tenant -> TOKENS/day|month) over the flags.
+        Called by the fleet loop after it read the rows; the period's use counts on."""
+        config = self.config
+        budgets = TenantBudgets.combine(config.default_tenant_budget, config.tenant_budgets, stored)
+        if budgets == self.tenant_budgets:
+            return
+        log.info("tenant token budgets: %r", budgets)
+        self.tenant_budgets = budgets
+        if budgets.any:
+            self._budget_counter = refit_budget_counter(
+                self._budget_counter, budgets, getattr(settings, "REDIS_URL", None)
+            )
+        self.budgets = self._budget_counter if budgets.any else None
+
     def account(self, entry: AccountingEntry) -> None:
         """Record one finished request: the one place every surface's turn runner reports to."""
         self.ledger.add(entry)
+        if self.budgets is not None:  # its tokens count against its tenant's budget (none: the scopes)
+            self.budgets.charge(entry.tenant, entry.usage.total, entry.at)
 
     def relay_for(self, name: str, path: str) -> Relay:
         """The relay called ``name`` (a transport, or external); 501 for one this gateway does not have."""
@@ -119,6 +143,8 @@ class DataPlane:
         await self.engines.aclose()
         if self._limiter is not None:
             await self._limiter.aclose()
+        if self._budget_counter is not None:
+            await self._budget_counter.aclose()
 
 
 _data_plane: DataPlane | None = None

@@ -37,6 +37,7 @@ __all__ = [
     "admission_queue_full",
     "admission_queue_timeout",
     "rate_limit_exceeded",
+    "budget_exceeded",
     "multimodal_payload_too_large",
     "multimodal_inflight_budget",
     "worker_overload_shed",
@@ -85,6 +86,7 @@ class ErrorCode(str, Enum):
     ADMISSION_QUEUE_FULL = "admission_queue_full"
     ADMISSION_QUEUE_TIMEOUT = "admission_queue_timeout"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
+    BUDGET_EXCEEDED = "budget_exceeded"
     MULTIMODAL_PAYLOAD_TOO_LARGE = "multimodal_payload_too_large"
     MULTIMODAL_INFLIGHT_BUDGET = "multimodal_inflight_budget"
     WORKER_OVERLOAD_SHED = "worker_overload_protection_shed"
@@ -245,6 +247,17 @@ def admission_queue_timeout(seconds: float) -> GatewayError:
 def rate_limit_exceeded(headers: tuple[tuple[bytes, bytes], ...]) -> GatewayError:
     """429 for a tenant over its requests-per-minute budget; ``headers`` carry Retry-After and X-RateLimit-*."""
     return GatewayError(429, ErrorCode.RATE_LIMIT_EXCEEDED, "Rate limit exceeded for this API key", headers=headers)
+
+
+def budget_exceeded(period: str, retry_after_secs: int) -> GatewayError:
+    """429 for a tenant whose token budget of this ``period`` (day or month) is used up; Retry-After
+    is the seconds to the period's end (inference/admission/budgets.py)."""
+    return GatewayError(
+        429,
+        ErrorCode.BUDGET_EXCEEDED,
+        f"Token budget exceeded for this API key's tenant: no tokens left this {period} (UTC)",
+        headers=((b"retry-after", str(retry_after_secs).encode()),),
+    )
 
 
 def multimodal_payload_too_large(size: int, limit: int) -> GatewayError:

@@ -1,6 +1,7 @@
-"""The gate every inference request passes before it may use a worker: authenticate, rate-limit the
-tenant, read the body under the size limit, parse it, validate it with the surface's rules and
-measure its inline media. Each step fails with the spec's error (a :class:`GatewayError`)."""
+"""The gate every inference request passes before it may use a worker: authenticate, refuse a tenant
+whose token budget is used up, rate-limit the tenant, read the body under the size limit, parse it,
+validate it with the surface's rules and measure its inline media. Each step fails with the spec's
+error (a :class:`GatewayError`)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,11 @@ async def pass_gate(dp: DataPlane, scope: Scope, receive: Receive, validate: Val
     if identity is None:
         raise errors.unauthorized()
     scope["gateway.identity"] = identity
+    budgets = dp.budgets
+    if budgets is not None and identity.tenant_id is not None:  # tenant keys only: never the scopes
+        spent = budgets.check(identity.tenant_id)  # no I/O: this process's view (admission/budgets.py)
+        if spent is not None:
+            raise errors.budget_exceeded(spent.budget.period, spent.retry_after)
     limiter = dp.rate_limiter
     if limiter is not None:
         tenant = identity.rate_limited_tenant
