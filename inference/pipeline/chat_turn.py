@@ -12,10 +12,11 @@ prompt) to the caller's ``deliver``, which reads ``(choice, events)`` pairs from
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import AsyncIterator, Awaitable, Callable
 
+from inference.accounting import Delivered
 from inference.pipeline.choices import CallParser, ChoiceOptions, ChoiceOutput
 from inference.pipeline.events import Event
 from inference.pipeline.prompt import check_prompt, render_turn, tokenize
@@ -57,7 +58,7 @@ TargetOf = Callable[[WorkerHandle, str], EngineTarget]
 """How a turn finds its engine target on a worker for a model (the served surfaces bind
 :func:`inference.served.base.engine_target` to their data plane)."""
 
-TurnDeliver = Callable[[TurnRun, AsyncIterator[EngineOutput], ResponseWriter], Awaitable[bool]]
+TurnDeliver = Callable[[TurnRun, AsyncIterator[EngineOutput], ResponseWriter], Awaitable[Delivered]]
 """A surface's reader of a started turn (the writer is the surface's own)."""
 
 
@@ -71,6 +72,8 @@ async def turn_events(
     async for output in outputs:
         choice = choices[output.index]
         events = choice.step(output)
+        if choice.completion_tokens < output.completion_tokens:  # a stop inside the output ended the count
+            output = replace(output, completion_tokens=choice.completion_tokens)
         count(output, choice.reasoning_tokens)
         yield choice, events
         if all(other.done for other in choices):

@@ -90,20 +90,39 @@ class ChoiceOutput:
         """The events one engine output of this choice adds (none once the choice is done)."""
         if self.done:
             return []
-        self.completion_tokens = max(self.completion_tokens, output.completion_tokens)
         ids = output.token_ids
+        counted = output.completion_tokens
+        # The engine's count before this output: a stop the gateway finds inside the output ends the
+        # count at the token that made it, as an engine that applies the stop itself counts.
+        before = max(self.completion_tokens, counted - len(ids))
         matched_token: int | None = None
         at = self._options.stop_tokens.find(ids)
         if at is not None:
             matched_token = ids[at]
             ids = ids[:at]
+            counted = min(counted, before + at + 1)  # through the stop token
+        ending = at is not None or output.finish is not None
+        detokenizer = self._detokenizer
+        if len(ids) > 1 and self._stops.active:
+            start = detokenizer.copy()
+            text = detokenizer.step(ids)
+            if ending:
+                text += detokenizer.flush()
+            if self._stops.completes(text):  # which token completed it: again, a token at a time
+                self._detokenizer = start
+                text, used = self._through_stop(ids, ending)
+                ids = ids[:used]
+                counted = min(counted, before + used)
+            else:
+                text = self._stops.feed(text)
+        else:
+            text = detokenizer.step(ids)
+            if ending:
+                text += detokenizer.flush()
+            text = self._stops.feed(text)
+        self.completion_tokens = max(self.completion_tokens, counted)
         if output.logprobs is not None:
             self.logprobs.extend(output.logprobs[: len(ids)])
-        ending = at is not None or output.finish is not None
-        text = self._detokenizer.step(ids)
-        if ending:
-            text += self._detokenizer.flush()
-        text = self._stops.feed(text)
         matched_stop: str | int | None = self._stops.matched
         if matched_stop is None and ending:
             text += self._stops.flush()
@@ -132,6 +151,19 @@ class ChoiceOutput:
             reason = "tool_calls"
         events.append(Finished(reason, None, matched_stop))
         return events
+
+    def _through_stop(self, ids: tuple[int, ...], ending: bool) -> tuple[str, int]:
+        """Detokenize and match ``ids`` a token at a time up to the one that completes a stop string:
+        the text to send and how many of ``ids`` that took."""
+        detokenizer, stops = self._detokenizer, self._stops
+        sent: list[str] = []
+        for used in range(1, len(ids) + 1):
+            sent.append(stops.feed(detokenizer.step(ids[used - 1 : used])))
+            if stops.matched is not None:
+                return "".join(sent), used
+        if ending:
+            sent.append(stops.feed(detokenizer.flush()))
+        return "".join(sent), len(ids)
 
     def _parse(self, text: str) -> list[Event]:
         if not text:

@@ -76,6 +76,14 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return str(self._tokenizer.decode(ids, skip_special_tokens=self._skip))
 
+    def copy(self) -> IncrementalDetokenizer:
+        """An independent detokenizer in this one's state (a window of ids, not the whole output)."""
+        twin = IncrementalDetokenizer.__new__(IncrementalDetokenizer)
+        twin._tokenizer, twin._skip, twin._skipped = self._tokenizer, self._skip, self._skipped
+        twin._ids = list(self._ids)
+        twin._prefix_offset, twin._read_offset, twin._text_length = self._prefix_offset, self._read_offset, self._text_length
+        return twin
+
     @property
     def sent_characters(self) -> int:
         """How many characters the deltas carried so far."""

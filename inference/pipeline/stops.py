@@ -45,6 +45,13 @@ class StopMatcher:
     def stopped(self) -> bool:
         return self.matched is not None
 
+    def completes(self, delta: str) -> bool:
+        """Whether :meth:`feed` of ``delta`` would end the output (nothing changes)."""
+        if self.matched is not None or not self._stops:
+            return False
+        text = self._held + delta
+        return any(stop in text for stop in self._stops)
+
     def feed(self, delta: str) -> str:
         """The text that can be sent now. After a stop string matched: always ""."""
         if self.matched is not None:
