@@ -17,6 +17,7 @@ from django.conf import settings
 from administration.host import host_peers
 from administration.metrics_server import MetricsListener, ProbeListener
 from administration.registry_sync import RegistrySync
+from administration.usage_flush import UsageFlusher, fit_ledger
 from common import telemetry
 from common.config import current_config
 from common.http_clients import aclose_http_client
@@ -60,6 +61,7 @@ class GatewayLifecycle:
         self.fleet: RegistrySync | None = None
         self.metrics: MetricsListener | None = None
         self.probes: ProbeListener | None = None
+        self.usage: UsageFlusher | None = None  # writes the data plane's usage ledger to the store
         self._sampler: asyncio.Task[None] | None = None
         self._lock: asyncio.Lock | None = None
 
@@ -84,6 +86,10 @@ class GatewayLifecycle:
                 self.probes = probes
             self.fleet = RegistrySync(config, peers)
             snapshot = await self.fleet.astart()
+            fit_ledger(data_plane(), config)
+            fleet = self.fleet
+            self.usage = UsageFlusher(config, lambda: data_plane().ledger, lambda: fleet.leading)
+            self.usage.start()
             if config.prometheus_port > 0:
                 self.metrics = MetricsListener(config.prometheus_host, config.prometheus_port)
                 self.metrics.start()
@@ -115,6 +121,9 @@ class GatewayLifecycle:
         telemetry.mark_process_dead()
         for work in self.background:  # before the engines' channels close under it
             await work.aclose()
+        if self.usage is not None:  # the last flush: after every request and background run ended
+            await self.usage.astop()
+            self.usage = None
         if self.fleet is not None:
             await self.fleet.astop()
         await data_plane().aclose()

@@ -1,0 +1,302 @@
+"""Usage accounting's write side: each serving process's ledger (inference.accounting) written to the
+store off the request path, and the request log kept to its size and age (docs/DECISIONS.md D67).
+
+Every ``--usage-flush-interval-secs`` the flusher drains the data plane's ledger on the event loop (a
+swap of two containers) and writes the batch on a worker thread in ONE transaction: one bulk upsert
+of the (minute, tenant, model) sums that ADDS to the stored rows (``INSERT ... ON CONFLICT (minute,
+tenant, model) DO UPDATE SET requests = <table>.requests + excluded.requests, ...``, the same text on
+Postgres and SQLite), so every process of every host on one store sums into the same rows, and one
+bulk insert of the request log's rows. The upsert's rows go in one order (minute, tenant, model) in
+every process, so two flushes touching the same rows wait for each other instead of deadlocking.
+
+A flush the store refuses (an outage: :data:`administration.db.STORE_ERRORS`, logged once as one by
+:data:`common.outages.STORE`) puts its batch back into the ledger, bounded (the oldest minutes and log
+rows go first past :data:`MAX_HELD_MINUTES` and the ledger's log capacity), and the next interval
+carries it. Any other error is a bug: logged, and that batch dropped (the same rows would fail again).
+
+On a graceful shutdown the lifecycle stops the flusher after the requests in flight and the
+background runs finished: its last flush writes what they used before the process exits. A crash
+loses what was added since the last successful flush: at most one interval (plus whatever a store
+outage was holding back).
+
+The process leading its host (administration/host.py; every process of a one-process gateway) prunes
+the request log every :data:`PRUNE_EVERY_SECS`: rows older than ``--request-log-retention-days``, then
+all but the newest ``--request-log-max-rows``, in batches of :data:`PRUNE_BATCH_ROWS` rows, each its
+own short transaction, at most :data:`PRUNE_MAX_BATCHES` batches a round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Callable
+
+from django.db import connection, transaction
+from django.db.models import CharField, QuerySet
+from django.utils import timezone
+
+from administration.db import STORE_ERRORS, arun_db
+from administration.models import RequestLogEntry, UsageMinute
+from common.config import GatewayConfig
+from common.ticks import next_mark
+from inference.accounting import MINUTE_FIELDS, AccountingEntry, Drained, MinuteKey, UsageLedger
+
+__all__ = [
+    "UsageFlusher", "write_usage", "prune_request_log", "delete_usage_before", "PurgeCounts", "fit_ledger",
+    "MAX_HELD_MINUTES", "PRUNE_EVERY_SECS", "PRUNE_BATCH_ROWS", "PRUNE_MAX_BATCHES",
+]  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+# While the store is away, at most this many (tenant, model, minute) sums are held for it; past it the
+# oldest minutes are dropped (and counted in the log line). 100,000 sums are a few tens of MiB.
+MAX_HELD_MINUTES = 100_000
+PRUNE_EVERY_SECS = 60.0
+PRUNE_BATCH_ROWS = 5_000
+PRUNE_MAX_BATCHES = 50  # a round deletes at most 250,000 rows; the next round carries on
+UPSERT_MAX_ROWS = 500  # rows per upsert statement (fewer on SQLite, whose statements take 999 values)
+
+_COLUMNS = ("minute", "tenant", "model", *MINUTE_FIELDS)
+
+
+def _char_limits() -> dict[str, int]:
+    return {
+        f.name: f.max_length for f in RequestLogEntry._meta.get_fields()
+        if isinstance(f, CharField) and f.max_length is not None
+    }
+
+
+_LOG_LIMITS = _char_limits()
+_MINUTE_LIMITS = {f.name: f.max_length for f in UsageMinute._meta.get_fields() if isinstance(f, CharField)}
+
+
+def _minute_of(minute: int) -> datetime:
+    return datetime.fromtimestamp(minute * 60, UTC)
+
+
+def _upsert_minutes(minutes: dict[MinuteKey, list[int]]) -> None:
+    """One statement (or a few: :data:`UPSERT_MAX_ROWS` rows each) adding these sums to the stored
+    rows, creating the missing ones."""
+    quote = connection.ops.quote_name
+    table = quote(UsageMinute._meta.db_table)
+    names = ", ".join(quote(column) for column in _COLUMNS)
+    adds = ", ".join(f"{quote(name)} = {table}.{quote(name)} + excluded.{quote(name)}" for name in MINUTE_FIELDS)
+    conflict = ", ".join(quote(column) for column in ("minute", "tenant", "model"))
+    row = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
+    per_statement = min(UPSERT_MAX_ROWS, (connection.features.max_query_params or 65_535) // len(_COLUMNS))
+    tenant_limit, model_limit = _MINUTE_LIMITS["tenant"], _MINUTE_LIMITS["model"]
+    # One order in every process: flushes adding to the same rows lock them in the same order.
+    ordered = sorted(minutes.items(), key=lambda item: (item[0][2], item[0][0], item[0][1]))
+    adapt = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        for start in range(0, len(ordered), per_statement):
+            chunk = ordered[start:start + per_statement]
+            params: list[Any] = []
+            for (tenant, model, minute), sums in chunk:
+                params += [adapt(_minute_of(minute)), tenant[:tenant_limit], model[:model_limit], *sums]
+            cursor.execute(
+                f"INSERT INTO {table} ({names}) VALUES {', '.join([row] * len(chunk))} "
+                f"ON CONFLICT ({conflict}) DO UPDATE SET {adds}",
+                params,
+            )
+
+
+def _log_row(entry: AccountingEntry) -> RequestLogEntry:
+    usage = entry.usage
+    limit = _LOG_LIMITS
+    return RequestLogEntry(
+        at=datetime.fromtimestamp(entry.at, UTC),
+        request_id=entry.request_id[:limit["request_id"]],
+        tenant=entry.tenant[:limit["tenant"]],
+        model=entry.model[:limit["model"]],
+        worker=entry.worker[:limit["worker"]],
+        surface=entry.surface[:limit["surface"]],
+        route=entry.route[:limit["route"]],
+        status=entry.status,
+        outcome=entry.outcome.value,
+        error_code=entry.error_code[:limit["error_code"]],
+        prompt_tokens=usage.prompt,
+        completion_tokens=usage.completion,
+        cached_tokens=usage.cached,
+        reasoning_tokens=usage.reasoning,
+        latency_ms=entry.latency_secs * 1000.0,
+        ttft_ms=None if entry.ttft_secs is None else entry.ttft_secs * 1000.0,
+    )
+
+
+def write_usage(batch: Drained) -> None:
+    """Write one drained batch in one transaction: the minute sums added, the log rows inserted."""
+    if not batch:
+        return
+    with transaction.atomic():
+        if batch.minutes:
+            _upsert_minutes(batch.minutes)
+        if batch.log:
+            RequestLogEntry.objects.bulk_create([_log_row(entry) for entry in batch.log], batch_size=1_000)
+
+
+def _delete_in_batches(rows: QuerySet[Any], max_batches: int) -> int:
+    """Delete these rows oldest id first, :data:`PRUNE_BATCH_ROWS` a statement (each its own
+    transaction, so none holds the table long; no list of ids is sent), at most ``max_batches``
+    statements."""
+    removed = 0
+    for _ in range(max_batches):
+        last = list(rows.order_by("id").values_list("id", flat=True)[PRUNE_BATCH_ROWS - 1:PRUNE_BATCH_ROWS])
+        batch = rows.filter(id__lte=last[0]) if last else rows
+        deleted, _ = batch.delete()
+        removed += deleted
+        if not last:
+            break
+    return removed
+
+
+def prune_request_log(max_rows: int, retention_days: int, now: datetime | None = None,
+                      max_batches: int = PRUNE_MAX_BATCHES) -> int:
+    """Delete request log rows older than ``retention_days`` (0: none by age), then all but the newest
+    ``max_rows`` (0: none by count); returns how many went."""
+    removed = 0
+    if retention_days > 0:
+        cutoff = (now or timezone.now()) - timedelta(days=retention_days)
+        removed += _delete_in_batches(RequestLogEntry.objects.filter(at__lt=cutoff), max_batches)
+    if max_rows > 0:
+        newest_kept = list(
+            RequestLogEntry.objects.order_by("-id").values_list("id", flat=True)[max_rows - 1:max_rows]
+        )
+        if newest_kept:
+            removed += _delete_in_batches(RequestLogEntry.objects.filter(id__lt=newest_kept[0]), max_batches)
+    return removed
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeCounts:
+    minutes: int
+    log_rows: int
+
+
+def delete_usage_before(cutoff: datetime) -> PurgeCounts:
+    """Delete the usage minutes and request log rows before ``cutoff``, :data:`PRUNE_BATCH_ROWS` rows
+    a statement (manage.py purgeusage)."""
+    everything = 1 << 62
+    minutes = _delete_in_batches(UsageMinute.objects.filter(minute__lt=cutoff), everything)
+    log_rows = _delete_in_batches(RequestLogEntry.objects.filter(at__lt=cutoff), everything)
+    return PurgeCounts(minutes, log_rows)
+
+
+def fit_ledger(holder: object, config: GatewayConfig) -> None:
+    """Size the data plane's ledger to --request-log-max-rows: no process holds more unflushed log
+    rows than the log keeps (0: none). Called before the process serves (the ledger is empty)."""
+    ledger: UsageLedger = getattr(holder, "ledger")
+    if ledger.log_capacity != config.request_log_max_rows and not len(ledger):
+        setattr(holder, "ledger", UsageLedger(config.request_log_max_rows))
+
+
+def _bounded(batch: Drained) -> tuple[Drained, int]:
+    """The batch with at most :data:`MAX_HELD_MINUTES` minute sums (the newest), and how many requests
+    the dropped ones counted."""
+    if len(batch.minutes) <= MAX_HELD_MINUTES:
+        return batch, 0
+    ordered = sorted(batch.minutes.items(), key=lambda item: item[0][2], reverse=True)
+    kept = dict(ordered[:MAX_HELD_MINUTES])
+    dropped = sum(sums[0] for _, sums in ordered[MAX_HELD_MINUTES:])
+    return Drained(kept, batch.log), dropped
+
+
+class UsageFlusher:
+    """This process's flush loop. ``ledger`` gives the ledger to drain (the data plane's, read at each
+    flush: a test's data plane may be replaced); ``leading`` says whether this process prunes the
+    request log for its host."""
+
+    def __init__(self, config: GatewayConfig, ledger: Callable[[], UsageLedger],
+                 leading: Callable[[], bool] = lambda: True, write: Callable[[Drained], None] = write_usage) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.leading = leading
+        self.write = write  # the store write of one batch (write_usage; tests wrap it to cut the store)
+        self.flushes = 0  # successful flushes that wrote something
+        self.failures = 0
+        self.pruned = 0  # request log rows this process pruned
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._pruned_at = 0.0  # the event loop's clock at the last prune round
+        self._dropped_logged = False
+
+    def start(self) -> None:
+        if self._task is None:
+            self._stop.clear()
+            self._task = asyncio.ensure_future(self._run())
+
+    async def astop(self) -> None:
+        """Stop the loop after the flush under way, then flush what is left (the graceful shutdown's
+        last write)."""
+        if self._task is not None:
+            self._stop.set()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.aflush()
+        pending = len(self.ledger())
+        if pending:
+            log.warning("shutting down with %d usage sum(s) and log row(s) unwritten: the store refused them", pending)
+
+    async def aflush(self) -> bool:
+        """Drain the ledger and write it; on a store error put it back. True when nothing is left
+        unwritten of what was drained."""
+        async with self._lock:  # one flush at a time: a batch put back is carried by the next one
+            ledger = self.ledger()
+            batch = ledger.drain()
+            if not batch:
+                return True
+            try:
+                await arun_db(self.write, batch)
+            except STORE_ERRORS:  # logged once as an outage (common.outages.STORE); kept for the next flush
+                self.failures += 1
+                kept, dropped = _bounded(batch)
+                if dropped and not self._dropped_logged:
+                    self._dropped_logged = True
+                    log.warning("usage held for the store passed %d minute sums: %d request(s) of the oldest "
+                                "minutes dropped", MAX_HELD_MINUTES, dropped)
+                ledger.restore(kept)
+                return False
+            except Exception:
+                self.failures += 1
+                log.exception("writing usage failed; this batch (%d sums, %d log rows) is dropped",
+                              len(batch.minutes), len(batch.log))
+                return False
+            self._dropped_logged = False
+            self.flushes += 1
+            return True
+
+    async def aprune(self) -> int:
+        """One prune round of the request log (the host's leader calls it every PRUNE_EVERY_SECS)."""
+        try:
+            removed = await arun_db(
+                prune_request_log, self.config.request_log_max_rows, self.config.request_log_retention_days
+            )
+        except STORE_ERRORS:  # logged once as an outage; the next round tries again
+            return 0
+        self.pruned += removed
+        if removed:
+            log.debug("request log: %d row(s) pruned", removed)
+        return removed
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.config.usage_flush_interval_secs
+        self._pruned_at = loop.time()
+        while not self._stop.is_set():
+            now = loop.time()
+            try:
+                await asyncio.wait_for(self._stop.wait(), next_mark(now, interval) - now)
+            except TimeoutError:
+                pass
+            if self._stop.is_set():
+                return  # astop flushes the rest itself
+            try:
+                await self.aflush()
+                if self.leading() and loop.time() - self._pruned_at >= PRUNE_EVERY_SECS:
+                    self._pruned_at = loop.time()
+                    await self.aprune()
+            except Exception:  # never let the loop die: the next interval tries again
+                log.exception("usage flush loop failed")

@@ -1,0 +1,307 @@
+"""Usage's write side (administration/usage_flush.py): each process's ledger written in one transaction
+per flush (minute sums added to the stored rows, log rows inserted), concurrent flushes summing
+exactly, a refused flush carried by the next, the last flush on stop, and the request log pruned by
+age and count by the host's leader. Runs on the suite's store: SQLite, or Postgres with DATABASE_URL."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import OperationalError, connection
+from django.db.models import Sum
+
+from administration import usage_flush
+from administration.lifecycle import GatewayLifecycle
+from administration.models import RequestLogEntry, UsageMinute
+from administration.usage_flush import UsageFlusher, prune_request_log, write_usage
+from common.config import ConfigError, GatewayConfig, install_config, parse_gateway_args
+from common.outages import STORE
+from inference.accounting import AccountingEntry, Drained, Outcome, TokenUsage, UsageLedger
+from inference.dataplane import data_plane, reset_data_plane
+from tests.conftest import until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MINUTE = 29_000_000  # a UTC minute (Unix seconds // 60): 2025-02-19 05:20
+
+
+def entry(at: float, tenant: str = "acme", model: str = "m", outcome: Outcome = Outcome.SUCCESS,
+          prompt: int = 10, completion: int = 5, request_id: str = "") -> AccountingEntry:
+    return AccountingEntry(
+        at=at, request_id=request_id or f"r{at}", tenant=tenant, model=model, worker="http://w:1", surface="chat",
+        route="/v1/chat/completions", status=200 if outcome is Outcome.SUCCESS else 502, outcome=outcome,
+        error_code="" if outcome is Outcome.SUCCESS else "upstream_error",
+        usage=TokenUsage(prompt, completion, cached=2, reasoning=1), latency_secs=0.25,
+        ttft_secs=0.05 if outcome is Outcome.SUCCESS else None,
+    )
+
+
+def stored() -> dict[tuple[str, str, datetime], tuple[int, ...]]:
+    return {
+        (row.tenant, row.model, row.minute): (row.requests, row.errors, row.prompt_tokens, row.completion_tokens,
+                                              row.cached_tokens, row.reasoning_tokens)
+        for row in UsageMinute.objects.all()
+    }
+
+
+def at_minute(minute: int) -> datetime:
+    return datetime.fromtimestamp(minute * 60, UTC)
+
+
+def test_the_flags() -> None:
+    defaults = GatewayConfig()
+    assert (defaults.usage_flush_interval_secs, defaults.request_log_max_rows,
+            defaults.request_log_retention_days) == (5.0, 100_000, 30)
+    config = parse_gateway_args(["--usage-flush-interval-secs", "0.5", "--request-log-max-rows", "0",
+                                 "--request-log-retention-days", "7"])
+    assert (config.usage_flush_interval_secs, config.request_log_max_rows, config.request_log_retention_days) == (
+        0.5, 0, 7)
+    with pytest.raises(ConfigError, match="greater than 0"):
+        parse_gateway_args(["--usage-flush-interval-secs", "0"])
+
+
+async def test_a_flush_adds_to_the_stored_sums_and_inserts_the_log_rows() -> None:
+    ledger = UsageLedger()
+    flusher = UsageFlusher(GatewayConfig(), lambda: ledger)
+    second = MINUTE * 60
+    ledger.add(entry(second + 1))
+    ledger.add(entry(second + 2, outcome=Outcome.UPSTREAM_ERROR, prompt=3, completion=0))
+    ledger.add(entry(second + 3, tenant=":shared"))
+    assert await flusher.aflush()
+    ledger.add(entry(second + 30, request_id="x" * 300))  # the same minute, a later flush: added to the row
+    ledger.add(entry(second + 61))  # the next minute
+    assert await flusher.aflush()
+    assert flusher.flushes == 2 and not len(ledger)
+
+    rows = await asyncio.to_thread(stored)
+    assert rows == {
+        ("acme", "m", at_minute(MINUTE)): (3, 1, 23, 10, 6, 3),
+        (":shared", "m", at_minute(MINUTE)): (1, 0, 10, 5, 2, 1),
+        ("acme", "m", at_minute(MINUTE + 1)): (1, 0, 10, 5, 2, 1),
+    }
+    log = await asyncio.to_thread(lambda: list(RequestLogEntry.objects.order_by("id")))
+    assert [row.request_id for row in log] == [f"r{second + 1}", f"r{second + 2}", f"r{second + 3}", "x" * 128,
+                                                f"r{second + 61}"]
+    failed = log[1]
+    assert (failed.at, failed.tenant, failed.model, failed.worker, failed.surface, failed.route) == (
+        datetime.fromtimestamp(second + 2, UTC), "acme", "m", "http://w:1", "chat", "/v1/chat/completions")
+    assert (failed.status, failed.outcome, failed.error_code, failed.prompt_tokens, failed.completion_tokens,
+            failed.cached_tokens, failed.reasoning_tokens, failed.latency_ms, failed.ttft_ms) == (
+        502, "upstream_error", "upstream_error", 3, 0, 2, 1, 250.0, None)
+    assert log[0].ttft_ms == 50.0
+
+
+def test_one_flush_is_one_transaction() -> None:
+    """Many keys (more than one upsert statement takes on SQLite) and many log rows: one commit."""
+    ledger = UsageLedger()
+    for n in range(300):
+        ledger.add(entry(MINUTE * 60 + n % 60, tenant=f"t{n}"))
+    commits: list[str] = []
+    statements: list[bool] = []
+
+    def watch(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if not sql.startswith("BEGIN"):  # SQLite starts its transaction with a statement
+            statements.append(connection.in_atomic_block)
+        return execute(sql, params, many, context)
+
+    real_commit = connection.commit
+
+    def commit() -> None:
+        commits.append("commit")
+        real_commit()
+
+    connection.commit = commit  # type: ignore[method-assign]
+    try:
+        with connection.execute_wrapper(watch):
+            write_usage(ledger.drain())
+    finally:
+        del connection.commit
+    assert commits == ["commit"]
+    assert len(statements) >= 2 and all(statements)  # every statement inside the one transaction
+    assert UsageMinute.objects.count() == 300 and RequestLogEntry.objects.count() == 300
+
+
+def test_two_ledgers_flushing_at_once_sum_exactly() -> None:
+    """Two processes (or hosts) adding to the same rows at the same moment: every flush is counted."""
+    rounds, per_round = 20, 7
+    start = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def process(name: str) -> None:
+        try:
+            start.wait(timeout=30)
+            for n in range(rounds):
+                ledger = UsageLedger()
+                for k in range(per_round):
+                    ledger.add(entry(MINUTE * 60 + k * 20, tenant=("acme", "globex")[k % 2], model=name if k == 0 else "m",
+                                     prompt=n + 1, completion=k))
+                write_usage(ledger.drain())
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=process, args=(name,)) for name in ("p1", "p2")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    prompt_per_process = sum(n + 1 for n in range(rounds)) * per_round
+    totals = UsageMinute.objects.aggregate(Sum("requests"), Sum("prompt_tokens"), Sum("completion_tokens"))
+    assert totals == {"requests__sum": 2 * rounds * per_round, "prompt_tokens__sum": 2 * prompt_per_process,
+                      "completion_tokens__sum": 2 * rounds * sum(range(per_round))}
+    # Rows both processes add to (k = 1..6 over three minutes) hold both processes' sums.
+    acme = UsageMinute.objects.get(tenant="acme", model="m", minute=at_minute(MINUTE))  # k = 1
+    assert acme.requests == 2 * rounds
+    assert RequestLogEntry.objects.count() == 2 * rounds * per_round
+
+
+async def test_a_refused_flush_is_carried_by_the_next(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="common.outages")
+    refusals = [OperationalError("connection to server at 127.0.0.1 failed: Connection refused")]
+
+    def cut_then_restored(batch: Drained) -> None:
+        if refusals:
+            raise refusals.pop()
+        write_usage(batch)
+
+    ledger = UsageLedger()
+    flusher = UsageFlusher(GatewayConfig(), lambda: ledger, write=cut_then_restored)
+    ledger.add(entry(MINUTE * 60 + 1))
+    ledger.add(entry(MINUTE * 60 + 2))
+    try:
+        assert not await flusher.aflush()
+        assert STORE.down and len(ledger) == 3  # one minute's sums and two log rows, held
+        ledger.add(entry(MINUTE * 60 + 3))  # served meanwhile
+        assert await flusher.aflush()
+    finally:
+        STORE.recovered()
+    assert not STORE.down and (flusher.failures, flusher.flushes) == (1, 1)
+    rows = await asyncio.to_thread(stored)
+    assert rows == {("acme", "m", at_minute(MINUTE)): (3, 0, 30, 15, 6, 3)}
+    ids = await asyncio.to_thread(lambda: list(RequestLogEntry.objects.order_by("id").values_list("request_id", flat=True)))
+    assert ids == [f"r{MINUTE * 60 + n}" for n in (1, 2, 3)]
+    outage = [r.getMessage() for r in caplog.records if "the store (database)" in r.getMessage()]
+    assert len(outage) == 2 and "unavailable" in outage[0] and "reachable again" in outage[1]
+
+
+async def test_what_a_refused_flush_holds_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(usage_flush, "MAX_HELD_MINUTES", 2)
+
+    def refused(batch: Drained) -> None:
+        raise OperationalError("the database system is shutting down")
+
+    ledger = UsageLedger(log_capacity=3)
+    flusher = UsageFlusher(GatewayConfig(), lambda: ledger, write=refused)
+    for minute in range(5):
+        ledger.add(entry((MINUTE + minute) * 60))
+    try:
+        assert not await flusher.aflush()
+    finally:
+        STORE.recovered()
+    held = ledger.drain()
+    assert sorted(key[2] for key in held.minutes) == [MINUTE + 3, MINUTE + 4]  # the newest minutes
+    assert [e.at for e in held.log] == [(MINUTE + m) * 60.0 for m in (2, 3, 4)]  # the ledger's log bound
+
+
+async def test_the_loop_flushes_every_interval_and_stop_flushes_the_rest() -> None:
+    ledger = UsageLedger()
+    flusher = UsageFlusher(GatewayConfig(usage_flush_interval_secs=0.1), lambda: ledger)
+    flusher.start()
+    try:
+        ledger.add(entry(MINUTE * 60))
+
+        async def written() -> bool:
+            return await asyncio.to_thread(UsageMinute.objects.exists)
+
+        await until(written)
+    finally:
+        await flusher.astop()
+    slow = UsageFlusher(GatewayConfig(usage_flush_interval_secs=3600), lambda: ledger)
+    slow.start()
+    ledger.add(entry(MINUTE * 60 + 1))
+    ledger.add(entry(MINUTE * 60 + 2))
+    await slow.astop()  # no interval passed: the stop's own flush writes them
+    rows = await asyncio.to_thread(stored)
+    assert rows == {("acme", "m", at_minute(MINUTE)): (3, 0, 30, 15, 6, 3)}
+    assert not len(ledger)
+
+
+async def test_a_graceful_stop_of_the_gateway_flushes_its_ledger() -> None:
+    """The lifecycle starts a flusher with the gateway and its stop (after the requests in flight and
+    the background runs) writes what the data plane's ledger holds."""
+    config = GatewayConfig(prometheus_port=0, usage_flush_interval_secs=3600, request_log_max_rows=50)
+    install_config(config, export=False)
+    lifecycle = GatewayLifecycle()
+    thresholds = gc.get_threshold()
+    try:
+        await lifecycle.astart()
+        assert lifecycle.usage is not None and data_plane().ledger.log_capacity == 50
+        data_plane().account(entry(MINUTE * 60 + 5, tenant="globex"))
+        await lifecycle.astop()
+    finally:
+        gc.unfreeze()  # what a serving process does once, undone for the rest of the suite
+        gc.set_threshold(*thresholds)
+        install_config(GatewayConfig(), export=False)
+        reset_data_plane(GatewayConfig())
+    assert lifecycle.usage is None
+    rows = await asyncio.to_thread(stored)
+    assert rows == {("globex", "m", at_minute(MINUTE)): (1, 0, 10, 5, 2, 1)}
+
+
+def _log_rows(ages_in_days: list[float]) -> None:
+    now = datetime.now(UTC)
+    RequestLogEntry.objects.bulk_create([
+        RequestLogEntry(at=now - timedelta(days=age), request_id=f"r{n}", tenant="acme", model="m", surface="chat",
+                        route="/v1/chat/completions", status=200, outcome="success", latency_ms=1.0)
+        for n, age in enumerate(ages_in_days)
+    ])
+
+
+def test_pruning_keeps_the_newest_rows_within_the_retention(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(usage_flush, "PRUNE_BATCH_ROWS", 4)  # several batches
+    _log_rows([40.0] * 9 + [1.0] * 20)  # ids 1-9 older than 30 days
+    assert prune_request_log(max_rows=12, retention_days=30) == 9 + 8
+    kept = list(RequestLogEntry.objects.order_by("id").values_list("request_id", flat=True))
+    assert kept == [f"r{n}" for n in range(17, 29)]  # the newest 12
+    assert prune_request_log(max_rows=12, retention_days=30) == 0
+    assert prune_request_log(max_rows=0, retention_days=0) == 0  # both off: nothing goes
+
+
+def test_a_prune_round_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(usage_flush, "PRUNE_BATCH_ROWS", 3)
+    _log_rows([50.0] * 10)
+    assert prune_request_log(max_rows=0, retention_days=30, max_batches=2) == 6
+    assert prune_request_log(max_rows=0, retention_days=30, max_batches=2) == 4
+
+
+async def test_only_the_hosts_leader_prunes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(usage_flush, "PRUNE_EVERY_SECS", 0.0)  # a prune round after every flush
+    await asyncio.to_thread(_log_rows, [40.0] * 3)
+    config = GatewayConfig(usage_flush_interval_secs=0.05)
+    ledger = UsageLedger()
+    follower = UsageFlusher(config, lambda: ledger, leading=lambda: False)
+    follower.start()
+    try:
+        for n in range(2):  # two flushes by the loop, with no prune round after either
+            ledger.add(entry(MINUTE * 60 + n))
+            await until(lambda: asyncio.to_thread(lambda: len(ledger) == 0))
+    finally:
+        await follower.astop()
+    assert follower.flushes == 2 and follower.pruned == 0
+    assert await asyncio.to_thread(RequestLogEntry.objects.count) == 5  # 3 of 40 days ago, 2 of 2025: all kept
+    leader = UsageFlusher(config, lambda: ledger, leading=lambda: True)
+    leader.start()
+    try:
+        ledger.add(entry(MINUTE * 60 + 2))
+        await until(lambda: asyncio.to_thread(lambda: leader.pruned > 0))
+    finally:
+        await leader.astop()
+    # Every row is past the 30 days (40 days old, or of 2025 as flushed here).
+    assert leader.pruned == 6 and not await asyncio.to_thread(RequestLogEntry.objects.exists)
