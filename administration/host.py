@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
+from common.serving import ServingPlace, serving_place
 from common.ticks import sleep_to_mark
 from inference.routing.registry import WorkerRegistry
 
@@ -31,19 +32,13 @@ __all__ = ["HostPeers", "host_peers", "Leadership", "write_load_reports", "read_
 
 log = logging.getLogger(__name__)
 
-RUN_DIR_ENV = "GW_RUN_DIR"
-INDEX_ENV = "GW_SERVING_INDEX"
-COUNT_ENV = "GW_SERVING_PROCESSES"
 ELECTION_RETRY_SECS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class HostPeers:
-    """This process's place among the serving processes of one gateway."""
-
-    run_dir: Path
-    index: int
-    count: int
+class HostPeers(ServingPlace):
+    """This process's place among the serving processes of one gateway (``common.serving``), and
+    the files they share."""
 
     @property
     def lock_path(self) -> Path:
@@ -53,16 +48,12 @@ class HostPeers:
     def loads_path(self) -> Path:
         return self.run_dir / "loads.json"
 
-    def environment(self) -> dict[str, str]:
-        return {RUN_DIR_ENV: str(self.run_dir), INDEX_ENV: str(self.index), COUNT_ENV: str(self.count)}
 
 
 def host_peers() -> HostPeers | None:
     """This process's place when a supervisor started it, else None (a gateway of one process)."""
-    run_dir = os.environ.get(RUN_DIR_ENV)
-    if not run_dir:
-        return None
-    return HostPeers(Path(run_dir), int(os.environ.get(INDEX_ENV, "0")), int(os.environ.get(COUNT_ENV, "1")))
+    place = serving_place()
+    return None if place is None else HostPeers(place.run_dir, place.index, place.count)
 
 
 class Leadership:

@@ -1,8 +1,9 @@
 """What registering a ZMQ worker (``ipc://PATH``, vLLM's EngineCore in headless mode) checks, and
 what it records instead of a probe.
 
-A ZMQ worker is not probed at registration: its engines dial in to the gateway, and only one process
-can bind a worker's sockets, the serving process whose engine client serves it (D64). So the job
+A ZMQ worker is not probed at registration: its engines dial in to the gateway, whose serving
+processes each bind their own input and output sockets and one of them (the one running the health
+checks) the handshake socket (D64, D69). So the job
 checks what the spec makes it refuse (spec 3), records the runtime given (sglang when none) and the
 model id, and leaves the worker pending: its health checks, always on for ZMQ, bind the sockets and
 pass once every engine finished the handshake (HELLO, INIT, READY and the ready response).
@@ -10,9 +11,9 @@ pass once every engine finished the handshake (HELLO, INIT, READY and the ready 
 Refused (each a registration failure, spec 3): a runtime other than sglang, vllm or trtllm; a
 worker_type other than regular; no model id (a model card, a model label such as model_path, or
 --model-path); dp_size above 1 under --dp-aware; a handshake address that is not tcp:// or is
-already bound; and, the gateway's own limits, no local tokenizer (the engine has none: a model card
-tokenizer_path, a tokenizer_path or model_path label, --tokenizer-path or --model-path) and more than
-one serving process (``--workers`` above 1: the engines can dial in to one binder only).
+already bound; and, the gateway's own limit, no local tokenizer (the engine has none: a model card
+tokenizer_path, a tokenizer_path or model_path label, --tokenizer-path or --model-path). Any number of
+serving processes serve a ZMQ worker (``--workers N``: N clients of its engines, D69).
 """
 
 from __future__ import annotations
@@ -97,9 +98,6 @@ def zmq_refusal(worker: Worker, config: GatewayConfig) -> str | None:
                 "model_path label, --tokenizer-path or --model-path")  # fmt: skip
     if os.path.isabs(location) and not os.path.exists(location):
         return f"the ZMQ worker's tokenizer {location} is not on this host"
-    if config.workers > 1:
-        return (f"ZMQ workers need a gateway of one serving process (--workers 1, not {config.workers}): "
-                "only one process can bind a worker's sockets")  # fmt: skip
     if not worker.registered:  # a registered worker's sockets are held by its own serving client
         refusal = handshake_address_refusal(worker.url, worker.setting("zmq_handshake_address"))
         if refusal is not None:

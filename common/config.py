@@ -639,8 +639,6 @@ def config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
     config = GatewayConfig(**values)
     if bool(config.jwt_issuer) != bool(config.jwt_audience):
         raise ConfigError("--jwt-issuer and --jwt-audience go together")
-    if config.workers > 1 and any(url.startswith("ipc://") for url in config.worker_urls):
-        raise ConfigError("ZMQ (ipc://) workers need one serving process (--workers 1): only one can bind their sockets")
     if (config.prefill_urls or config.decode_urls) and not config.pd_disaggregation:
         raise ConfigError("--prefill and --decode need --pd-disaggregation")
     if config.pd_disaggregation and not (config.prefill_urls and config.decode_urls):

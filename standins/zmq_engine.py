@@ -12,10 +12,15 @@ What it does, as vLLM's EngineCoreProc does:
 - **Startup.** A DEALER with identity ``index.to_bytes(2, "little")`` connects to the handshake
   address and sends ``{"status": "HELLO", "local": False, "headless": True}``; it reads the INIT
   (EngineHandshakeMetadata: the input and output addresses, the parallel config), connects a
-  DEALER (same identity) to the input address and a PUSH to the output address, sends ``READY``
-  with its ``num_gpu_blocks``, and registers on the input socket with its ready response
-  (EngineCoreReadyResponse: max_model_len, num_gpu_blocks, block_size, dtype, vllm_version,
-  world_size, data_parallel_size, data_parallel_rank, max_num_seqs, ...).
+  DEALER (same identity) to *every* input address and a PUSH to *every* output address (one of
+  each per client: vLLM's API server scale-out), sends ``READY`` with its ``num_gpu_blocks``, and
+  registers on each input socket with its ready response (EngineCoreReadyResponse: max_model_len,
+  num_gpu_blocks, block_size, dtype, vllm_version, world_size, data_parallel_size,
+  data_parallel_rank, max_num_seqs, ...).
+- **Several clients.** As vLLM's ``process_output_sockets``: a request's outputs go to the output
+  socket of its ADD's ``client_index``, a utility answer to its call's client index, a
+  ``wave_complete`` to client 0 (no DP coordinator), ``ENGINE_CORE_DEAD`` to every client.
+  ``state.adds_by_client`` counts the ADDs each client sent.
 - **ADD** runs the request with the scripted reply: outputs of ``chunk_tokens`` new tokens, each an
   EngineCoreOutputs with the scheduler stats piggy-backed; the last with its finish reason (0 stop,
   1 length). Every message is laid out as vLLM's (:mod:`standins.engine_core_wire`: trailing
@@ -86,7 +91,7 @@ STOP, LENGTH, ABORTED, ERROR = 0, 1, 2, 3
 ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
 _FINISH = {"stop": STOP, "length": LENGTH, "abort": ABORTED}
 # EngineCoreRequest's positions, and SamplingParams' default max_tokens when the map leaves it out.
-REQUEST_ID, PROMPT_TOKEN_IDS, SAMPLING_PARAMS, EOS_TOKEN_ID, DATA_PARALLEL_RANK = 0, 1, 3, 5, 9
+REQUEST_ID, PROMPT_TOKEN_IDS, SAMPLING_PARAMS, EOS_TOKEN_ID, DATA_PARALLEL_RANK, CLIENT_INDEX = 0, 1, 3, 5, 9, 11
 DEFAULT_MAX_TOKENS = 16
 
 
@@ -136,6 +141,7 @@ class ZmqEngineState(GrpcEngineState):
     """The gRPC stand-in's record (requests, aborts, ``healthy``), plus the ZMQ wire's own."""
 
     adds: list[list[Any]] = field(default_factory=list)  # each ADD's payload as the positional array sent
+    adds_by_client: dict[int, int] = field(default_factory=dict)  # client index → ADDs it sent
     abort_messages: list[list[str]] = field(default_factory=list)  # each ABORT's list of ids
     inits: list[dict[str, Any]] = field(default_factory=list)  # the INIT maps received
     waves: list[list[Any]] = field(default_factory=list)  # START_DP_WAVE payloads: [wave, exclude index]
@@ -186,6 +192,11 @@ def scripted_model(config: ZmqEngineConfig) -> ScriptedModel:
     return ScriptedModel(config.scripted())
 
 
+def _client_of(raw: list[Any]) -> int:
+    """An ADD's ``client_index`` (0 when a shorter array leaves it out)."""
+    return int(raw[CLIENT_INDEX] or 0) if len(raw) > CLIENT_INDEX else 0
+
+
 class _Refused(Exception):
     pass
 
@@ -213,8 +224,8 @@ class ZmqEngineCore:
         self._step = 0
         self._prefix = {"requests": 0, "queries": 0, "hits": 0}
         self._context = zmq.asyncio.Context()
-        self._input: zmq.asyncio.Socket | None = None
-        self._output: zmq.asyncio.Socket | None = None
+        self._inputs: list[zmq.asyncio.Socket] = []
+        self._outputs: list[zmq.asyncio.Socket] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._main: asyncio.Task[None] | None = None
 
@@ -232,20 +243,27 @@ class ZmqEngineCore:
             init = _decode(await handshake.recv())
             self.state.inits.append(init)
             addresses = init["addresses"]
-            self._input = self._context.socket(zmq.DEALER)
-            self._input.setsockopt(zmq.IDENTITY, self.identity)
-            self._input.setsockopt(zmq.LINGER, 0)
-            self._input.connect(addresses["inputs"][0])
-            self._output = self._context.socket(zmq.PUSH)
-            self._output.setsockopt(zmq.LINGER, 1000)
-            self._output.connect(addresses["outputs"][0])
+            for address in addresses["inputs"]:
+                socket = self._context.socket(zmq.DEALER)
+                socket.setsockopt(zmq.IDENTITY, self.identity)
+                socket.setsockopt(zmq.LINGER, 0)
+                socket.connect(address)
+                self._inputs.append(socket)
+            for address in addresses["outputs"]:
+                socket = self._context.socket(zmq.PUSH)
+                socket.setsockopt(zmq.LINGER, 1000)
+                socket.connect(address)
+                self._outputs.append(socket)
             await handshake.send(_encode({"status": "READY", "local": False, "headless": True,
                                           "num_gpu_blocks": self.config.num_gpu_blocks, "dp_stats_address": None}))  # fmt: skip
         finally:
             handshake.close(linger=500)
-        await self._input.send(_encode(self.ready_response(init)))
+        for socket in self._inputs:  # registered with every client
+            await socket.send(_encode(self.ready_response(init)))
         self.ready.set()
-        await self._input_loop(self._input)
+        for socket in self._inputs[1:]:
+            self._spawn(self._input_loop(socket))
+        await self._input_loop(self._inputs[0])
 
     def ready_response(self, init: dict[str, Any]) -> dict[str, Any]:
         """EngineCoreReadyResponse, a map by field name."""
@@ -276,6 +294,8 @@ class ZmqEngineCore:
             if kind == ADD:
                 raw = _decode(payload)
                 self.state.adds.append(raw)
+                client = _client_of(raw)
+                self.state.adds_by_client[client] = self.state.adds_by_client.get(client, 0) + 1
                 self._spawn(self._run(raw))
             elif kind == ABORT:
                 ids = [str(i) for i in _decode(payload)]
@@ -290,8 +310,8 @@ class ZmqEngineCore:
             elif kind == UTILITY:
                 call = list(_decode(payload))
                 self.state.utility_calls.append(call)
-                if self.state.healthy:  # UtilityOutput: call_id, failure_message, result
-                    await self._send(utility_output=[call[1], None, None])
+                if self.state.healthy:  # UtilityOutput: call_id, failure_message, result; to the caller
+                    await self._send(utility_output=[call[1], None, None], client=int(call[0]))
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)
@@ -309,10 +329,11 @@ class ZmqEngineCore:
 
     async def _send(self, outputs: list[list[Any]] | None = None, *, finished: list[str] | None = None,
                     utility_output: list[Any] | None = None, wave_complete: int | None = None,
-                    aux: list[bytes] | None = None) -> None:
-        """One EngineCoreOutputs: a step's ``outputs`` (with the scheduler stats, and in a
-        data-parallel group the ids ``finished`` in it), or a utility answer, or a wave's end."""
-        if self._output is None:
+                    aux: list[bytes] | None = None, client: int = 0) -> None:
+        """One EngineCoreOutputs to ``client``'s output socket: a step's ``outputs`` (with the
+        scheduler stats, and in a data-parallel group the ids ``finished`` in it), or a utility
+        answer, or a wave's end (to client 0, as an engine without a DP coordinator sends it)."""
+        if not 0 <= client < len(self._outputs):
             return
         step = utility_output is None and wave_complete is None
         if step:
@@ -322,12 +343,13 @@ class ZmqEngineCore:
             utility_output=utility_output, finished_requests=(finished or None) if self.dp_size > 1 else None,
             wave_complete=wave_complete,
         )  # fmt: skip
-        await self._output.send_multipart([_encode(message), *(aux or ())])
+        await self._outputs[client].send_multipart([_encode(message), *(aux or ())])
         self.state.aux_frames_sent += len(aux or ())
         self.state.outputs_sent += 1
 
     async def _run(self, raw: list[Any]) -> None:
         request_id = str(raw[REQUEST_ID])
+        client = _client_of(raw)
         params: dict[str, Any] = dict(raw[SAMPLING_PARAMS] or {})
         ids = tuple(raw[PROMPT_TOKEN_IDS] or ())
         eos = raw[EOS_TOKEN_ID]
@@ -370,10 +392,12 @@ class ZmqEngineCore:
                         request_id, list(new), new_logprobs=sampled, new_prompt_logprobs_tensors=prompt,
                         finish_reason=finish, stop_reason=stop_reason, num_cached_tokens=cached,
                     )  # fmt: skip
-                    await self._send([output], finished=[request_id] if finished else None, aux=tensors.aux)
+                    await self._send([output], finished=[request_id] if finished else None, aux=tensors.aux,
+                                     client=client)  # fmt: skip
         except _Refused as refused:
             log.info("Request %s refused: %s", request_id, refused)
-            await self._send([engine_core_output(request_id, [], finish_reason=ERROR)], finished=[request_id])
+            await self._send([engine_core_output(request_id, [], finish_reason=ERROR)], finished=[request_id],
+                             client=client)  # fmt: skip
         if self.dp_size > 1 and not self.state.running:
             await self._send(wave_complete=self.current_wave)
             self.current_wave += 1
@@ -391,8 +415,8 @@ class ZmqEngineCore:
 
     async def die(self) -> None:
         """Send ENGINE_CORE_DEAD, then stop (the requests in flight are not answered)."""
-        if self._output is not None:
-            await self._output.send(ENGINE_CORE_DEAD)
+        for socket in self._outputs:  # every client hears it
+            await socket.send(ENGINE_CORE_DEAD)
         await self.stop()
 
     async def stop(self) -> None:
@@ -402,11 +426,11 @@ class ZmqEngineCore:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._input is not None:
-            self._input.close(linger=0)
-        if self._output is not None:
-            self._output.close(linger=1000)  # what was sent (ENGINE_CORE_DEAD) still leaves
-        self._input = self._output = None
+        for socket in self._inputs:
+            socket.close(linger=0)
+        for socket in self._outputs:
+            socket.close(linger=1000)  # what was sent (ENGINE_CORE_DEAD) still leaves
+        self._inputs, self._outputs = [], []
         await asyncio.to_thread(self._context.term)
 
 

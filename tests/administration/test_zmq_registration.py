@@ -13,13 +13,11 @@ from typing import Any
 
 import pytest
 import zmq
-from django.core.management import call_command
-from django.core.management.base import CommandError
 from django.test import AsyncClient
 
 from administration.models import Worker
 from administration.registry_sync import RegistrySync
-from common.config import GatewayConfig
+from common.config import GatewayConfig, parse_gateway_args
 from inference.dataplane import data_plane
 from inference.routing.breaker import BreakerState
 from inference.routing.registry import REGISTRY
@@ -205,25 +203,32 @@ async def test_handshake_address_on_a_worker_that_is_not_zmq_fails(api, fleet, c
     assert "zmq_handshake_address is for ZMQ (ipc://) workers only" in caplog.text
 
 
-@pytest.mark.parametrize(
-    ("config", "reason"),
-    [
-        (GatewayConfig(dp_aware=True), "dp_size 2 above 1 is not supported for ZMQ workers under --dp-aware"),
-        (GatewayConfig(workers=2), "ZMQ workers need a gateway of one serving process"),
-    ],
-)
-async def test_zmq_refusals_of_the_gateway_config(api, ipc_dir: Path, caplog, config: GatewayConfig, reason: str) -> None:
+async def test_zmq_refusals_of_the_gateway_config(api, ipc_dir: Path, caplog) -> None:
     caplog.set_level(logging.ERROR, logger="administration.registration")
-    async with running_fleet(config):
+    async with running_fleet(GatewayConfig(dp_aware=True)):
         await _fails(api, zmq_body(ipc_dir, dp_size=2))
-    assert reason in caplog.text
+    assert "dp_size 2 above 1 is not supported for ZMQ workers under --dp-aware" in caplog.text
 
 
-def test_rungateway_refuses_zmq_worker_urls_with_more_than_one_serving_process(ipc_dir: Path) -> None:
-    """At the command line the refusal stops start-up with the reason (POST /workers under --workers 2:
-    the registration job fails, above)."""
-    with pytest.raises(CommandError, match=r"ZMQ \(ipc://\) workers need one serving process \(--workers 1\)"):
-        call_command("rungateway", "--worker-urls", f"ipc://{ipc_dir}/engine", "--workers", "2")
+async def test_zmq_workers_are_registered_under_several_serving_processes(api, ipc_dir: Path) -> None:
+    """``--workers`` above 1 no longer refuses ZMQ workers (each serving process is a client of the
+    engines, D69; served end to end by e2e/test_zmq_serving_processes.py): at the command line and
+    through POST /workers."""
+    config = parse_gateway_args(["--worker-urls", f"ipc://{ipc_dir}/engine", "--workers", "2"])
+    assert config.workers == 2 and config.worker_urls == (f"ipc://{ipc_dir}/engine",)
+    async with running_fleet(GatewayConfig(workers=2, health_check_interval_secs=60)):
+        body = zmq_body(ipc_dir)
+        response = await api.post("/workers", body, content_type="application/json")
+        assert response.status_code == 202, response.content
+        location = response.json()["location"]
+
+        async def registered() -> bool:
+            got = await api.get(location)
+            return got.status_code == 200 and "job_status" not in got.json()
+
+        await until(registered)
+        assert (await api.get(location)).json()["status"] == "pending"  # until its engines dial in
+    await data_plane().engines.aclose()
 
 
 async def test_model_path_flag_names_the_model(api, ipc_dir: Path) -> None:

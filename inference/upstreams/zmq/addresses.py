@@ -2,7 +2,10 @@
 address derived from the path (or given), and binding them with the spec's registration failures.
 
 - input ROUTER ``ipc://PATH-in.sock`` (requests to the engines), output PULL
-  ``ipc://PATH-out.sock`` (their outputs); the gateway binds both, engines dial in;
+  ``ipc://PATH-out.sock`` (their outputs); the gateway binds both, engines dial in. A gateway of
+  several serving processes (``rungateway --workers N``) is N clients of the engines, as vLLM's API
+  server scale-out: client 0 keeps those two, client ``i`` > 0 binds ``ipc://PATH-in-i.sock`` and
+  ``ipc://PATH-out-i.sock``, and the INIT message lists all N of each (D69);
 - handshake ROUTER ``tcp://127.0.0.1:PORT``, PORT = 20000 + (FNV-1a 64-bit of the PATH bytes mod
   10000), unless the worker spec gives ``zmq_handshake_address`` (which must be tcp://).
 
@@ -24,6 +27,7 @@ __all__ = [
     "ZmqAddressError",
     "ZmqAddresses",
     "bind",
+    "client_paths",
     "fnv1a_64",
     "handshake_port",
     "ipc_path",
@@ -63,13 +67,26 @@ def ipc_path(url: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ZmqAddresses:
-    input: str  # ROUTER: the gateway's requests to the engines
-    output: str  # PULL: the engines' outputs
+    input: str  # ROUTER: this client's requests to the engines
+    output: str  # PULL: the engines' outputs to this client
     handshake: str  # ROUTER: HELLO / INIT / READY
+    inputs: tuple[str, ...] = ()  # every client's input address, by client index (INIT's ``inputs``)
+    outputs: tuple[str, ...] = ()  # every client's output address, by client index (INIT's ``outputs``)
 
 
-def zmq_addresses(url: str, handshake_address: str | None = None) -> ZmqAddresses:
-    """The worker's three addresses; ZmqAddressError for a handshake address that is not tcp://."""
+def client_paths(path: str, index: int) -> tuple[str, str]:
+    """Client ``index``'s input and output addresses for the worker at ``ipc://path``."""
+    suffix = "" if index == 0 else f"-{index}"
+    return f"ipc://{path}-in{suffix}.sock", f"ipc://{path}-out{suffix}.sock"
+
+
+def zmq_addresses(
+    url: str, handshake_address: str | None = None, client_index: int = 0, client_count: int = 1
+) -> ZmqAddresses:
+    """The worker's addresses as client ``client_index`` of ``client_count`` sees them (the
+    serving process's place); ZmqAddressError for a handshake address that is not tcp://."""
+    if not 0 <= client_index < client_count:
+        raise ValueError(f"client index {client_index} is outside {client_count} clients")
     path = ipc_path(url)
     if handshake_address is None:
         handshake = f"tcp://127.0.0.1:{handshake_port(path)}"
@@ -77,7 +94,9 @@ def zmq_addresses(url: str, handshake_address: str | None = None) -> ZmqAddresse
         raise ZmqAddressError(f"zmq_handshake_address must be a tcp:// address, not {handshake_address!r}")
     else:
         handshake = handshake_address
-    return ZmqAddresses(input=f"ipc://{path}-in.sock", output=f"ipc://{path}-out.sock", handshake=handshake)
+    pairs = [client_paths(path, index) for index in range(client_count)]
+    inputs, outputs = tuple(pair[0] for pair in pairs), tuple(pair[1] for pair in pairs)
+    return ZmqAddresses(inputs[client_index], outputs[client_index], handshake, inputs, outputs)
 
 
 def bind(socket: zmq.Socket[Any], address: str) -> None:

@@ -33,6 +33,17 @@ One socket set per worker, shared by its ``dp_size`` engines:
   with START_DP_WAVE ``(wave, chosen index)`` when the engines are paused, follows
   ``wave_complete`` and ``start_wave``.
 
+- **Several serving processes** (``rungateway --workers N``, D69): each process's client is one of
+  N clients of the engines, as vLLM's API server scale-out: client ``i`` binds its own input
+  ROUTER and output PULL (:func:`.addresses.zmq_addresses`), stamps ``client_index`` ``i`` on its
+  ADDs and utility calls, and gets its requests' outputs on its own socket. One process binds the
+  handshake ROUTER: the one that runs the health checks (the host's leader), whose INIT lists all
+  N input and output addresses; the engines connect to every one. The others learn each engine
+  from its first message on their input socket, or, after a restart of theirs (the engines'
+  sockets reconnect by themselves and say nothing), from a utility call answered on their output
+  socket; the facts of the handshake (ready response, ``num_gpu_blocks``) are shared through a
+  file in the host's run directory. One process (N = 1) binds all three itself, as before.
+
 Nothing here blocks the event loop: the handshake and input sockets are ``zmq.asyncio`` sockets
 (sends first tried without waiting), the output socket is read without blocking from the event
 loop's reader callback on its FD.
@@ -43,17 +54,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
+import orjson
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
+from common.serving import serving_place
 from inference.routing.load_report import EngineLoad
 from inference.routing.workers import EngineSpec, WorkerRecord
 from inference.upstreams.engine import (
@@ -70,7 +85,7 @@ from inference.upstreams.engine import (
 )
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.zmq import codec
-from inference.upstreams.zmq.addresses import ZmqAddressError, ZmqAddresses, bind, zmq_addresses
+from inference.upstreams.zmq.addresses import ZmqAddressError, ZmqAddresses, bind, fnv1a_64, zmq_addresses
 from inference.upstreams.zmq.logprobs import ChoiceLogprobs, TensorError
 from inference.upstreams.zmq.ranks import EngineRank, RankState
 from inference.upstreams.zmq.requests import engine_core_request, finish_of
@@ -83,6 +98,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_HEALTH_TIMEOUT_SECS = 5.0
 OUTPUT_BATCH = 64  # output messages taken per wake-up of the output loop, at most
 HEALTH_UTILITY = "is_sleeping"  # a utility every EngineCore answers, cheaply
+PROBE_SECS = 0.5  # several serving processes: how often an engine not heard from is asked for
 
 
 @dataclass(slots=True)
@@ -176,11 +192,19 @@ class ZmqEngineClient(EngineClient):
         tokenizer_path: str = "",
         max_model_len: int | None = None,
         health_timeout_secs: float = DEFAULT_HEALTH_TIMEOUT_SECS,
+        client_index: int = 0,
+        client_count: int = 1,
+        facts_dir: Path | None = None,
     ) -> None:
         super().__init__(url, api_key=api_key)
         if dp_size < 1:
             raise ValueError("dp_size must be at least 1")
-        self.addresses: ZmqAddresses = zmq_addresses(url, handshake_address)  # ZmqAddressError
+        # ZmqAddressError (a ValueError) for an address the spec refuses
+        self.addresses: ZmqAddresses = zmq_addresses(url, handshake_address, client_index, client_count)
+        self.client_index = client_index
+        self.client_count = client_count
+        self.shared = client_count > 1  # one of several serving processes' clients (D69)
+        self.facts_path = facts_dir / f"zmq-{fnv1a_64(url.encode()):016x}.json" if facts_dir is not None else None
         self.handshake_endpoint = self.addresses.handshake  # the bound one (tcp://HOST:* picks a port)
         self.model_id = model_id
         self.dp_size = dp_size
@@ -201,6 +225,7 @@ class ZmqEngineClient(EngineClient):
         self._output_fd: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._first_handshake: asyncio.Future[None] | None = None  # the first wait for the engines (open)
+        self._handshake_busy = False  # the handshake address was held by another process at the last try
         self._rotation = 0
         self.current_wave = 0
         self.engines_running = False
@@ -211,10 +236,13 @@ class ZmqEngineClient(EngineClient):
         and context window from the record (EOS ids come with each request). Not bound yet: the
         first health check or request binds (:meth:`open`)."""
         spec = record.engine or EngineSpec()
+        place = serving_place()  # under rungateway --workers N, this process is client place.index of N
+        shared = place is not None and place.count > 1
         return cls(
             record.url, api_key=record.api_key, model_id=record.model_id or "", dp_size=spec.dp_size or 1,
             handshake_address=spec.zmq_handshake_address, tokenizer_path=spec.tokenizer or "",
-            max_model_len=spec.context_length,
+            max_model_len=spec.context_length, client_index=place.index if place and shared else 0,
+            client_count=place.count if place and shared else 1, facts_dir=place.run_dir if place and shared else None,
         )  # fmt: skip
 
     def use_eos_token_ids(self, eos_token_ids: tuple[int, ...]) -> None:
@@ -223,13 +251,18 @@ class ZmqEngineClient(EngineClient):
 
     # Lifecycle.
 
-    async def open(self, wait_secs: float) -> bool:
+    async def open(self, wait_secs: float, *, handshake: bool = False) -> bool:
         """Bind on first use and wait up to ``wait_secs`` for the engines to finish their handshake;
-        once bound, answer at once whether they did. Raises ``ZmqAddressError`` when an address is
-        already bound."""
+        once bound, answer at once whether they did. ``handshake``: this process answers the
+        engines' handshake (one of several serving processes: the one running the health checks;
+        a single one always does). Raises ``ZmqAddressError`` when an address is already bound."""
         if self._context is None:
             await self.start()
+            if handshake:
+                self._take_handshake()
             self._first_handshake = asyncio.ensure_future(self._await_ready_quietly(wait_secs))
+        elif handshake:
+            self._take_handshake()
         if self._first_handshake is not None and not self._first_handshake.done():
             await asyncio.shield(self._first_handshake)  # callers during the first wait share it
         return self._ready.is_set()
@@ -239,17 +272,19 @@ class ZmqEngineClient(EngineClient):
             await asyncio.wait_for(self._ready.wait(), wait_secs)
 
     async def start(self) -> None:
-        """Bind the three sockets and start answering engines (returns at once). Raises
-        ``ZmqAddressError`` when the handshake address (or a data-plane path) is already bound."""
+        """Bind the sockets and start answering engines (returns at once): the input and output
+        sockets, and the handshake socket unless this is one of several serving processes' clients
+        (:meth:`bind_handshake`). Raises ``ZmqAddressError`` when the handshake address (or a
+        data-plane path) is already bound."""
         if self._context is not None:
             return
         context = zmq.asyncio.Context()
         sockets: list[zmq.asyncio.Socket] = []
         try:
-            handshake = context.socket(zmq.ROUTER)
-            sockets.append(handshake)
-            handshake.setsockopt(zmq.LINGER, 0)
-            bind(handshake, self.addresses.handshake)
+            handshake: zmq.asyncio.Socket | None = None
+            if not self.shared:
+                handshake = self._handshake_socket(context)
+                sockets.append(handshake)
             inputs = context.socket(zmq.ROUTER)
             sockets.append(inputs)
             inputs.setsockopt(zmq.LINGER, 0)
@@ -264,15 +299,57 @@ class ZmqEngineClient(EngineClient):
         except BaseException:
             context.destroy(linger=0)
             raise
-        self._context, self._handshake, self._input, self._output = context, handshake, inputs, output
+        self._context, self._input, self._output = context, inputs, output
         self._input_plain = zmq.Socket.shadow(inputs.underlying)
-        self.handshake_endpoint = handshake.getsockopt_string(zmq.LAST_ENDPOINT)
         self._tasks = [
-            asyncio.create_task(self._handshake_loop(handshake), name=f"zmq-handshake {self.url}"),
             asyncio.create_task(self._registration_loop(inputs), name=f"zmq-input {self.url}"),
             asyncio.create_task(self._monitor_loop(monitor), name=f"zmq-monitor {self.url}"),
         ]
+        if handshake is not None:
+            self._serve_handshake(handshake)
+        if self.shared:
+            self._tasks.append(asyncio.create_task(self._probe_loop(), name=f"zmq-probe {self.url}"))
         self._watch_output(output)
+
+    def _handshake_socket(self, context: zmq.asyncio.Context) -> zmq.asyncio.Socket:
+        handshake = context.socket(zmq.ROUTER)
+        handshake.setsockopt(zmq.LINGER, 0)
+        try:
+            bind(handshake, self.addresses.handshake)
+        except ZmqAddressError:
+            handshake.close(linger=0)
+            raise
+        return handshake
+
+    def _serve_handshake(self, handshake: zmq.asyncio.Socket) -> None:
+        self._handshake = handshake
+        self.handshake_endpoint = handshake.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._tasks.append(asyncio.create_task(self._handshake_loop(handshake), name=f"zmq-handshake {self.url}"))
+
+    def bind_handshake(self) -> None:
+        """Answer the engines' handshake from this process from now on (bind the handshake
+        ROUTER, once; the client is started). One of several serving processes does, the one
+        running the health checks; when it changes (the leader died), the next one binds it.
+        Raises ``ZmqAddressError`` while the address is still bound (the old binder closing)."""
+        if self._handshake is not None or self._context is None:
+            return
+        self._serve_handshake(self._handshake_socket(self._context))
+
+    def _take_handshake(self) -> None:
+        """:meth:`bind_handshake`, or a warning (once) while another process still holds the
+        address: the engines in service need no handshake, and the next health check tries again."""
+        try:
+            self.bind_handshake()
+        except ZmqAddressError as exc:
+            if not self._handshake_busy:
+                logger.warning("ZMQ worker %s: cannot answer its engines' handshake yet: %s", self.url, exc)
+            self._handshake_busy = True
+        else:
+            self._handshake_busy = False
+
+    @property
+    def binds_handshake(self) -> bool:
+        return self._handshake is not None
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Until every engine finished its handshake; ``UpstreamFailure`` (TIMEOUT) after ``timeout``."""
@@ -331,14 +408,15 @@ class ZmqEngineClient(EngineClient):
             if status == "HELLO":
                 if rank.state is not RankState.NEW:  # a restarted engine: it starts over
                     self._rank_gone(rank)
-                init = codec.handshake_init(
-                    [self.addresses.input], [self.addresses.output], data_parallel_size=self.dp_size
+                init = codec.handshake_init(  # every client's addresses: the engine connects to each
+                    list(self.addresses.inputs), list(self.addresses.outputs), data_parallel_size=self.dp_size
                 )
                 await socket.send_multipart((identity, init))
                 rank.state = RankState.CONNECTED
             elif status == "READY" and rank.state is RankState.CONNECTED:
                 rank.num_gpu_blocks = int(message.get("num_gpu_blocks") or 0)
                 rank.state = RankState.STARTED
+                self._share_facts()
                 self._maybe_ready(rank)
             else:
                 logger.warning("ZMQ handshake on %s: unexpected %s from engine %d in state %s", self.url,
@@ -352,12 +430,81 @@ class ZmqEngineClient(EngineClient):
             if rank is None or len(frames) < 2:
                 continue
             try:
-                rank.ready_response = codec.decode_ready_response(frames[1])
+                response = codec.decode_ready_response(frames[1])
             except msgspec.DecodeError as exc:
                 logger.warning("ZMQ worker %s: engine %d's ready response does not decode: %s", self.url, rank.index, exc)
                 continue
+            if not self.shared:
+                rank.ready_response = response
+            elif response:
+                rank.ready_response = response
+                self._share_facts()
+            else:  # an engine that says nothing of itself here: what the others learned of it
+                self._recall_facts()
             rank.registered = True
             self._maybe_ready(rank)
+
+    async def _probe_loop(self) -> None:
+        """One of several serving processes' clients: an engine that registered with an earlier
+        run of this process (it restarted; the engine's sockets reconnected by themselves and say
+        nothing) is found by a utility call it answers on this process's output socket."""
+        while True:
+            waiting = [rank for rank in self.ranks if not rank.registered]
+            if waiting:
+                await asyncio.gather(*(self._probe(rank) for rank in waiting))
+            await asyncio.sleep(PROBE_SECS)
+
+    async def _probe(self, rank: EngineRank) -> None:
+        try:
+            async with asyncio.timeout(PROBE_SECS * 2):
+                await self._call_utility(rank.index, HEALTH_UTILITY)
+        except (TimeoutError, UpstreamFailure):
+            return  # not connected (the input socket refuses the identity) or not answering
+        if not rank.registered:
+            rank.registered = True
+            self._recall_facts()
+            self._maybe_ready(rank)
+
+    def _share_facts(self) -> None:
+        """What this process learned of the engines in their handshake (num_gpu_blocks, the ready
+        response), for the other serving processes (a whole file renamed into place)."""
+        if self.facts_path is None:
+            return
+        ranks = {
+            str(r.index): {"num_gpu_blocks": r.num_gpu_blocks, "ready_response": r.ready_response}
+            for r in self.ranks if r.num_gpu_blocks or r.ready_response
+        }  # fmt: skip
+        partial = self.facts_path.with_name(f".{self.facts_path.name}.{os.getpid()}")
+        try:
+            known = self._read_facts()
+            for index, facts in known.items():
+                mine = ranks.setdefault(index, {"num_gpu_blocks": 0, "ready_response": {}})
+                mine["num_gpu_blocks"] = mine["num_gpu_blocks"] or facts.get("num_gpu_blocks") or 0
+                mine["ready_response"] = mine["ready_response"] or facts.get("ready_response") or {}
+            partial.write_bytes(orjson.dumps({"url": self.url, "ranks": ranks}))
+            os.replace(partial, self.facts_path)
+        except OSError as exc:
+            logger.warning("ZMQ worker %s: sharing the engines' facts failed: %s", self.url, exc)
+
+    def _read_facts(self) -> dict[str, dict[str, Any]]:
+        if self.facts_path is None:
+            return {}
+        try:
+            data = orjson.loads(self.facts_path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return {}
+        ranks = data.get("ranks") if isinstance(data, dict) else None
+        return ranks if isinstance(ranks, dict) else {}
+
+    def _recall_facts(self) -> None:
+        """Fill in the engines' facts this process did not hear itself, from the shared file."""
+        for index, facts in self._read_facts().items():
+            if not index.isdigit() or int(index) >= self.dp_size or not isinstance(facts, dict):
+                continue
+            rank = self.ranks[int(index)]
+            rank.num_gpu_blocks = rank.num_gpu_blocks or int(facts.get("num_gpu_blocks") or 0)
+            if not rank.ready_response and isinstance(facts.get("ready_response"), dict):
+                rank.ready_response = facts["ready_response"]
 
     def _watch_output(self, socket: zmq.asyncio.Socket) -> None:
         """Read the output socket from the event loop's own reader callback: a plain socket on the
@@ -426,7 +573,10 @@ class ZmqEngineClient(EngineClient):
         return self.ranks[index] if index < self.dp_size else None
 
     def _maybe_ready(self, rank: EngineRank) -> None:
-        if rank.registered and rank.state is RankState.STARTED:
+        # One of several processes' clients also serves engines that handshook with another
+        # process (their state here is new, or dead since a death frame): registered is enough.
+        started = rank.state is RankState.STARTED or (self.shared and rank.state in (RankState.NEW, RankState.DEAD))
+        if rank.registered and started:
             rank.state = RankState.READY
             logger.info("ZMQ worker %s: engine %d ready", self.url, rank.index)
         if all(r.state is RankState.READY for r in self.ranks):
@@ -460,6 +610,10 @@ class ZmqEngineClient(EngineClient):
         index = outputs.engine_index
         if 0 <= index < self.dp_size and codec.has_stats(outputs.scheduler_stats):
             self.ranks[index].raw_stats = outputs.scheduler_stats
+            if self.client_index and self.dp_size > 1:  # no wave_complete here: the wave from the stats
+                wave = codec.decode_stats(outputs.scheduler_stats).get("current_wave")
+                if isinstance(wave, int):
+                    self.current_wave = max(self.current_wave, wave + 1)
         for output in outputs.outputs:
             flight = self._flights.get(output.request_id)
             if flight is not None:
@@ -530,7 +684,7 @@ class ZmqEngineClient(EngineClient):
         """The EngineCoreRequest of choice ``index`` of ``request``."""
         return engine_core_request(
             request, request_id, index, eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len,
-            current_wave=self.current_wave if self.dp_size > 1 else 0,
+            current_wave=self.current_wave if self.dp_size > 1 else 0, client_index=self.client_index,
         )  # fmt: skip
 
     # The seam.
@@ -557,7 +711,9 @@ class ZmqEngineClient(EngineClient):
         try:
             for message in messages:
                 await self._send(rank, codec.RequestType.ADD, message)
-            if self.dp_size > 1 and not self.engines_running:
+            # A client other than 0 hears no wave_complete (vLLM sends it to client 0): it wakes the
+            # others with each request.
+            if self.dp_size > 1 and (self.client_index or not self.engines_running):
                 self.engines_running = True
                 await self._wake_others(rank)
             completion = dict.fromkeys(ids.values(), 0)
@@ -657,7 +813,8 @@ class ZmqEngineClient(EngineClient):
         future: asyncio.Future[codec.UtilityOutput] = asyncio.get_running_loop().create_future()
         self._utility[call_id] = future
         try:
-            await self._send(rank, codec.RequestType.UTILITY, codec.encode((0, call_id, method, list(args))))
+            call = (self.client_index, call_id, method, list(args))  # answered on this client's output socket
+            await self._send(rank, codec.RequestType.UTILITY, codec.encode(call))
             return await future
         finally:
             self._utility.pop(call_id, None)
@@ -665,9 +822,11 @@ class ZmqEngineClient(EngineClient):
     async def health(self) -> EngineHealth:
         """Every engine answers a utility call within the health timeout. A timeout is an
         engine that stopped answering: the requests in flight end. The first check binds the
-        worker's sockets and gives the engines the health timeout to dial in."""
+        worker's sockets and gives the engines the health timeout to dial in; the process that
+        checks health answers the engines' handshake (one of several serving processes: the
+        leader, D69)."""
         try:
-            await self.open(self.health_timeout_secs)
+            await self.open(self.health_timeout_secs, handshake=True)
         except ZmqAddressError as exc:
             return EngineHealth(False, str(exc))
         if not self._ready.is_set():
@@ -703,6 +862,8 @@ class ZmqEngineClient(EngineClient):
             "model_id": self.model_id,
             "dp_size": self.dp_size,
             "handshake_address": self.addresses.handshake,
+            "client_index": self.client_index,
+            "client_count": self.client_count,
             "max_model_len": self.max_model_len,
             "engines": [
                 {"dp_rank": r.index, "state": r.state.value, "num_gpu_blocks": r.num_gpu_blocks, **r.ready_response}

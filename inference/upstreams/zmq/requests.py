@@ -22,8 +22,10 @@ def engine_core_request(
     eos_token_ids: tuple[int, ...],
     max_model_len: int | None,
     current_wave: int = 0,
+    client_index: int = 0,
 ) -> codec.EngineCoreRequest:
-    """The EngineCoreRequest of choice ``index`` of ``request`` (engine request id ``request_id``).
+    """The EngineCoreRequest of choice ``index`` of ``request`` (engine request id ``request_id``),
+    from client ``client_index`` (the engine sends its outputs to that client's output address).
     ``UpstreamFailure.refused`` for a prompt that does not fit ``max_model_len``."""
     s = request.sampling
     prompt_len = len(request.input_ids)
@@ -76,6 +78,7 @@ def engine_core_request(
         lora_request=None,
         cache_salt=None,
         data_parallel_rank=request.data_parallel_rank,
+        client_index=client_index,
         current_wave=current_wave,
     )
 
