@@ -8,8 +8,10 @@ gateway's metrics registry (:mod:`common.telemetry`), with the helpers the PD di
 - ``gw_pd_kv_connector_mode_total{mode}``: sequential PD requests per connector mode;
 - ``gw_pd_bootstrap_failures_total``: requests whose bootstrap fields could not be injected;
 - ``gw_pd_kv_transfer_failures_total``: a KV handoff expected and not given (the decode recomputes);
-- ``gw_pd_admission_waits_total``, ``gw_pd_admission_sheds_total``: PD requests that waited for, or
-  were refused, an admission permit.
+- ``gw_pd_admission_waits_total``: PD requests admitted after waiting for a load report that freed
+  their overloaded pair (:func:`inference.kit.pd_route.admit_pair`);
+- ``gw_pd_admission_sheds_total``: PD requests shed because no report freed one within
+  --pd-admission-wait-secs (503 worker_overload_protection_shed).
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ PD_BOOTSTRAP_FAILURES = Counter("gw_pd_bootstrap_failures_total", "PD requests w
                                 registry=REGISTRY)
 PD_KV_TRANSFER_FAILURES = Counter("gw_pd_kv_transfer_failures_total", "PD KV handoffs expected and not given",
                                   registry=REGISTRY)
-PD_ADMISSION_WAITS = Counter("gw_pd_admission_waits_total", "PD requests that waited for admission", registry=REGISTRY)
-PD_ADMISSION_SHEDS = Counter("gw_pd_admission_sheds_total", "PD requests refused admission", registry=REGISTRY)
+PD_ADMISSION_WAITS = Counter("gw_pd_admission_waits_total", "PD requests admitted after waiting for an overloaded pair",
+                             registry=REGISTRY)
+PD_ADMISSION_SHEDS = Counter("gw_pd_admission_sheds_total", "PD requests shed by PD admission", registry=REGISTRY)
 
 def record_pd_ttft(model: str | None, runtime: str, seconds: float) -> None:
     _child(PD_TTFT, "pd", bounded_model(model), runtime).observe(seconds)

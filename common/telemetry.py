@@ -414,12 +414,17 @@ class RouteTimer:
             perf_counter() - self.started
         )
 
+    def disaggregated(self) -> None:
+        """The request goes through prefill/decode disaggregation (known before its pair is chosen)."""
+        self.backend = "pd"
+
     def failed(self, code: str, status: int) -> None:
         reason = _ADMISSION_REASONS.get(code)
         if reason is not None:
             _child(ADMISSION_REJECTED, reason).inc()
         if code == "worker_overload_protection_shed":
-            _child(OVERLOAD_SHED, "selection").inc()
+            # A PD request is shed by PD admission (inference/kit/pd_route.py), any other by selection.
+            _child(OVERLOAD_SHED, "pd_admission" if self.backend == "pd" else "selection").inc()
         error_type = _ERROR_TYPES.get(code) or ("validation_error" if status < 500 else "backend_error")
         _child(ROUTER_ERRORS, self.router, self.backend, self.mode, self.model, self.endpoint, error_type).inc()
 

@@ -25,7 +25,7 @@ from inference.auth import Identity, IdentityKind
 from inference.dataplane import DataPlane, data_plane
 from inference.errors import GatewayError
 from inference.kit import Passed, RoutePlan, pass_gate, run_attempts
-from inference.kit.pd_route import pd_pair_for, serves_by_epd, serves_by_pd
+from inference.kit.pd_route import admit_pair, pd_pair_for, serves_by_epd, serves_by_pd
 from inference.routing.dp_ranks import take_rank
 from inference.routing.pd import PdPair, batch_size, choose_partner, inject_bootstrap
 from inference.routing.selection import RoutingDecision, select_worker
@@ -131,11 +131,20 @@ class SurfaceRoute:
         finally:
             watch.stop()
 
+    async def _admitted(
+        self, admission: Awaitable[PdPair], dp: DataPlane, scope: Scope, passed: Passed,
+        route: telemetry.RouteTimer, writer: ResponseWriter,
+    ) -> None:
+        """A PD request that waited for admission (:func:`admit_pair`), routed on the pair it got."""
+        await self._route(dp, scope, passed, route, writer, await admission)
+
     def _route(
-        self, dp: DataPlane, scope: Scope, passed: Passed, route: telemetry.RouteTimer, writer: ResponseWriter
+        self, dp: DataPlane, scope: Scope, passed: Passed, route: telemetry.RouteTimer, writer: ResponseWriter,
+        admitted: PdPair | None = None,
     ) -> Awaitable[None]:
         """Pick the worker; the attempts that relay to it, retrying elsewhere while nothing reached the
-        client, are the returned awaitable (a plain function: no coroutine frame of its own)."""
+        client, are the returned awaitable (a plain function: no coroutine frame of its own). A PD
+        request refused for overload waits for PD admission first, then comes back ``admitted``."""
         checked = passed.checked
         key = header(scope, b"x-gw-routing-key")
         routing_key = key.decode("latin-1") if key else None
@@ -152,7 +161,14 @@ class SurfaceRoute:
             raise errors.endpoint_not_supported(self.upstream_path, "gRPC EPD")
         pd = serves_by_pd(dp, model)
         if pd:
-            pair = pd_pair_for(dp, model, routing_key, checked.body)
+            route.disaggregated()
+            if admitted is None:
+                try:
+                    admitted = pd_pair_for(dp, model, routing_key, checked.body)
+                except GatewayError as refused:
+                    pick = lambda: pd_pair_for(dp, model, routing_key, checked.body)  # noqa: E731
+                    return self._admitted(admit_pair(dp, pick, refused), dp, scope, passed, route, writer)
+            pair = admitted
             canonical = dp.registry.snapshot.canonical_model(model) if model else None
             decision = RoutingDecision(paired(pair), canonical, dp.decode_policy.name if dp.decode_policy else "")
         else:

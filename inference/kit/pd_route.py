@@ -1,21 +1,41 @@
-"""Whether a request goes through prefill/decode disaggregation, and its pair.
+"""Whether a request goes through prefill/decode disaggregation, its pair, and PD admission.
 
 A model is served by PD when no regular worker serves it and the registry's PD pool has prefill or
 decode workers for it (registered with --pd-disaggregation, or through the admin API with
 worker_type prefill/decode). The pair is chosen with --prefill-policy and --decode-policy (default
 --policy) among prefill and decode workers with equal pairing keys; none: 503 no_prefill_servers.
+
+PD admission (:func:`admit_pair`): when a pair could take the request but for overload protection
+(the load monitor's last report put its prefill or decode side over the worker's overload
+thresholds), the request waits up to --pd-admission-wait-secs for a report that frees one, looking
+again every :data:`ADMISSION_POLL_SECS`; it holds no worker slot meanwhile (nothing is counted in
+flight on any worker until the pair is chosen), only the gateway's concurrency permit it already
+had. Admitted after waiting: gw_pd_admission_waits_total. Not freed in time (or a wait of 0): 503
+worker_overload_protection_shed with Retry-After the load-monitor interval, not retried,
+gw_pd_admission_sheds_total (and gw_worker_overload_shed_total{stage="pd_admission"}, counted by the
+route's telemetry).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import asyncio
+import time
+from typing import Any, Callable, Mapping
 
+from common import pd_metrics
 from inference.dataplane import DataPlane
+from inference.errors import ErrorCode, GatewayError
 from inference.routing.pd import PdPair, select_pair
 from inference.routing.policies import SelectionRequest
 from inference.routing.request_text import request_text
 
-__all__ = ["pd_pair_for", "serves_by_epd", "serves_by_pd"]
+__all__ = ["ADMISSION_POLL_SECS", "admit_pair", "pd_pair_for", "serves_by_epd", "serves_by_pd"]
+
+# How often a waiting PD request looks at the overload flags again. A flag moves only when a load
+# report lands (every --load-monitor-interval, or the leader's report shared with the other serving
+# processes), and nothing signals that here: looking is one pair selection, so a few waiting
+# requests cost little, and the delay it adds after a report is at most this.
+ADMISSION_POLL_SECS = 0.05
 
 
 def serves_by_pd(dp: DataPlane, model: str | None) -> bool:
@@ -64,3 +84,26 @@ def pd_pair_for(
     needs_text = prefill_policy.needs_text or decode_policy.needs_text
     request = SelectionRequest(canonical or "", routing_key, request_text(body) if needs_text and body else None)
     return select_pair(prefills, decodes, canonical, prefill_policy, decode_policy, request, exclude)
+
+
+async def admit_pair(dp: DataPlane, pick: Callable[[], PdPair], refused: GatewayError) -> PdPair:
+    """PD admission after :func:`pd_pair_for` (``pick``) refused a request with ``refused``: a
+    refusal other than the overload shed is raised as it is; an overload shed waits up to
+    --pd-admission-wait-secs for a pair that ``pick`` gives, else is raised (counted as a shed)."""
+    if refused.code != ErrorCode.WORKER_OVERLOAD_SHED.value:
+        raise refused
+    wait = dp.config.pd_admission_wait_secs
+    deadline = time.monotonic() + wait
+    while (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(ADMISSION_POLL_SECS, left))
+        try:
+            pair = pick()
+        except GatewayError as error:
+            if error.code != ErrorCode.WORKER_OVERLOAD_SHED.value:
+                raise  # the fleet changed under the wait: answered as a first selection would be
+            refused = error
+            continue
+        pd_metrics.PD_ADMISSION_WAITS.inc()
+        return pair
+    pd_metrics.PD_ADMISSION_SHEDS.inc()
+    raise refused

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
+from common.config import current_config
 from inference import errors
 from inference.routing.breaker import BreakerState
 from inference.routing.workers import PdTraits, WorkerHandle, WorkerKind, WorkerRecord, WorkerStatus, WorkerType
@@ -117,15 +118,18 @@ def pair_context_length(prefill: int | None, decode: int | None) -> int | None:
     return min(prefill, decode)
 
 
-def _usable(members: Sequence[PdMember], exclude: frozenset[str], now: float) -> list[PdMember]:
-    usable = []
+def _usable(members: Sequence[PdMember], exclude: frozenset[str], now: float) -> tuple[list[PdMember], list[PdMember]]:
+    """The members that may take the request, and those that may but for overload protection (not
+    tried, breaker letting traffic through, the load monitor's last report over their thresholds)."""
+    usable: list[PdMember] = []
+    overloaded: list[PdMember] = []
     for member in members:
         load = member.handle.load
-        if member.handle.id in exclude or load.overloaded:
+        if member.handle.id in exclude:
             continue
         if load.breaker.state is BreakerState.CLOSED or load.breaker.allows(now):
-            usable.append(member)
-    return usable
+            (overloaded if load.overloaded else usable).append(member)
+    return usable, overloaded
 
 
 def select_pair(
@@ -141,17 +145,24 @@ def select_pair(
     usable prefill workers that have a usable decode worker with the same pairing key, then the
     decode by ``decode_policy`` among those.
 
-    Raises 503 no_prefill_servers when no prefill worker can take the request, 503
-    no_healthy_workers when prefill workers can but no decode worker pairs with any of them.
+    Raises 503 worker_overload_protection_shed (Retry-After: the load-monitor interval) when a pair
+    could take the request but for overload protection on either side (what PD admission waits on:
+    :func:`inference.kit.pd_route.admit_pair`), else 503 no_prefill_servers when no prefill worker
+    can take the request, 503 no_healthy_workers when prefill workers can but no decode worker pairs
+    with any of them.
     """
     now = time.monotonic()
-    usable_prefills = _usable(prefills, exclude, now)
-    if not usable_prefills:
-        raise errors.no_prefill_servers()
-    usable_decodes = _usable(decodes, exclude, now)
+    usable_prefills, overloaded_prefills = _usable(prefills, exclude, now)
+    usable_decodes, overloaded_decodes = _usable(decodes, exclude, now)
     keys = {member.pairing for member in usable_decodes}
     pairable = [member for member in usable_prefills if member.pairing in keys]
     if not pairable:
+        if overloaded_prefills or overloaded_decodes:
+            held_keys = keys | {member.pairing for member in overloaded_decodes}
+            if any(member.pairing in held_keys for member in (*usable_prefills, *overloaded_prefills)):
+                raise errors.worker_overload_shed(current_config().load_monitor_interval)
+        if not usable_prefills:
+            raise errors.no_prefill_servers()
         raise errors.no_healthy_workers(model)
     by_handle = {member.handle.id: member for member in pairable}
     prefill = by_handle[prefill_policy.select([member.handle for member in pairable], request).id]

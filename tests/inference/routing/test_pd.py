@@ -70,6 +70,28 @@ def test_no_decode_to_pair_with_is_503_no_healthy_workers() -> None:
     assert (caught.value.status, caught.value.code) == (503, "no_healthy_workers")
 
 
+def test_a_pair_held_only_by_overload_is_the_overload_shed() -> None:
+    """What PD admission waits on: a pair could take the request but for overload protection."""
+    busy_decode, calm_prefill = member("d", D), member("p", P)
+    busy_decode.handle.load.overloaded = True
+    with pytest.raises(GatewayError) as caught:
+        select_pair([calm_prefill], [busy_decode], "m", RoundRobin(), RoundRobin(), ask())
+    assert (caught.value.status, caught.value.code) == (503, "worker_overload_protection_shed")
+    assert dict(caught.value.headers)[b"retry-after"] == b"10"  # the load-monitor interval
+    busy_prefill = member("p2", P)
+    busy_prefill.handle.load.overloaded = True
+    with pytest.raises(GatewayError) as caught:
+        select_pair([busy_prefill], [member("d2", D)], "m", RoundRobin(), RoundRobin(), ask())
+    assert caught.value.code == "worker_overload_protection_shed"
+    # An overloaded worker that could not pair anyway is not waited on.
+    with pytest.raises(GatewayError) as caught:
+        select_pair([busy_prefill], [member("d3", D, runtime="vllm")], "m", RoundRobin(), RoundRobin(), ask())
+    assert caught.value.code == "no_prefill_servers"
+    # A free pair beside an overloaded one is chosen at once.
+    pair = select_pair([busy_prefill, calm_prefill], [member("d4", D)], "m", RoundRobin(), RoundRobin(), ask())
+    assert pair.prefill.handle.id == "p"
+
+
 def test_the_pair_context_window_is_the_smaller_one() -> None:
     pair = select_pair([member("p", P, context=8192)], [member("d", D, context=4096)], "m", RoundRobin(), RoundRobin(), ask())
     assert pair.context_length == 4096
