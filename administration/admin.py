@@ -1,4 +1,4 @@
-"""The admin console for workers and per-tenant rate limits (staff login at /admin/).
+"""The admin console for workers, per-tenant rate limits and token budgets (staff login at /admin/).
 
 An adapter like the /workers API: each page or action parses its input, calls one function of
 administration/workers.py and renders the result. The stored spec is read-only here (edits go
@@ -25,7 +25,8 @@ from django.views.decorators.http import require_POST
 
 from administration.console import WorkerAddForm, dp_ranks, job_summary, live_state, pd_groups, stored_spec
 from administration.fleet_page import fleet_urls
-from administration.models import RegisteredTokenizer, TenantRateLimit, Worker, WorkerStatus, WorkerType
+from administration.models import RegisteredTokenizer, TenantBudget, TenantRateLimit, Worker, WorkerStatus, WorkerType
+from administration.tenant_budgets import delete_tenant_budgets, flag_tenant_budget, save_tenant_budget
 from administration.tenant_limits import delete_tenant_rate_limits, flag_tenant_limit, save_tenant_rate_limit
 from administration.tokenizers import purge_expired_tokenizers, remove_tokenizer
 from administration.workers import (
@@ -40,7 +41,7 @@ from administration.workers import (
 )
 from common.config import current_config
 
-__all__ = ["WorkerAdmin", "TenantRateLimitAdmin", "RegisteredTokenizerAdmin"]
+__all__ = ["WorkerAdmin", "TenantRateLimitAdmin", "TenantBudgetAdmin", "RegisteredTokenizerAdmin"]
 
 _EMPTY = "—"
 _ADD_FIELDSETS = [
@@ -491,6 +492,58 @@ class TenantRateLimitAdmin(_TenantRateLimitModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return super().changelist_view(request, {"rate_limit_help": _RATE_LIMIT_HELP, **(extra_context or {})})
+
+
+# --- per-tenant token budgets: plain rows, installed like the rate limits ---------------------------
+
+if TYPE_CHECKING:
+    _TenantBudgetModelAdmin = admin.ModelAdmin[TenantBudget]
+else:
+    _TenantBudgetModelAdmin = admin.ModelAdmin
+
+_BUDGET_HELP = (
+    "Tokens (prompt plus completion) every key of one tenant may use per UTC day or calendar month, one "
+    "budget shared by all gateway processes (through Redis when REDIS_URL is set; else each process counts "
+    "its own use). A tenant whose budget is used up gets 429 budget_exceeded until the period ends; requests "
+    "already running finish. A row here overrides the tenant's --tenant-budget flag; --default-tenant-budget "
+    "still applies to tenants with neither a row nor a flag. 0 means unlimited, also when a default is set. "
+    "The shared key and open mode are never budgeted. Every gateway process applies a save or delete at once, "
+    "at the latest on its 5 s refresh; the period's use counts on."
+)
+
+
+def _budget_text(tokens: int, period: str) -> str:
+    return f"{tokens:,} tokens/{period}" if tokens > 0 else "unlimited"
+
+
+@admin.register(TenantBudget)
+class TenantBudgetAdmin(_TenantBudgetModelAdmin):
+    list_display = ["tenant_id", "budget_column", "flag_column", "updated_at"]
+    search_fields = ["tenant_id"]
+    search_help_text = "Search by tenant id."
+    readonly_fields = ["updated_at"]
+    fieldsets = [(None, {"fields": ["tenant_id", "tokens", "period", "updated_at"], "description": _BUDGET_HELP})]
+
+    @admin.display(description="Budget", ordering="tokens")
+    def budget_column(self, row: TenantBudget) -> str:
+        return _budget_text(row.tokens, row.period)
+
+    @admin.display(description="Flags alone (this process)")
+    def flag_column(self, row: TenantBudget) -> str:
+        budget = flag_tenant_budget(current_config(), row.tenant_id)
+        return _budget_text(budget.tokens, budget.period) if budget is not None else "unlimited"
+
+    def save_model(self, request: HttpRequest, obj: TenantBudget, form: Any, change: bool) -> None:
+        save_tenant_budget(obj)
+
+    def delete_model(self, request: HttpRequest, obj: TenantBudget) -> None:
+        delete_tenant_budgets(TenantBudget.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[TenantBudget]) -> None:
+        delete_tenant_budgets(queryset)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return super().changelist_view(request, {"budget_help": _BUDGET_HELP, **(extra_context or {})})
 
 
 if TYPE_CHECKING:

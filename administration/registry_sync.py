@@ -34,6 +34,7 @@ from administration.models import Worker, WorkerStatus
 from administration.notices import (
     CHANGE_RETENTION, GROUP, add_local_listener, changes_since, latest_change, prune_changes, remove_local_listener,
 )
+from administration.tenant_budgets import stored_tenant_budgets
 from administration.tenant_limits import stored_tenant_limits
 from administration.tokenizer_jobs import tokenizer_entries
 from administration.workers import JobStatus, cli_pd_workers, job_of, sync_cli_workers, worker_fields, worker_records
@@ -109,13 +110,14 @@ class WorkerState:
 @dataclass(slots=True)
 class FleetState:
     """One read of the store: the registered workers in registration order (all of them, or those
-    asked for), and with a full read the tenant limits and the newest change number read first (a
-    change during the read is seen by the next read of the log)."""
+    asked for), and with a full read the tenant limits and budgets and the newest change number read
+    first (a change during the read is seen by the next read of the log)."""
 
     workers: dict[str, WorkerState]
     tenant_limits: dict[str, int] = field(default_factory=dict)
     version: int = 0
     tokenizers: list[TokenizerEntry] = field(default_factory=list)  # the registry's completed loads
+    tenant_budgets: dict[str, str] = field(default_factory=dict)  # tenant -> TOKENS/day|month
 
     @property
     def records(self) -> list[WorkerRecord]:
@@ -191,11 +193,13 @@ def _worker_states(config: GatewayConfig, workers: list[Worker]) -> dict[str, Wo
 
 
 def load_fleet_state(config: GatewayConfig) -> FleetState:
-    """The whole fleet, the tenant limits and the registered tokenizers, with the newest change
-    number read first."""
+    """The whole fleet, the tenant limits and budgets and the registered tokenizers, with the newest
+    change number read first."""
     version = latest_change()
     workers = list(Worker.objects.listed())  # one read: records and targets come from the same rows
-    return FleetState(_worker_states(config, workers), stored_tenant_limits(), version, tokenizer_entries())
+    return FleetState(
+        _worker_states(config, workers), stored_tenant_limits(), version, tokenizer_entries(), stored_tenant_budgets()
+    )
 
 
 def load_worker_states(config: GatewayConfig, worker_ids: Iterable[str]) -> dict[str, WorkerState]:
@@ -309,6 +313,7 @@ class RegistrySync:
         self._seen = {seq for seq in self._seen if seq > self._floor}
         self._read_at = time.monotonic()
         data_plane().install_tenant_limits(state.tenant_limits)
+        data_plane().install_tenant_budgets(state.tenant_budgets)
         data_plane().engines.retain(self._states)
         TOKENIZERS.publish(state.tokenizers)
         load_tokenizers_of(state.records)
