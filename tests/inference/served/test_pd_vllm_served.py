@@ -7,14 +7,16 @@ each records."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import httpx
 import openai
 import pytest
 
+from gateway_project.asgi import application
 from inference.pipeline.parsers import choose_parsers
 from inference.pipeline.tokenizer_registry import TOKENIZERS
 from inference.routing.registry import REGISTRY
@@ -40,11 +42,13 @@ def record(server: VllmPdServer, kind: WorkerType, engine_id: str | None = None)
 
 @contextlib.asynccontextmanager
 async def vllm_pd(
-    make_gateway: GatewayFactory, connector: str, engine_id: str | None = None, kv_timeout_s: float = 30.0
+    make_gateway: GatewayFactory, connector: str, engine_id: str | None = None, kv_timeout_s: float = 30.0,
+    decode_delay_ms: float = 0.0,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, VllmPdServer, VllmPdServer]]:
     config = GrpcEngineConfig(runtime="vllm", tokenizer=QWEN, model=QWEN_MODEL)
     prefill = VllmPdServer(config, PdWorkerConfig("prefill"), connector, engine_id or "engine-0")
-    decode = VllmPdServer(config, PdWorkerConfig("decode", kv_timeout_s=kv_timeout_s), connector)
+    slow = GrpcEngineConfig(runtime="vllm", tokenizer=QWEN, model=QWEN_MODEL, delay_ms=decode_delay_ms, chunk_tokens=1)
+    decode = VllmPdServer(slow if decode_delay_ms else config, PdWorkerConfig("decode", kv_timeout_s=kv_timeout_s), connector)
     await prefill.start()
     await decode.start()
     try:
@@ -151,3 +155,67 @@ async def test_a_kv_that_never_comes_fails_the_decode_and_counts(make_gateway: G
         assert decode.pd.kv_failures == 1
     assert metric("gw_pd_kv_transfer_failures_total") == failures + 1
 
+
+
+async def leaving_client(payload: dict[str, Any], leave: Callable[[], Awaitable[None]]) -> None:
+    """POST /v1/chat/completions straight to the ASGI app by a client that goes away once ``leave``
+    returns (httpx's ASGI transport cannot disconnect mid-request)."""
+    body = httpx.Request("POST", "http://gateway", json=payload).content
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, object]:
+        if messages:
+            return messages.pop()
+        await leave()
+        return {"type": "http.disconnect"}
+
+    async def send(_message: dict[str, object]) -> None:
+        pass
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
+        "headers": [(b"host", b"gateway"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 5000), "server": ("gateway", 80),
+    }  # fmt: skip
+    await asyncio.wait_for(application(scope, receive, send), 10)  # type: ignore[arg-type]
+
+
+async def eventually(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
+async def test_a_client_leaving_during_the_prefill_aborts_the_prefill_and_never_starts_the_decode(
+    make_gateway: GatewayFactory,
+) -> None:
+    async with vllm_pd(make_gateway, NIXL) as (http, prefill, decode):
+        payload = {"model": QWEN_MODEL, "messages": [{"role": "user", "content": "Hi [[pd:prefill_hang]]"}]}
+
+        async def prefill_started() -> None:
+            await eventually(lambda: len(prefill.pd.received) == 1)
+
+        await leaving_client(payload, prefill_started)
+        request_id = prefill.pd.received[-1]["request_id"]
+        await eventually(lambda: request_id in prefill.state.aborted_ids())  # gRPC Abort to the side in flight
+        assert prefill.pd.cancelled == 1  # and its Generate RPC cancelled
+        assert not decode.pd.received and not decode.state.aborts  # the decode leg never started
+        assert all(handle.load.in_flight == 0 for handle in REGISTRY.snapshot.workers)
+
+
+async def test_a_client_leaving_during_the_decode_aborts_the_decode(make_gateway: GatewayFactory) -> None:
+    async with vllm_pd(make_gateway, NIXL, decode_delay_ms=50) as (http, prefill, decode):
+        payload = {"model": QWEN_MODEL, "messages": HI, "stream": True, "max_tokens": 200}
+
+        async def decoding() -> None:
+            await eventually(lambda: bool(decode.state.requests))
+
+        await leaving_client(payload, decoding)
+        request_id = decode.pd.received[-1]["request_id"]
+        await eventually(lambda: request_id in decode.state.aborted_ids())  # gRPC Abort to the side in flight
+        assert decode.pd.cancelled == 1
+        assert len(prefill.pd.received) == 1 and prefill.pd.cancelled == 0  # the prefill leg had ended
+        assert all(handle.load.in_flight == 0 for handle in REGISTRY.snapshot.workers)
