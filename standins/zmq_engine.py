@@ -20,7 +20,8 @@ What it does, as vLLM's EngineCoreProc does:
 - **Several clients.** As vLLM's ``process_output_sockets``: a request's outputs go to the output
   socket of its ADD's ``client_index``, a utility answer to its call's client index, a
   ``wave_complete`` to client 0 (no DP coordinator), ``ENGINE_CORE_DEAD`` to every client.
-  ``state.adds_by_client`` counts the ADDs each client sent.
+  ``state.adds_by_client`` counts the ADDs each client sent (and each ADD and ABORT is logged at
+  debug level, for a test of a stand-in process: ``GW_LOG_LEVEL=debug``).
 - **ADD** runs the request with the scripted reply: outputs of ``chunk_tokens`` new tokens, each an
   EngineCoreOutputs with the scheduler stats piggy-backed; the last with its finish reason (0 stop,
   1 length). Every message is laid out as vLLM's (:mod:`standins.engine_core_wire`: trailing
@@ -296,10 +297,12 @@ class ZmqEngineCore:
                 self.state.adds.append(raw)
                 client = _client_of(raw)
                 self.state.adds_by_client[client] = self.state.adds_by_client.get(client, 0) + 1
+                log.debug("engine %d: request %s from client %d", self.index, raw[REQUEST_ID], client)
                 self._spawn(self._run(raw))
             elif kind == ABORT:
                 ids = [str(i) for i in _decode(payload)]
                 self.state.abort_messages.append(ids)
+                log.debug("engine %d: abort %s", self.index, " ".join(ids))
                 for request_id in ids:
                     self.engine.abort(request_id, "abort")
             elif kind == START_DP_WAVE:
