@@ -7,7 +7,8 @@ does not come within its timeout or the prefill failed.
 
 Faults on command: a prompt marker ``[[pd:NAME]]`` in the request's original text, NAME one of
 :data:`standins.pd_worker.PD_FAULTS` (``prefill_fail`` and ``decode_fail`` abort with INTERNAL, the
-``_drop`` faults with UNAVAILABLE, the ``_hang`` faults never answer); or ``faults`` in the config.
+``_drop`` faults with UNAVAILABLE, the ``_hang`` faults never answer); or ``faults`` in the config. The bootstrap and transfer faults abort with SGLang's own messages (as
+:mod:`standins.pd_worker` answers them), as does a decode whose KV does not come.
 
 In-process::
 
@@ -28,7 +29,7 @@ from aiohttp import web
 from protos import sglang_scheduler_pb2 as sg
 from standins.grpc_engine import GrpcEngineConfig, GrpcEngineState, ScriptedEngine, start_grpc_server
 from standins.grpc_services import SglangService
-from standins.pd_worker import PD_FAULTS, PdState, PdWorkerConfig, bootstrap_app, wait_for_kv
+from standins.pd_worker import PD_FAULTS, PdState, PdWorkerConfig, bootstrap_app, kv_problem_report, reported_fault, wait_for_kv
 
 __all__ = ["GrpcPdServer", "SglangPdService"]
 
@@ -66,12 +67,13 @@ class SglangPdService(SglangService):
         try:
             if "hang" in faults:
                 await asyncio.Event().wait()
-            if "fail" in faults or "drop" in faults:
+            reported = reported_fault(role, faults, room)
+            if "fail" in faults or "drop" in faults or reported is not None:
                 if role == "prefill":
                     pd.failed += 1
                     pd.settle([room], False)
-                code = grpc.StatusCode.INTERNAL if "fail" in faults else grpc.StatusCode.UNAVAILABLE
-                await context.abort(code, f"{role} failed on command ([[pd:...]])")
+                code = grpc.StatusCode.UNAVAILABLE if "drop" in faults else grpc.StatusCode.INTERNAL
+                await context.abort(code, reported or f"{role} failed on command ([[pd:...]])")
             if role == "prefill":
                 pd.ready += 1
                 pd.settle([room], True)
@@ -80,7 +82,7 @@ class SglangPdService(SglangService):
                 problem = await wait_for_kv(pd, params.bootstrap_host, params.bootstrap_port, room)
                 if problem is not None:
                     pd.kv_failures += 1
-                    await context.abort(grpc.StatusCode.INTERNAL, f"KV transfer failed for bootstrap_room {room}: {problem}")
+                    await context.abort(grpc.StatusCode.INTERNAL, kv_problem_report(room, problem))
             async for answer in super().Generate(request, context):
                 yield answer
         except asyncio.CancelledError:

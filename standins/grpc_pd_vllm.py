@@ -13,10 +13,12 @@ by ``kv_transfer_params`` as vLLM's KV connectors do (the connector named by the
 
 The KV is announced and fetched on the prefill's bootstrap server (an HTTP listener, as
 :mod:`standins.grpc_pd`'s); a decode whose KV does not come within its timeout, or whose prefill
-failed, aborts with INTERNAL ("KV transfer failed ..."). A decode without params recomputes the
-prompt, as vLLM's does. Faults on command: ``[[pd:NAME]]`` in the prompt text, as in
-:mod:`standins.grpc_pd`, and ``[[pd:prefill_lose_kv]]``: the prefill answers but its KV never
-becomes available.
+failed, ends the request as vLLM does when a KV load fails under ``kv_load_failure_policy: fail``:
+one GenerateComplete with finish reason ``error`` and no tokens (``pd.kv_failures`` counts it). A
+decode without params recomputes the prompt, as vLLM's does. Faults on command: ``[[pd:NAME]]`` in
+the prompt text, as in :mod:`standins.grpc_pd` (``decode_transfer_fail``: the decode's KV load fails
+as above; the SGLang-only bootstrap and prefill transfer faults do not apply to vLLM and are
+ignored), and ``[[pd:prefill_lose_kv]]``: the prefill answers but its KV never becomes available.
 
 In-process::
 
@@ -110,8 +112,12 @@ class VllmPdService(VllmService):
             if role == "prefill":
                 async for answer in self._prefill(request, params, faults, context):
                     yield answer
+            elif not await self._fetch_kv(request, params, typed, faults, context):
+                # vLLM's answer to a KV load that failed (kv_load_failure_policy "fail").
+                yield vl.GenerateResponse(complete=vl.GenerateComplete(
+                    finish_reason="error", prompt_tokens=len(request.tokenized.input_ids),
+                ))  # fmt: skip
             else:
-                await self._fetch_kv(request, params, typed, faults, context)
                 async for answer in super().Generate(request, context):
                     yield answer
         except asyncio.CancelledError:
@@ -158,7 +164,8 @@ class VllmPdService(VllmService):
     async def _fetch_kv(
         self, request: vl.GenerateRequest, params: dict[str, Any] | None, typed: tuple[str, int] | None,
         faults: frozenset[str], context: _Context,
-    ) -> None:
+    ) -> bool:
+        """Pull the KV the params name; False when the load failed (the request ends with error)."""
         pd = self.pd
         if "hang" in faults:
             await asyncio.Event().wait()
@@ -177,12 +184,15 @@ class VllmPdService(VllmService):
         elif typed is not None:  # Mooncake, typed host and port: the KV keyed by the request id
             where = (typed[0], typed[1], _key(request.request_id))
         if where is None:
-            return  # no handoff: the prompt is recomputed here
+            return True  # no handoff: the prompt is recomputed here
         pd.kv_waits += 1
-        problem = await wait_for_kv(pd, where[0], where[1], where[2])
+        problem = "failed on command (pd_fault)" if "transfer_fail" in faults else None
+        if problem is None:
+            problem = await wait_for_kv(pd, where[0], where[1], where[2])
         if problem is not None:
             pd.kv_failures += 1
-            await context.abort(grpc.StatusCode.INTERNAL, f"KV transfer failed: {problem}")
+            return False
+        return True
 
 
 class VllmPdServer:

@@ -17,7 +17,13 @@ with :func:`build_pd_app`. What a real SGLang PD server does that the gateway de
 * faults on command, per request in the body's ``"mock": {"pd_fault": NAME or [NAMES]}`` (the same
   body reaches both sides) or for every request with ``--pd-fault``: ``prefill_fail`` (prefill
   answers 500), ``prefill_drop`` (prefill closes the connection without an answer), ``prefill_hang``
-  (prefill never answers), and ``decode_fail``, ``decode_drop``, ``decode_hang`` likewise.
+  (prefill never answers), and ``decode_fail``, ``decode_drop``, ``decode_hang`` likewise; and the
+  failures a real SGLang PD engine reports, each a 500 with SGLang's own abort message:
+  ``prefill_bootstrap_fail`` ("Prefill bootstrap failed for request ..."), ``prefill_transfer_fail``
+  ("Prefill transfer failed ..."), ``decode_bootstrap_fail`` ("Decode handshake failed ...") and
+  ``decode_transfer_fail`` ("Decode transfer failed ..."). A decode whose KV does not come answers
+  SGLang's messages too: "Decode handshake failed" when the bootstrap server cannot be reached,
+  "Decode transfer failed" when the prefill failed or the KV timed out.
 
 Introspection: ``GET /_mock/pd`` gives ``{role, bootstrap_port, received[] (path and the bootstrap
 fields of every generation request), ready, failed, cancelled, kv_waits, kv_failures}``;
@@ -52,11 +58,25 @@ __all__ = [
     "run_pd_worker",
     "wait_for_kv",
     "bootstrap_app",
+    "engine_report",
+    "kv_problem_report",
+    "reported_fault",
 ]
 
 PdRole = Literal["prefill", "decode"]
 PD_ROLES: tuple[PdRole, ...] = ("prefill", "decode")
-PD_FAULTS = ("prefill_fail", "prefill_drop", "prefill_hang", "decode_fail", "decode_drop", "decode_hang")
+PD_FAULTS = (
+    "prefill_fail", "prefill_drop", "prefill_hang", "decode_fail", "decode_drop", "decode_hang",
+    "prefill_bootstrap_fail", "prefill_transfer_fail", "decode_bootstrap_fail", "decode_transfer_fail",
+)
+# SGLang's abort messages for a failed PD rendezvous or KV transfer, per side and stage (its
+# scheduler's prepare_abort texts; the request ends with status 500).
+_SGLANG_REPORTS = {
+    ("prefill", "bootstrap"): "Prefill bootstrap failed",
+    ("prefill", "transfer"): "Prefill transfer failed",
+    ("decode", "bootstrap"): "Decode handshake failed",
+    ("decode", "transfer"): "Decode transfer failed",
+}
 DEFAULT_BOOTSTRAP_PORT = 8998  # SGLang's disaggregation bootstrap port when none is given
 MAX_ROOM = 2**63 - 1
 GENERATION_PATHS = frozenset(
@@ -202,6 +222,30 @@ def _drop(request: web.Request) -> None:
         request.transport.close()
 
 
+def engine_report(role: str, stage: str, room: int, reason: str) -> str:
+    """SGLang's message for a failed PD ``stage`` (bootstrap or transfer) on the ``role`` side."""
+    return (
+        f"{_SGLANG_REPORTS[(role, stage)]} for request rank=0 bootstrap_room={room} "
+        f"with exception KVTransferError(bootstrap_room={room}): {reason}"
+    )
+
+
+def kv_problem_report(room: int, problem: str) -> str:
+    """A decode's message when :func:`wait_for_kv` gave ``problem``: a bootstrap server out of reach
+    is a failed handshake, a prefill that failed or a KV that never came a failed transfer."""
+    stage = "bootstrap" if problem.startswith("bootstrap server") else "transfer"
+    return engine_report("decode", stage, room, f"KV transfer failed for bootstrap_room {room}: {problem}")
+
+
+def reported_fault(role: str, faults: frozenset[str], room: int) -> str | None:
+    """The engine's message when ``faults`` (this side's, role prefix removed) name a reported
+    bootstrap or transfer failure, else None."""
+    for stage in ("bootstrap", "transfer"):
+        if f"{stage}_fail" in faults:
+            return engine_report(role, stage, room, "failed on command (pd_fault)")
+    return None
+
+
 async def wait_for_kv(state: PdState, host: str, port: int | None, room: int) -> str | None:
     """None when the prefill side announced the room's KV as ready, else why not."""
     assert state.session is not None
@@ -261,13 +305,14 @@ async def _prefill(
 ) -> web.StreamResponse:
     if "hang" in faults:
         await _hang()
-    if "drop" in faults or "fail" in faults:
+    reported = reported_fault("prefill", faults, boot.rooms[0])
+    if "drop" in faults or "fail" in faults or reported is not None:
         state.failed += 1
         state.settle(boot.rooms, False)
         if "drop" in faults:
             _drop(request)
             raise web.HTTPServiceUnavailable()  # never sent: the connection is closed
-        return _error(500, "prefill failed on command (mock.pd_fault)")
+        return _error(500, reported or "prefill failed on command (mock.pd_fault)")
     # The prefill is computed: its KV is ready for the decode side, then the prefill's own answer.
     state.ready += 1
     state.settle(boot.rooms, True)
@@ -285,6 +330,10 @@ async def _decode(
         raise web.HTTPServiceUnavailable()
     if "fail" in faults:
         return _error(500, "decode failed on command (mock.pd_fault)")
+    reported = reported_fault("decode", faults, boot.rooms[0])
+    if reported is not None:
+        state.kv_failures += 1
+        return _error(500, reported)
     state.kv_waits += 1
     problems = await asyncio.gather(
         *(wait_for_kv(state, host, port, room) for host, port, room in zip(boot.hosts, boot.ports, boot.rooms))
@@ -292,7 +341,7 @@ async def _decode(
     for room, problem in zip(boot.rooms, problems):
         if problem is not None:
             state.kv_failures += 1
-            return _error(500, f"KV transfer failed for bootstrap_room {room}: {problem}")
+            return _error(500, kv_problem_report(room, problem))
     response: web.StreamResponse = await handler(request)
     return response
 

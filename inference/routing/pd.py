@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
+from common import pd_metrics
 from common.config import current_config
 from inference import errors
 from inference.routing.breaker import BreakerState
@@ -44,6 +45,7 @@ __all__ = [
     "http_room",
     "grpc_room",
     "inject_bootstrap",
+    "require_bootstrap_host",
     "batch_size",
     "PdPool",
     "build_pd_pool",
@@ -181,10 +183,23 @@ def grpc_room() -> int:
     return _random.randint(0, MAX_GRPC_ROOM)
 
 
+def require_bootstrap_host(prefill: PdMember) -> str:
+    """The prefill worker's bootstrap host. A worker whose URL names no host gives the decode engine
+    nowhere to meet it: nothing is sent, the request ends with 500 and counts in
+    gw_pd_bootstrap_failures_total (as the reference counts a bootstrap it could not inject)."""
+    if not prefill.host:
+        pd_metrics.PD_BOOTSTRAP_FAILURES.inc()
+        raise errors.internal_error(
+            f"PD bootstrap failed: no bootstrap host can be derived from prefill worker URL {prefill.handle.url!r}"
+        )
+    return prefill.host
+
+
 def inject_bootstrap(body: Mapping[str, Any], prefill: PdMember, batch_size: int | None = None) -> dict[str, Any]:
     """``body`` with the prefill worker's ``bootstrap_host``, ``bootstrap_port`` (null when it has
     none) and a fresh ``bootstrap_room``; for a batch of ``batch_size`` prompts, lists of that many
-    (one room each). The same body goes to both sides."""
+    (one room each). The same body goes to both sides. Raises 500 (:func:`require_bootstrap_host`)."""
+    require_bootstrap_host(prefill)
     injected = dict(body)
     port = prefill.traits.bootstrap_port
     if batch_size is None:

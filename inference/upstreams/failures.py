@@ -14,7 +14,7 @@ from enum import StrEnum
 from inference import errors
 from inference.errors import GatewayError
 
-__all__ = ["FailureKind", "UpstreamFailure"]
+__all__ = ["EngineEndedWithError", "FailureKind", "UpstreamFailure"]
 
 
 class FailureKind(StrEnum):
@@ -61,3 +61,12 @@ class UpstreamFailure(Exception):
     def in_band(self) -> GatewayError:
         """The error reported inside a response that already started."""
         return errors.stream_failed(self.detail)
+
+
+class EngineEndedWithError(UpstreamFailure):
+    """An engine ended the request itself with finish reason ``error``: an answer, not a transport
+    failure. vLLM ends so a request whose KV load failed under ``kv_load_failure_policy: fail`` (how
+    a vLLM decode engine reports a failed PD KV transfer)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(FailureKind.BROKEN, detail)

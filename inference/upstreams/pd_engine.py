@@ -15,9 +15,12 @@ streamed, tagged per the prefill worker's KV connector: :mod:`inference.upstream
 its end for the kv_transfer_params its engine returns; then the decode leg with the handoff params
 (relayed, minted or the typed host and port), whose outputs are the answer.
 
-A decode that fails before its first output while a KV handoff was expected and its prefill had not
-failed counts as a KV transfer failure (gw_pd_kv_transfer_failures_total), as does a NIXL prefill
-that returned no params (the decode recomputes the prompt).
+A side whose engine reports a failed bootstrap or KV transfer (SGLang's abort messages:
+:func:`common.pd_metrics.reported_failure`) counts in gw_pd_bootstrap_failures_total or
+gw_pd_kv_transfer_failures_total; so does, as a KV transfer failure, a vLLM decode with a handoff
+that its engine ended with finish reason ``error`` before any output (its KV load failed), and a
+NIXL prefill that returned no params (the decode recomputes the prompt). Other failures count in
+neither. A prefill worker whose bootstrap host cannot be derived sends nothing (500, counted).
 """
 
 from __future__ import annotations
@@ -34,16 +37,16 @@ from typing import Any
 from common import pd_metrics
 from inference.errors import GatewayError
 from inference.routing.dp_ranks import give_back, take_rank
-from inference.routing.pd import GRPC_DEFAULT_BOOTSTRAP_PORT, PdMember, grpc_room
+from inference.routing.pd import GRPC_DEFAULT_BOOTSTRAP_PORT, PdMember, grpc_room, require_bootstrap_host
 from inference.routing.workers import WorkerHandle
 from inference.routing.load_report import EngineLoad
 from inference.upstreams.engine import (
     CommandResult, DisaggregationParams, EngineClient, EngineHealth, EngineOutput, EngineRequest, KvTransfer,
     ModelInfo, ProfileOptions, TokenizerBundle,
 )
-from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.upstreams.failures import EngineEndedWithError, FailureKind, UpstreamFailure
 from inference.upstreams.pd_http import PdFailure
-from inference.upstreams.pd_kv import SEQUENTIAL_PD_RUNTIMES, effective_kv_engine_id, kv_plan
+from inference.upstreams.pd_kv import SEQUENTIAL_PD_RUNTIMES, KvMode, effective_kv_engine_id, kv_plan
 
 __all__ = [
     "PARALLEL_PD_RUNTIMES", "PdEngineClient", "disaggregation_for", "parallel_pd", "pd_engine_refusal", "sequential_pd",
@@ -65,8 +68,9 @@ def pd_engine_refusal(runtime: str) -> GatewayError | None:
 def disaggregation_for(prefill: PdMember) -> DisaggregationParams:
     """The rendezvous both engines get: the prefill worker's host, its bootstrap port (8998 when
     unset) and a fresh room (SGLang's field is an int32)."""
+    host = require_bootstrap_host(prefill)
     port = prefill.traits.bootstrap_port or GRPC_DEFAULT_BOOTSTRAP_PORT
-    return DisaggregationParams(bootstrap_host=prefill.host, bootstrap_port=port, bootstrap_room=grpc_room())
+    return DisaggregationParams(bootstrap_host=host, bootstrap_port=port, bootstrap_room=grpc_room())
 
 
 async def _drain(
@@ -85,6 +89,7 @@ async def _drain(
                 if output.kv_transfer_params is not None:
                     returned = output.kv_transfer_params
     except UpstreamFailure as failure:
+        pd_metrics.record_reported_failure(failure.detail)  # "Prefill bootstrap failed ...", "... transfer failed ..."
         if load is not None:
             load.breaker.record(not failure.rejected)
         if worker is not None:
@@ -178,11 +183,9 @@ async def parallel_pd(
                 first = False
                 pd_metrics.record_pd_ttft(model, prefill.runtime, perf_counter() - started)
             yield output
-    except UpstreamFailure:
-        if first and _failed(prefill_task) is None and not prefill_task.cancelled():
-            # The decode failed before any output with its prefill not failed: it never had the KV
-            # (what an engine waits for before its first output), as a KV timeout reports it.
-            pd_metrics.PD_KV_TRANSFER_FAILURES.inc()
+    except UpstreamFailure as failure:
+        if failure is not _failed(prefill_task):  # the decode's own ("Decode handshake/transfer failed ...")
+            pd_metrics.record_reported_failure(failure.detail)
         raise
     finally:
         if step is not None and not step.done():
@@ -218,6 +221,8 @@ async def sequential_pd(
     rank = ranked.dp_rank if ranked is not None else None
     engine_id = effective_kv_engine_id(traits.kv_engine_id, traits.dp_size, rank)
     plan = kv_plan(traits.kv_connector, partner.host, traits.bootstrap_port, engine_id, request.sampling.n)
+    if plan.mode is KvMode.MOONCAKE:
+        require_bootstrap_host(partner)  # the decode pulls from the prefill's bootstrap server (NIXL's params say where)
     prefill_request = dataclasses.replace(
         request,
         sampling=dataclasses.replace(request.sampling, max_new_tokens=1, n=1),
@@ -246,9 +251,11 @@ async def sequential_pd(
                 pd_metrics.record_pd_kv_transfer(model, prefill.runtime, now - prefill_ended)
                 pd_metrics.record_pd_ttft(model, prefill.runtime, now - started)
             yield output
-    except UpstreamFailure:
-        if first and expected:  # the decode failed before any output with a handoff to take: KV not had
-            pd_metrics.PD_KV_TRANSFER_FAILURES.inc()
+    except UpstreamFailure as failure:
+        if first and expected and isinstance(failure, EngineEndedWithError):
+            pd_metrics.PD_KV_TRANSFER_FAILURES.inc()  # vLLM's report of a KV load that failed (finish reason error)
+        else:
+            pd_metrics.record_reported_failure(failure.detail)
         raise
     finally:
         await outputs.aclose()  # type: ignore[attr-defined]  # an async generator

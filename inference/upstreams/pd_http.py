@@ -169,7 +169,9 @@ class PdHttpDispatch:
         timings.prefill_secs = perf_counter() - timings.started
         body = b"".join(held)
         if not ok:
-            raise errors.prefill_failed(answer.status, body[:_ERROR_DETAIL_BYTES].decode("utf-8", "replace"))
+            detail = body[:_ERROR_DETAIL_BYTES].decode("utf-8", "replace")
+            pd_metrics.record_reported_failure(detail)  # "Prefill bootstrap failed ...", "Prefill transfer failed ..."
+            raise errors.prefill_failed(answer.status, detail)
         return body if keep and size <= limit else None
 
 

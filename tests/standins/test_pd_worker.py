@@ -88,3 +88,21 @@ async def test_an_unknown_fault_is_refused() -> None:
     async with serving_pd_worker("prefill") as prefill:
         status, answer = await _post(prefill.url, _chat(prefill, 1, mock={"pd_fault": "explode"}))
         assert status == 400 and answer["error"]["param"] == "mock.pd_fault"
+
+
+async def test_failures_are_reported_in_sglang_words() -> None:
+    async with serving_pd_worker("prefill") as prefill, serving_pd_worker("decode", kv_timeout_s=0.2) as decode:
+        status, answer = await _post(prefill.url, _chat(prefill, 21, mock={"pd_fault": "prefill_bootstrap_fail"}))
+        assert status == 500 and answer["error"]["message"].startswith("Prefill bootstrap failed for request")
+        status, answer = await _post(prefill.url, _chat(prefill, 22, mock={"pd_fault": "prefill_transfer_fail"}))
+        assert status == 500 and answer["error"]["message"].startswith("Prefill transfer failed for request")
+        status, answer = await _post(decode.url, _chat(prefill, 23, mock={"pd_fault": "decode_bootstrap_fail"}))
+        assert status == 500 and answer["error"]["message"].startswith("Decode handshake failed for request")
+        status, answer = await _post(decode.url, _chat(prefill, 24, mock={"pd_fault": "decode_transfer_fail"}))
+        assert status == 500 and answer["error"]["message"].startswith("Decode transfer failed for request")
+        # The KV that never comes is a failed transfer; a bootstrap server out of reach a failed handshake.
+        status, answer = await _post(decode.url, _chat(prefill, 25))
+        assert answer["error"]["message"].startswith("Decode transfer failed") and "bootstrap_room=25" in answer["error"]["message"]
+        unreachable = {**_chat(prefill, 26), "bootstrap_port": 1}
+        status, answer = await _post(decode.url, unreachable)
+        assert status == 500 and answer["error"]["message"].startswith("Decode handshake failed")

@@ -48,7 +48,7 @@ from inference.upstreams.engine import (
     TokenizerBundle,
     TokenLogprobs,
 )
-from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.upstreams.failures import EngineEndedWithError, FailureKind, UpstreamFailure
 from inference.upstreams.grpc.channel import WorkerChannel, failure_from_rpc_error, failure_from_status
 from inference.upstreams.grpc.h2 import GrpcStatusError
 from protos import common_pb2
@@ -144,7 +144,7 @@ def finish_reason(reason: str) -> FinishReason:
     if value in ("abort", "aborted", "cancelled", "canceled"):
         return FinishReason.ABORT
     if value in ("error", "failed"):
-        raise UpstreamFailure(FailureKind.BROKEN, f"the engine ended the request with {reason!r}")
+        raise EngineEndedWithError(f"the engine ended the request with {reason!r}")
     return FinishReason.STOP  # "stop", "eos", "stop_token", "" (proto3's unset)
 
 

@@ -168,3 +168,46 @@ async def test_a_decode_without_its_kv_counts_a_kv_transfer_failure(make_gateway
         refused = {"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "mock": {"pd_fault": "decode_drop"}}
         await gateway.post("/v1/chat/completions", json=refused)
     assert (REGISTRY.get_sample_value("gw_pd_kv_transfer_failures_total") or 0.0) == before + 1
+
+
+def pd_failures() -> tuple[float, float]:
+    from common.telemetry import REGISTRY
+
+    return (
+        REGISTRY.get_sample_value("gw_pd_bootstrap_failures_total") or 0.0,
+        REGISTRY.get_sample_value("gw_pd_kv_transfer_failures_total") or 0.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("faults", "counted"),
+    [
+        (["prefill_bootstrap_fail", "decode_hang"], (1, 0)),  # SGLang: "Prefill bootstrap failed for request ..."
+        (["prefill_transfer_fail", "decode_hang"], (0, 1)),  # "Prefill transfer failed for request ..."
+        (["prefill_fail", "decode_hang"], (0, 0)),  # a prefill error that reports neither
+    ],
+)
+async def test_what_a_prefill_answer_reports_is_what_is_counted(
+    make_gateway: GatewayFactory, faults: list[str], counted: tuple[int, int]
+) -> None:
+    async with pd_gateway(make_gateway) as (gateway, prefill, decode):
+        before = pd_failures()
+        body = {"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "mock": {"pd_fault": faults}}
+        answer = await gateway.post("/v1/chat/completions", json=body)
+        assert answer.status_code == 500 and answer.json()["error"]["code"] == "prefill_internal_error"
+        after = pd_failures()
+        assert (after[0] - before[0], after[1] - before[1]) == counted
+
+
+async def test_a_prefill_without_a_bootstrap_host_sends_nothing_and_counts(make_gateway: GatewayFactory) -> None:
+    """A prefill worker whose URL names no host: no bootstrap_host can be derived for its decode."""
+    import dataclasses
+
+    async with serving_pd_worker("prefill") as prefill, serving_pd_worker("decode") as decode:
+        hostless = dataclasses.replace(prefill.record(), url=prefill.url.replace("127.0.0.1", ""))
+        gateway = make_gateway([hostless, decode.record()], retry_max_retries=0)
+        before = pd_failures()
+        answer = await gateway.post("/v1/chat/completions", json={"model": "mock-model", "messages": [{"role": "user", "content": "hi"}]})
+        assert answer.status_code == 500 and "bootstrap" in answer.json()["error"]["message"]
+        assert not prefill.pd.received and not decode.pd.received
+        assert pd_failures() == (before[0] + 1, before[1])

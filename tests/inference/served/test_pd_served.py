@@ -142,3 +142,35 @@ async def test_a_decode_that_never_gets_its_kv_counts_a_kv_transfer_failure(make
         await prefill.stop()
         await decode.stop()
     assert (REGISTRY.get_sample_value("gw_pd_kv_transfer_failures_total") or 0.0) == before + 1
+
+
+def pd_failures() -> tuple[float, float]:
+    from common.telemetry import REGISTRY
+
+    return (
+        REGISTRY.get_sample_value("gw_pd_bootstrap_failures_total") or 0.0,
+        REGISTRY.get_sample_value("gw_pd_kv_transfer_failures_total") or 0.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("markers", "counted"),
+    [
+        ("[[pd:prefill_bootstrap_fail]] [[pd:decode_hang]]", (1, 0)),  # "Prefill bootstrap failed ..."
+        ("[[pd:prefill_transfer_fail]] [[pd:decode_hang]]", (0, 1)),  # "Prefill transfer failed ..."
+        ("[[pd:decode_bootstrap_fail]]", (1, 0)),  # "Decode handshake failed ..."
+        ("[[pd:decode_transfer_fail]]", (0, 1)),  # "Decode transfer failed ..."
+        ("[[pd:decode_fail]]", (0, 0)),  # an engine failure that reports neither
+        ("[[pd:prefill_fail]] [[pd:decode_hang]]", (0, 0)),
+    ],
+)
+async def test_what_an_sglang_engine_reports_is_what_is_counted(
+    make_gateway: GatewayFactory, markers: str, counted: tuple[int, int]
+) -> None:
+    async with pd_engines(make_gateway) as (http, prefill, decode):
+        before = pd_failures()
+        with pytest.raises(openai.APIStatusError) as caught:
+            await sdk(http).chat.completions.create(model=QWEN_MODEL, messages=[{"role": "user", "content": f"Hi {markers}"}])
+        assert caught.value.status_code == 502
+        after = pd_failures()
+        assert (after[0] - before[0], after[1] - before[1]) == counted

@@ -219,3 +219,19 @@ async def test_a_client_leaving_during_the_decode_aborts_the_decode(make_gateway
         assert decode.pd.cancelled == 1
         assert len(prefill.pd.received) == 1 and prefill.pd.cancelled == 0  # the prefill leg had ended
         assert all(handle.load.in_flight == 0 for handle in REGISTRY.snapshot.workers)
+
+
+async def test_a_vllm_decode_whose_kv_load_fails_ends_with_error_and_counts(make_gateway: GatewayFactory) -> None:
+    """vLLM (kv_load_failure_policy "fail") ends a request whose KV load failed with finish reason
+    error: a KV transfer failure; a decode failing otherwise is not one."""
+    async with vllm_pd(make_gateway, NIXL) as (http, prefill, decode):
+        failures = metric("gw_pd_kv_transfer_failures_total")
+        with pytest.raises(openai.APIStatusError) as caught:
+            await sdk(http).chat.completions.create(
+                model=QWEN_MODEL, messages=[{"role": "user", "content": "Hi [[pd:decode_transfer_fail]]"}]
+            )
+        assert caught.value.status_code == 502 and decode.pd.kv_failures == 1
+        assert metric("gw_pd_kv_transfer_failures_total") == failures + 1
+        with pytest.raises(openai.APIStatusError):
+            await sdk(http).chat.completions.create(model=QWEN_MODEL, messages=[{"role": "user", "content": "Hi [[pd:decode_fail]]"}])
+        assert metric("gw_pd_kv_transfer_failures_total") == failures + 1
