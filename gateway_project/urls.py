@@ -12,6 +12,7 @@ from administration.api.fanout import flush_cache_view, get_loads_view, start_pr
 from administration.api.openapi import SCHEMA_PATH, openapi_view
 from administration.api.parse import FunctionCallView, ReasoningView
 from administration.api.tokenizers import TokenizersView, TokenizerStatusView, TokenizerView
+from administration.api.usage import PriceHistoryView, PricesView, UsageRequestsView, UsageView
 from administration.api.workers import WorkersView, WorkerView
 from gateway_project.escapes import envelope_response, server_error
 from inference import errors
@@ -45,6 +46,11 @@ urlpatterns = [
     path("stop_profile", stop_profile_view),
     path("parse/function_call", FunctionCallView.as_view()),
     path("parse/reasoning", ReasoningView.as_view()),
+    # Usage and spend (a tenant key may read its own), and model prices.
+    path("usage", UsageView.as_view()),
+    path("usage/requests", UsageRequestsView.as_view()),
+    path("prices", PricesView.as_view()),
+    path("prices/<text:model>", PriceHistoryView.as_view()),
     # Control-plane routes under /v1 (spec 3): not data-plane paths, so the ASGI router hands them here.
     # A name may hold "/" (a hub id): the status route is matched first.
     path("v1/tokenizers", TokenizersView.as_view()),

@@ -45,10 +45,20 @@ from administration.api.tokenizers import (
     TokenizerStatusView,
     TokenizerView,
 )
+from administration.api.usage import PriceHistoryView, PricesView, UsageRequestsView, UsageView
 from administration.api.workers import WorkersView, WorkerView
 from administration.models import JobState, JobType, TokenizerStatus, WorkerStatus
+from administration.usage_read import (
+    CURSOR_PATTERN,
+    DATE_PATTERN,
+    GROUP_BY_PATTERN,
+    PAGE_SIZE_DEFAULT,
+    PAGE_SIZE_MAX,
+    PRICE_MAX,
+)
 from administration.worker_spec import PATCH_FIELDS, spec_schema
 from administration.workers import WorkerAlreadyExists, WorkerCreateInProgress
+from inference.accounting import Outcome
 from inference.pipeline.reasoning import REASONING_PARSERS
 from inference.pipeline.tools import TOOL_PARSERS
 from inference.routing.load_report import GATEWAY_VERSION, LoadsReport
@@ -444,6 +454,160 @@ extend_schema_view(
         responses={200: _typed_dict_schema(SeparatedReasoning), **_PARSE_REFUSED, **_AUTH},
     ),
 )(ReasoningView)
+
+
+# --- /usage, /usage/requests, /prices ------------------------------------------------------------------
+
+_COUNT = {"type": "integer", "minimum": 0}
+USAGE_ROW = {
+    "type": "object",
+    "required": ["requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens", "spend"],
+    "properties": {
+        "tenant": {"type": "string", "description": "Only when grouped by tenant: a tenant id, :shared or :open"},
+        "model": {"type": "string", "description": "Only when grouped by model"},
+        "day": {"type": "string", "format": "date", "description": "Only when grouped by day (UTC)"},
+        **{name: _COUNT for name in ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens")},
+        "spend": {"type": "number", "minimum": 0,
+                  "description": "Tokens at the price in force at each minute: (prompt - cached) x input + cached x "
+                                 "cached input + completion x output, per million; 0 for a model without a price"},
+    },
+}
+USAGE = {
+    "type": "object",
+    "required": ["data", "start", "end", "unpriced_models"],
+    "properties": {
+        "data": {"type": "array", "items": USAGE_ROW},
+        "start": {"type": "string", "format": "date"},
+        "end": {"type": "string", "format": "date"},
+        "unpriced_models": {"type": "array", "items": _STRING,
+                            "description": "Models with tokens in the range at a minute no price covers (spend 0)"},
+    },
+}
+LOG_ROW = {
+    "type": "object",
+    "required": ["at", "request_id", "tenant", "model", "worker", "surface", "route", "status", "outcome", "error_code",
+                 "prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens", "latency_ms", "ttft_ms"],
+    "properties": {
+        "at": {"type": "string", "format": "date-time"}, "request_id": _STRING, "tenant": _STRING, "model": _STRING,
+        "worker": _STRING, "surface": _STRING, "route": _STRING, "status": {"type": "integer"},
+        "outcome": {"type": "string", "enum": [outcome.value for outcome in Outcome]}, "error_code": _STRING,
+        **{name: _COUNT for name in ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")},
+        "latency_ms": {"type": "number"}, "ttft_ms": {"type": "number", "nullable": True},
+    },
+}
+LOG_PAGE = {
+    "type": "object",
+    "required": ["data", "has_more", "next_cursor"],
+    "properties": {
+        "data": {"type": "array", "items": LOG_ROW},
+        "has_more": {"type": "boolean"},
+        "next_cursor": {"type": "string", "nullable": True, "pattern": CURSOR_PATTERN},
+    },
+}
+_PRICE_NUMBER = {"type": "number", "minimum": 0, "maximum": float(PRICE_MAX)}
+PRICE = {
+    "type": "object",
+    "required": ["model", "effective_from", "input_per_million", "cached_input_per_million", "output_per_million",
+                 "in_force"],
+    "properties": {
+        "model": _STRING, "effective_from": {"type": "string", "format": "date-time"},
+        "input_per_million": _PRICE_NUMBER, "cached_input_per_million": _PRICE_NUMBER,
+        "output_per_million": _PRICE_NUMBER,
+        "in_force": {"type": "boolean", "description": "The model's price now (false: scheduled, or superseded)"},
+    },
+}
+PRICE_LIST = {"type": "object", "required": ["data"], "properties": {"data": {"type": "array", "items": PRICE}}}
+PRICE_HISTORY = {
+    "type": "object", "required": ["model", "data"],
+    "properties": {"model": _STRING, "data": {"type": "array", "items": PRICE, "description": "Newest first"}},
+}
+ADD_PRICE = {
+    "type": "object",
+    "required": ["model", "input_per_million", "output_per_million"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": NOT_BLANK,
+                  "description": "The canonical model id"},
+        "input_per_million": _PRICE_NUMBER,
+        "cached_input_per_million": {**_PRICE_NUMBER, "description": "Absent: the input price"},
+        "output_per_million": _PRICE_NUMBER,
+        "effective_from": {"type": "string", "format": "date-time", "nullable": True,
+                           "description": "Absent or null: now. Never in the past (a price change never rewrites "
+                                          "spend)"},
+    },
+}
+_NO_NUL_TEXT = {"type": "string", "pattern": NO_NUL}
+_USAGE_PARAMETERS = [
+    OpenApiParameter("start", {"type": "string", "format": "date", "pattern": DATE_PATTERN}, OpenApiParameter.QUERY,
+                     description="First UTC day (default: 29 days before end)"),
+    OpenApiParameter("end", {"type": "string", "format": "date", "pattern": DATE_PATTERN}, OpenApiParameter.QUERY,
+                     description="Last UTC day, included (default: today); at most --usage-max-range-days days from "
+                                 "start, never before it"),
+    OpenApiParameter("group_by", {"type": "string", "pattern": GROUP_BY_PATTERN}, OpenApiParameter.QUERY,
+                     description="A comma-separated subset of tenant, model, day (absent: one row of totals)"),
+    OpenApiParameter("tenant", _NO_NUL_TEXT, OpenApiParameter.QUERY,
+                     description="Only this tenant (a tenant key: only its own, another is 403)"),
+    OpenApiParameter("model", _NO_NUL_TEXT, OpenApiParameter.QUERY, description="Only this model"),
+]
+_LOG_PARAMETERS = [
+    OpenApiParameter("start", {"type": "string", "format": "date-time"}, OpenApiParameter.QUERY,
+                     description="Requests that arrived at or after this moment"),
+    OpenApiParameter("end", {"type": "string", "format": "date-time"}, OpenApiParameter.QUERY,
+                     description="Requests that arrived before this moment"),
+    OpenApiParameter("tenant", _NO_NUL_TEXT, OpenApiParameter.QUERY,
+                     description="Only this tenant (a tenant key: only its own, another is 403)"),
+    OpenApiParameter("model", _NO_NUL_TEXT, OpenApiParameter.QUERY, description="Only this model"),
+    OpenApiParameter("status", {"type": "integer", "minimum": 100, "maximum": 599}, OpenApiParameter.QUERY,
+                     description="Only this HTTP status"),
+    OpenApiParameter("request_id", _NO_NUL_TEXT, OpenApiParameter.QUERY, description="Only this request id"),
+    OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": PAGE_SIZE_MAX}, OpenApiParameter.QUERY,
+                     description=f"Rows per page (default {PAGE_SIZE_DEFAULT})"),
+    OpenApiParameter("cursor", {"type": "string", "pattern": CURSOR_PATTERN}, OpenApiParameter.QUERY,
+                     description="The previous page's next_cursor"),
+]
+_USAGE_REFUSED = {400: OpenApiResponse(ADMIN_ERROR, "bad_request: a parameter the rules refuse (a range ending before "
+                                                    "it starts or over --usage-max-range-days days)")}
+# The usage routes' credential (UsageAuthentication: a tenant key, or the control plane's) is the same bearer scheme.
+_BEARER: Any = [{"bearerAuth": []}]  # a security requirement (the stubs type it as names)
+_MODEL_PATH = OpenApiParameter("model", str, OpenApiParameter.PATH, description="The canonical model id")
+
+extend_schema_view(
+    get=extend_schema(
+        operation_id="get_usage", summary="Usage and spend per tenant, model and UTC day (a tenant key: its own)",
+        parameters=_USAGE_PARAMETERS, auth=_BEARER, responses={200: USAGE, **_USAGE_REFUSED, **_AUTH, **_STORE_DOWN},
+    ),
+)(UsageView)
+
+extend_schema_view(
+    get=extend_schema(
+        operation_id="list_request_log", summary="The request log, newest first (a tenant key: its own requests)",
+        parameters=_LOG_PARAMETERS, auth=_BEARER,
+        responses={200: LOG_PAGE, 400: OpenApiResponse(ADMIN_ERROR, "bad_request: a parameter the rules refuse"),
+                   **_AUTH, **_STORE_DOWN},
+    ),
+)(UsageRequestsView)
+
+extend_schema_view(
+    get=extend_schema(
+        operation_id="list_prices", summary="Each model's price in force, and prices scheduled after it",
+        responses={200: PRICE_LIST, **_AUTH, **_STORE_DOWN},
+    ),
+    post=extend_schema(
+        operation_id="add_price", summary="A new price for a model, in force from effective_from (never rewrites one)",
+        request={"application/json": ADD_PRICE},
+        responses={201: PRICE, 400: OpenApiResponse(ADMIN_ERROR, "bad_request: not a price the rules take"),
+                   413: OpenApiResponse(GATEWAY_ERROR, "payload_too_large: the body is over DATA_UPLOAD_MAX_MEMORY_SIZE"),
+                   **_AUTH, 409: OpenApiResponse(ADMIN_ERROR, "conflict: the model has a price from that moment"),
+                   **_STORE_DOWN},
+    ),
+)(PricesView)
+
+extend_schema_view(
+    get=extend_schema(
+        operation_id="price_history", summary="Every price of one model, newest first", parameters=[_MODEL_PATH],
+        responses={200: PRICE_HISTORY, **_AUTH, 404: OpenApiResponse(ADMIN_ERROR, "not_found: no price for the model"),
+                   **_STORE_DOWN},
+    ),
+)(PriceHistoryView)
 
 
 # --- the async views' declarations ---------------------------------------------------------------------

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db  # in a test transaction: no job is started
 ADMIN_KEY = "sk-admin-methods"
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
 # A value for each path parameter of the control routes (the route answers; what it finds does not matter).
-PARAMETERS = {"worker_id": str(uuid.uuid4()), "tokenizer_id": "some/name"}
+PARAMETERS = {"worker_id": str(uuid.uuid4()), "tokenizer_id": "some/name", "model": "org/model"}
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
 
 import jsonschema  # type: ignore[import-untyped]
@@ -33,8 +34,9 @@ from administration.api.tokenizers import NAME_MAX, PATH_FORMAT
 from administration.control_auth import reset_control_plane_auth
 from administration.jobs import wait_for_local_jobs
 from administration.models import JobState, RegisteredTokenizer, TokenizerStatus, Worker
+from administration.usage_read import UsageQueryError, parse_price, parse_usage_query
 from administration.worker_spec import spec_schema
-from common.config import GatewayConfig, install_config
+from common.config import GatewayConfig, current_config, install_config
 from inference.pipeline.tokenizer_sources import SourceKind, source_kind
 from standins.fixtures import FIXTURE_MODELS
 from standins.mock_worker import MockWorkerConfig, build_app
@@ -133,6 +135,23 @@ def _breaks_path_format(case: schemathesis.Case) -> bool:
     )  # fmt: skip
 
 
+def _breaks_a_usage_rule(case: schemathesis.Case) -> bool:
+    """A /usage range the description cannot bound (ending before it starts, longer than
+    --usage-max-range-days), or a price from a moment already past (a price never rewrites spend):
+    the rules of the routes themselves, asked here."""
+    now = datetime.now(timezone.utc)
+    try:
+        if case.path == "/usage" and case.method == "GET":
+            query = {name: str(value[-1] if isinstance(value, list) and value else value)
+                     for name, value in (case.query or {}).items()}  # the last of a repeated name, as Django
+            parse_usage_query(query, today=now.date(), max_days=current_config().usage_max_range_days)
+        elif case.path == "/prices" and case.method == "POST" and isinstance(case.body, dict):
+            parse_price(case.body, now - timedelta(seconds=5))  # the request reaches the view a moment later
+    except UsageQueryError:
+        return True
+    return False
+
+
 def _every_job_ended() -> None:
     wait_for_local_jobs(JOB_WAIT_SECS)
     running = list(Worker.objects.filter(job_state__in=[JobState.PENDING, JobState.PROCESSING]).values("url", "job_type"))
@@ -150,9 +169,10 @@ def test_the_control_plane_answers_as_described(
 ) -> None:
     _on_loopback(case, mock_worker)
     response = case.call()
-    if _breaks_path_format(case):
+    if _breaks_path_format(case) or _breaks_a_usage_rule(case):
         # Not data the description allows (its PATH_FORMAT), though schemathesis's boundary values
-        # ignore a format of our own: refused by that rule, and every other check holds.
+        # ignore a format of our own; or a usage rule no schema states: refused by that rule, and
+        # every other check holds.
         assert 400 <= response.status_code < 500, response.text
         case.validate_response(response, excluded_checks=[positive_data_acceptance])
     else:
