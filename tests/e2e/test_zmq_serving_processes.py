@@ -116,7 +116,8 @@ def test_both_serving_processes_serve_a_zmq_worker_and_a_replaced_one_again(
         request_id = re.search(r'"id":"([^"]+)"', first)
         assert request_id is not None
     pinned[follower].close()
-    wait_for(lambda: f"abort {request_id.group(1)}" in engine.log(), 15, "the engine's ABORT", engine)
+    aborted = f"abort {request_id.group(1)}-c"  # the engine's id: the gateway's and the client's index
+    wait_for(lambda: aborted in engine.log(), 15, "the engine's ABORT", engine)
 
     # The follower killed: the supervisor replaces it, and the replacement serves the worker again.
     os.kill(follower, signal.SIGKILL)

@@ -697,7 +697,8 @@ class ZmqEngineClient(EngineClient):
                 raise UpstreamFailure(FailureKind.BROKEN, f"ZMQ worker {self.url}: {exc}") from None
         self._serving()
         n = max(1, request.sampling.n)
-        ids = {request.request_id if n == 1 else f"{i}_{request.request_id}": i for i in range(n)}
+        base = self._engine_request_id(request.request_id)
+        ids = {base if n == 1 else f"{i}_{base}": i for i in range(n)}
         if any(engine_id in self._flights for engine_id in ids):
             raise UpstreamFailure.refused(f"request id {request.request_id} is already running on {self.url}")
         rank = self._pick_rank(request)
@@ -795,11 +796,18 @@ class ZmqEngineClient(EngineClient):
                 with contextlib.suppress(UpstreamFailure):
                     await self._send(rank, codec.RequestType.ABORT, codec.encode(sorted(open_ids)))
 
+    def _engine_request_id(self, request_id: str) -> str:
+        """The id the engine knows a request by: the gateway's, and with several serving processes
+        the client's index after it (``ID-cI``), so that two processes' requests never share one
+        (a client may name its request, ``rid``), as vLLM's scale-out front ends make theirs unique."""
+        return f"{request_id}-c{self.client_index}" if self.shared else request_id
+
     async def abort(self, request_id: str) -> None:
         """Send ABORT for the request's choices and end them here with finish ``abort``: the engine
         core sends nothing for a request its client aborted (vLLM's front end ends the stream itself)."""
-        flight = self._flights.get(request_id) or next(
-            (f for f in self._flights.values() if any(i.split("_", 1)[-1] == request_id for i in f.choices)), None
+        base = self._engine_request_id(request_id)
+        flight = self._flights.get(base) or next(
+            (f for f in self._flights.values() if any(i.split("_", 1)[-1] == base for i in f.choices)), None
         )  # the request id, or the parent id of n choices
         if flight is None:
             return

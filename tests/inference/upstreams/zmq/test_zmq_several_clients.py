@@ -119,7 +119,8 @@ async def test_init_lists_every_client_and_each_request_is_answered_to_its_clien
         assert [t for o in outputs for t in o.token_ids] == [*expected, gateway.model.eos_token_id]
         assert outputs[-1].finish is not None and outputs[-1].finish.reason is FinishReason.STOP
     assert engine.state.adds_by_client == {0: 3, 1: 3}
-    assert {(add[0], add[11]) for add in engine.state.adds} == {(f"r{i}", i % 2) for i in range(6)}
+    # Each client's index after the request id (two processes' requests never share one) and in client_index.
+    assert {(add[0], add[11]) for add in engine.state.adds} == {(f"r{i}-c{i % 2}", i % 2) for i in range(6)}
 
 
 async def test_utility_calls_come_back_to_the_caller(gateway: Gateway) -> None:
@@ -154,7 +155,7 @@ async def test_abort_from_a_client_that_does_not_bind_the_handshake(ipc_dir: Pat
         async with aclosing(g.clients[1].generate(request)) as stream:
             async for _ in stream:
                 break
-        await _until(lambda: engine.state.abort_messages == [["gone"]] and not engine.state.running)
+        await _until(lambda: engine.state.abort_messages == [["gone-c1"]] and not engine.state.running)
     finally:
         await g.stop()
 
@@ -187,6 +188,34 @@ async def test_another_process_takes_the_handshake_when_the_binder_is_gone(gatew
         await client.wait_ready(10)
         outputs = [o async for o in client.generate(EngineRequest(f"n{client.client_index}", gateway.prompt()))]
         assert outputs[-1].finish is not None
+
+
+async def test_the_same_request_id_from_two_processes_is_two_engine_requests(gateway: Gateway) -> None:
+    request = EngineRequest("rid", gateway.prompt(), SamplingParams(max_new_tokens=4))
+
+    async def run(client: ZmqEngineClient) -> list[Any]:
+        return [o async for o in client.generate(request)]
+
+    answers = await asyncio.gather(*(run(client) for client in gateway.clients))
+    assert all(outputs[-1].finish is not None and outputs[-1].completion_tokens == 4 for outputs in answers)
+    assert sorted(add[0] for add in gateway.group.engines[0].state.adds) == ["rid-c0", "rid-c1"]
+
+
+async def test_abort_by_the_gateway_request_id(ipc_dir: Path) -> None:
+    g = Gateway(ipc_dir, 2)
+    g.group = ZmqEngineGroup(ZmqEngineConfig(tokenizer=QWEN, delay_ms=50, chunk_tokens=1), g.handshake)
+    await g.start()
+    try:
+        request = EngineRequest("mine", g.prompt(), SamplingParams(max_new_tokens=200, n=2), stream=True)
+        async with aclosing(g.clients[1].generate(request)) as stream:
+            await anext(stream)
+            await g.clients[1].abort("mine")
+            finishes = [o.finish.reason async for o in stream if o.finish is not None]
+        assert finishes == [FinishReason.ABORT, FinishReason.ABORT]
+        engine = g.group.engines[0]
+        await _until(lambda: [sorted(ids) for ids in engine.state.abort_messages] == [["0_mine-c1", "1_mine-c1"]])
+    finally:
+        await g.stop()
 
 
 async def test_dp_size_two_from_a_client_that_hears_no_wave_complete(ipc_dir: Path) -> None:
