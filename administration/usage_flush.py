@@ -42,6 +42,7 @@ from administration.models import RequestLogEntry, UsageMinute
 from common.config import GatewayConfig
 from common.ticks import next_mark
 from inference.accounting import MINUTE_FIELDS, AccountingEntry, Drained, MinuteKey, UsageLedger
+from inference.dataplane import DataPlane
 
 __all__ = [
     "UsageFlusher", "write_usage", "prune_request_log", "delete_usage_before", "PurgeCounts", "fit_ledger",
@@ -184,12 +185,11 @@ def delete_usage_before(cutoff: datetime) -> PurgeCounts:
     return PurgeCounts(minutes, log_rows)
 
 
-def fit_ledger(holder: object, config: GatewayConfig) -> None:
+def fit_ledger(dp: DataPlane, config: GatewayConfig) -> None:
     """Size the data plane's ledger to --request-log-max-rows: no process holds more unflushed log
     rows than the log keeps (0: none). Called before the process serves (the ledger is empty)."""
-    ledger: UsageLedger = getattr(holder, "ledger")
-    if ledger.log_capacity != config.request_log_max_rows and not len(ledger):
-        setattr(holder, "ledger", UsageLedger(config.request_log_max_rows))
+    if dp.ledger.log_capacity != config.request_log_max_rows and not len(dp.ledger):
+        dp.ledger = UsageLedger(config.request_log_max_rows)
 
 
 def _bounded(batch: Drained) -> tuple[Drained, int]:
