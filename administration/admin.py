@@ -23,6 +23,7 @@ from django.utils.safestring import SafeString
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
+from administration import usage_admin  # noqa: F401  # registers the prices, request log and usage pages
 from administration.console import WorkerAddForm, dp_ranks, job_summary, live_state, pd_groups, stored_spec
 from administration.fleet_page import fleet_urls
 from administration.models import RegisteredTokenizer, TenantBudget, TenantRateLimit, Worker, WorkerStatus, WorkerType
