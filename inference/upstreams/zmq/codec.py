@@ -8,7 +8,11 @@ Followed: the public vLLM sources in the vllm-project/vllm repository, at
 - ``vllm/v1/engine/utils.py`` @ 0018dd01c9a9f22622c2373228101b6a1e6dc7f6 (the HELLO / INIT / READY
   handshake, EngineHandshakeMetadata, EngineZmqAddresses, identities);
 - ``vllm/v1/engine/core_client.py`` @ 00080ee13c7a451fce071ccb8d0e94d395acf5a7 (the input ROUTER
-  and output PULL, ENGINE_CORE_DEAD, the ready response on the input socket).
+  and output PULL, ENGINE_CORE_DEAD, the ready response on the input socket);
+- ``vllm/v1/engine/core.py`` @ the same commit (several clients, D69: a DEALER to every input
+  address with the ready response sent on each, a PUSH to every output address, a request's
+  outputs to ``client_index``'s, a utility answer to its caller's, ``ENGINE_CORE_DEAD`` to all,
+  ``wave_complete`` to client 0 without a DP coordinator).
 
 The layouts are the contract:
 
