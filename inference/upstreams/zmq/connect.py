@@ -6,8 +6,9 @@ is served by the one wire the gateway speaks to a ZMQ worker, vLLM's EngineCore 
 registered in ``ENGINE_CLIENTS`` under ``(Transport.ZMQ, runtime)``.
 
 :func:`connect` is ZMQ's connector in ``ENGINE_CONNECTORS``. It binds nothing: a ZMQ worker's
-sockets are bound by one process only, the serving process's own client (the engine pool's), whose
-first health check or request binds them and takes the handshake. The client it returns is unbound,
+sockets are bound by each serving process's own client (the engine pool's), whose first health
+check or request binds them (its input and output sockets; the health-checking process also takes
+the handshake, D69). The client it returns is unbound,
 so a control command or a tokenizer fetch on it answers what a ZMQ worker does not offer (no cache
 flush, no profiling, no tokenizer) without taking the addresses from the serving client.
 """
