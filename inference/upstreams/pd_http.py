@@ -32,7 +32,7 @@ from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.http import HttpRelay
 from inference.writers import ResponseWriter
 
-__all__ = ["PdHttpDispatch", "PdAnswer", "PdFailure", "PdTimings"]
+__all__ = ["HeldAnswer", "PdHttpDispatch", "PdAnswer", "PdFailure", "PdTimings"]
 
 log = logging.getLogger(__name__)
 
@@ -146,14 +146,30 @@ class PdHttpDispatch:
             pd_metrics.record_pd_ttft(model, prefill.worker.record.runtime_type, timings.decode_head_secs)
         if not 200 <= answer.status < 300:
             failed = prefill_task.done() and (prefill_task.cancelled() or prefill_task.exception() is not None)
-            if answer.status == 500 and not failed:
-                # An internal error before any output, the prefill not failed: the decode did not get the
-                # KV (what it waits for before answering; overload and refusals are other statuses).
-                pd_metrics.PD_KV_TRANSFER_FAILURES.inc()
             # The decode worker refused or failed: its answer is the client's; nothing waits for the prefill.
             await _cancelled(prefill_task)
+            if answer.status >= 500 and not failed:
+                # Read before it is relayed: what the decode reports ("Decode handshake failed ...",
+                # "Decode transfer failed ...") is counted; the prefill's own report, when it failed
+                # first, was counted on its side.
+                answer = await self._held(answer, decode)
+                pd_metrics.record_reported_failure(answer.body[:_ERROR_DETAIL_BYTES].decode("utf-8", "replace"))
             return PdAnswer(answer, None, decode, prefill, logprobs, timings)
         return PdAnswer(answer, prefill_task, decode, prefill, logprobs, timings)
+
+    async def _held(self, answer: RelayAnswer, request: RelayRequest) -> HeldAnswer:
+        """An error answer of the decode read whole (past :attr:`HttpRelay.max_answer_bytes` the rest
+        is dropped), to be relayed as it came."""
+        held: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in answer.chunks():
+                if size < self._relay.max_answer_bytes:
+                    held.append(chunk)
+                    size += len(chunk)
+        except UpstreamFailure as failure:
+            raise _sided("decode", request, failure) from None
+        return HeldAnswer(answer.status, answer.content_type, b"".join(held)[: self._relay.max_answer_bytes])
 
     async def _prefill(self, request: RelayRequest, keep: bool, timings: PdTimings) -> bytes | None:
         """The prefill side: its answer read to the end (kept when ``keep`` or an error status)."""
@@ -196,6 +212,26 @@ def _account(task: asyncio.Task[bytes | None], request: RelayRequest, model: str
             load.breaker.record(load.breaker.config.counts_as_failure(failure.status))
 
     task.add_done_callback(ended)
+
+
+class HeldAnswer(RelayAnswer):
+    """An answer already read whole (a decode's error, read for what it reports), relayed as it came."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, status: int, content_type: str, body: bytes) -> None:
+        super().__init__(status, content_type)
+        self.body = body
+
+    async def discard(self) -> None:
+        return None
+
+    async def forward(self, writer: ResponseWriter) -> bool:
+        await writer.whole(self.status, self.content_type.encode("latin-1"), self.body)
+        return True
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self.body
 
 
 class PdAnswer(RelayAnswer):

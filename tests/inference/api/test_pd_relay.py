@@ -211,3 +211,24 @@ async def test_a_prefill_without_a_bootstrap_host_sends_nothing_and_counts(make_
         assert answer.status_code == 500 and "bootstrap" in answer.json()["error"]["message"]
         assert not prefill.pd.received and not decode.pd.received
         assert pd_failures() == (before[0] + 1, before[1])
+
+
+@pytest.mark.parametrize(
+    ("fault", "reported", "counted"),
+    [
+        ("decode_bootstrap_fail", "Decode handshake failed for request", (1, 0)),  # SGLang's words
+        ("decode_transfer_fail", "Decode transfer failed for request", (0, 1)),
+        ("decode_fail", "decode failed on command", (0, 0)),  # a decode 500 that reports neither
+    ],
+)
+async def test_what_a_decode_answer_reports_is_what_is_counted_and_relayed_as_it_came(
+    make_gateway: GatewayFactory, fault: str, reported: str, counted: tuple[int, int]
+) -> None:
+    async with pd_gateway(make_gateway) as (gateway, prefill, decode):
+        before = pd_failures()
+        body = {"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "mock": {"pd_fault": fault}}
+        answer = await gateway.post("/v1/chat/completions", json=body)
+        assert answer.status_code == 500
+        assert answer.json()["error"]["message"].startswith(reported)  # the decode's own answer
+        after = pd_failures()
+        assert (after[0] - before[0], after[1] - before[1]) == counted
