@@ -14,12 +14,22 @@ With ``REDIS_URL`` set (:class:`RedisBudgetCounter`) the period's use lives in o
 tenant and period, shared by every gateway process and host: a task off the request path sends this
 process's batched charges (INCRBY, in one Lua script per batch, made idempotent by a batch id so a
 batch sent again after a lost answer is counted once) and reads back the counters of the tenants
-this process served, every :data:`SYNC_SECS` while it serves them. The counters are exact: every
-charge of every process is added exactly once. The refusal follows them within a bound: a process
-sees its own charges at once and the other processes' within one sync (plus one round trip), so a
-tenant whose budget another process used up may still be admitted here for up to
-:data:`SYNC_SECS`; and every request admitted before the budget ran out finishes and is charged, so
-a period's use may end above the budget by what those requests used.
+this process served, every :data:`SYNC_SECS` (0.5 s) while it serves them, and every
+:data:`NEAR_SYNC_SECS` (20 ms) while one of them is near its budget in this process's view (90 %
+used or more: a charge, or a check of a tenant not refused yet, that finds it so ends the long
+pause at once; a refused tenant's count only grows, so its checks leave the pace alone). A
+process also sends a tenant's charges at once when those it holds reach :data:`SEND_SHARE` (10 %)
+of the tenant's budget. One round trip per sync, however many requests; the answer to a send is the
+tenant's total, so a process's view is the total as of its last sync plus its own use since.
+
+The counters are exact: every charge of every process is added exactly once. The refusal follows
+them within a bound. A process sees its own charges at once and the others' at its next sync; what
+it admits on a stale view is bounded in tokens, since its own charges reaching 10 % of the budget
+make it sync (sending them and reading the total): so across N processes a tenant's use passes its
+budget by at most about N x 10 % of it, plus what each admits within one short pause and the
+requests in flight when its view caught up; and in time, a process syncing every :data:`NEAR_SYNC_SECS` once its view shows 90 % of the budget and
+every :data:`SYNC_SECS` before. Every request admitted before the budget ran out finishes and is
+charged (tokens are known only at the end).
 
 While Redis cannot be reached each process goes on counting: the last counts it read plus its own
 charges since (held, and sent once Redis answers again), the outage logged once
@@ -62,11 +72,15 @@ __all__ = [
     "current_period",
     "refit_budget_counter",
     "SYNC_SECS",
+    "NEAR_SYNC_SECS",
 ]
 
 log = logging.getLogger(__name__)
 
 SYNC_SECS = 0.5  # how often a serving process sends its charges and reads the shared counts (Redis)
+NEAR_SHARE = 0.9  # a tenant whose view shows this share of its budget used is near it: sync faster
+NEAR_SYNC_SECS = 0.02  # how often, then
+SEND_SHARE = 0.1  # charges of a tenant held in one process reaching this share of its budget are sent at once
 KEY_GRACE_SECS = 86_400  # a period's Redis counter outlives the period by this long
 BATCH_MARKER_SECS = 3_600  # a sent batch's id is remembered this long (a batch resent later is refused)
 
@@ -320,18 +334,23 @@ class RedisBudgetCounter(BudgetCounter):
     """The counts shared through Redis: key ``<prefix><tenant>:<period name>`` per tenant and period.
 
     A tenant's use here is the count last read from Redis plus this process's charges not yet in
-    it (held, or on their way). A sync runs on each event loop that checks or charges, every
-    ``sync_secs`` while tenants are served and once more after, then stops until the next request.
+    it (held, or on their way). A sync task runs on each event loop that checks or charges: a sync
+    at once, then one every ``sync_secs`` while tenants are checked or charges wait; it ends after a
+    pause in which nothing happened, and the next request starts it again.
     """
 
     def __init__(
         self, budgets: TenantBudgets, url: str, prefix: str = "gw:budget:", *,
-        clock: Callable[[], float] = time.time, sync_secs: float = SYNC_SECS, run_syncs: bool = True,
+        clock: Callable[[], float] = time.time, sync_secs: float = SYNC_SECS, near_sync_secs: float = NEAR_SYNC_SECS,
+        run_syncs: bool = True,
     ) -> None:
         super().__init__(budgets, clock)
         self.url = url
         self.prefix = prefix
         self.sync_secs = sync_secs
+        self.near_sync_secs = near_sync_secs
+        self._near = False  # a tenant near its budget was checked or charged since the last sync
+        self._pauses: dict[asyncio.AbstractEventLoop, asyncio.Future[None]] = {}  # a sync task's long pause
         self._run_syncs = run_syncs  # tests drive sync() themselves
         self._shared = _PeriodCounts()  # the counts last read from Redis
         self._held: dict[_Key, int] = {}  # charged here, not sent yet
@@ -354,8 +373,22 @@ class RedisBudgetCounter(BudgetCounter):
             self._wake()
         used = self._used(tenant, name)
         if used < budget.tokens:
+            if used >= budget.tokens * NEAR_SHARE:
+                self._hurry()
             return None
-        return BudgetRefusal(tenant, budget, used, ends, now)
+        return BudgetRefusal(tenant, budget, used, ends, now)  # counts only grow: no hurry past the budget
+
+    def charge(self, tenant: str, tokens: int, at: float) -> None:
+        if tokens <= 0:
+            return
+        budget = self.budgets.budget_for(tenant)
+        if budget is None:
+            return
+        name, _, ends = self._periods.of(budget.period, at)
+        self._add(tenant, name, ends, tokens)
+        held = self._held.get((tenant, name), 0)
+        if held >= budget.tokens * SEND_SHARE or self._used(tenant, name) >= budget.tokens * NEAR_SHARE:
+            self._hurry()  # a tenth of the budget unsent, or near it (past it too): the others should know
 
     def _used(self, tenant: str, period: str) -> int:
         key = (tenant, period)
@@ -384,15 +417,38 @@ class RedisBudgetCounter(BudgetCounter):
         if task is None or task.done():
             self._syncers[loop] = loop.create_task(self._syncing())
 
+    def _hurry(self) -> None:
+        """A tenant is near its budget: the next sync now, and the following ones sooner."""
+        if self._near:
+            return
+        self._near = True
+        try:
+            pause = self._pauses.get(asyncio.get_running_loop())
+        except RuntimeError:
+            return
+        if pause is not None and not pause.done():
+            pause.set_result(None)
+
     async def _syncing(self) -> None:
         # Ends once a pause found nothing to send or read (no await between that look and the end,
         # so a request after it sees the task done and starts another).
+        loop = asyncio.get_running_loop()
         while self._served or self._held or self._sending is not None:
+            near, self._near = self._near, False
             try:
                 await self.sync()
             except Exception:  # never let the task die on a surprise: log and go on
                 log.exception("token budget sync failed")
-            await asyncio.sleep(self.sync_secs)
+            if near or self._near:  # short pauses while a tenant is near its budget; nothing cuts them shorter
+                await asyncio.sleep(self.near_sync_secs)
+                continue
+            pause = self._pauses[loop] = loop.create_future()
+            timer = loop.call_later(self.sync_secs, _resolve, pause)
+            try:
+                await pause  # a tenant coming near its budget ends it early (_hurry)
+            finally:
+                timer.cancel()
+                self._pauses.pop(loop, None)
 
     async def sync(self) -> None:
         async with self._lock:
@@ -458,6 +514,11 @@ class RedisBudgetCounter(BudgetCounter):
         found = self._clients.pop(loop, None)
         if found is not None:
             await found[0].aclose()
+
+
+def _resolve(pause: asyncio.Future[None]) -> None:
+    if not pause.done():
+        pause.set_result(None)
 
 
 def refit_budget_counter(

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from common.config import ConfigError, GatewayConfig, parse_gateway_args
 from common.outages import REDIS
@@ -284,8 +285,6 @@ async def test_two_counters_share_one_budget_through_redis() -> None:
             await one.sync()
             refused = one.check("acme")
             assert refused is not None and refused.used == 100 and refused.retry_after == 12 * 3600
-            import redis
-
             stored = redis.Redis.from_url(server.url()).get("gw:budget:acme:day:2026-11-28")
             assert stored == b"100"  # every charge of both, once
 
@@ -310,8 +309,6 @@ async def test_charges_held_through_a_redis_outage_are_counted_once(
     caplog.set_level(logging.WARNING, logger="common.outages")
     monkeypatch.setattr(REDIS, "retry_secs", 0.0)  # every sync may try Redis (no waiting in the test)
     clock = Clock(utc(2026, 11, 28, 12))
-    import redis
-
     with RedisServer() as server:
         counter = RedisBudgetCounter(budgets(acme="100/day"), server.url(), clock=clock, run_syncs=False)
         stored = redis.Redis.from_url(server.url())
@@ -377,3 +374,44 @@ async def test_syncs_run_off_the_request_path_while_tenants_are_served() -> None
         finally:
             await one.aclose()
             await two.aclose()
+
+
+@needs_redis_server
+async def test_near_its_budget_a_tenant_is_synced_at_once_and_then_often() -> None:
+    """Pauses of an hour between syncs: only the near-budget pace can bring the charges and counts
+    across in this test. A charge taking the tenant to 90 % ends the charging process's pause and
+    is sent at once; the other process, whose view shows it near, reads it every few milliseconds
+    and refuses the tenant once the first process's charges take it past its budget."""
+    with RedisServer() as server:
+        kwargs: dict[str, Any] = {"sync_secs": 3600.0, "near_sync_secs": 0.01}
+        one = RedisBudgetCounter(budgets(acme="100/day"), server.url(), **kwargs)
+        two = RedisBudgetCounter(budgets(acme="100/day"), server.url(), **kwargs)
+        stored = redis.Redis.from_url(server.url())
+        key = f"gw:budget:acme:{current_period('day', time.time())[0]}"
+        try:
+            one.charge("acme", 10, time.time())  # starts one's task: sent at once, then an hour's pause
+
+            async def stored_count(count: int) -> bool:
+                return int(stored.get(key) or 0) == count
+
+            await until(lambda: stored_count(10))
+            one.charge("acme", 85, time.time())  # 95 %: the pause ends
+            await until(lambda: stored_count(95))
+
+            assert two.check("acme") is None  # starts two's task: its first sync reads 95
+
+            async def near_in_two() -> bool:
+                return two.used("acme") == 95
+
+            await until(near_in_two)
+            assert two.check("acme") is None  # near: two syncs often from now on
+            one.charge("acme", 10, time.time())
+
+            async def refused_in_two() -> bool:
+                return two.check("acme") is not None
+
+            await until(refused_in_two)
+        finally:
+            await one.aclose()
+            await two.aclose()
+            stored.close()
