@@ -52,8 +52,19 @@ class Pinned:
         self.pid: int | None = None
 
     def chat(self, port: int, pids: list[int]) -> tuple[str, int | None]:
-        """A whole chat answer, and the process that served it (the connection's owner)."""
-        raw = self.sdk.chat.completions.with_raw_response.create(model=MODEL, messages=MESSAGES, extra_body=NO_THINKING)
+        """A whole chat answer, and the process that served it (the connection's owner). A process
+        just started loads the tokenizer at its first request and answers 503 meanwhile (retried)."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                raw = self.sdk.chat.completions.with_raw_response.create(
+                    model=MODEL, messages=MESSAGES, extra_body=NO_THINKING
+                )
+                break
+            except openai.APIStatusError as error:
+                if error.status_code != 503 or "is loading" not in error.message or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         client_port = raw.http_response.extensions["network_stream"].get_extra_info("client_addr")[1]
         self.pid = connection_owner(port, client_port, pids)
         return raw.parse().choices[0].message.content or "", self.pid

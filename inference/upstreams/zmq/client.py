@@ -237,12 +237,13 @@ class ZmqEngineClient(EngineClient):
         first health check or request binds (:meth:`open`)."""
         spec = record.engine or EngineSpec()
         place = serving_place()  # under rungateway --workers N, this process is client place.index of N
-        shared = place is not None and place.count > 1
+        if place is None or place.count < 2:
+            place = None
         return cls(
             record.url, api_key=record.api_key, model_id=record.model_id or "", dp_size=spec.dp_size or 1,
             handshake_address=spec.zmq_handshake_address, tokenizer_path=spec.tokenizer or "",
-            max_model_len=spec.context_length, client_index=place.index if place and shared else 0,
-            client_count=place.count if place and shared else 1, facts_dir=place.run_dir if place and shared else None,
+            max_model_len=spec.context_length, client_index=place.index if place else 0,
+            client_count=place.count if place else 1, facts_dir=place.run_dir if place else None,
         )  # fmt: skip
 
     def use_eos_token_ids(self, eos_token_ids: tuple[int, ...]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from inference.routing.workers import EngineSpec, WorkerRecord
 from inference.upstreams.engine import EngineRequest, FinishReason, SamplingParams
 from inference.upstreams.zmq.addresses import ZmqAddressError, zmq_addresses
 from inference.upstreams.zmq.client import ZmqEngineClient
@@ -227,7 +228,7 @@ async def test_dp_size_two_from_a_client_that_hears_no_wave_complete(ipc_dir: Pa
             outputs = [o async for o in g.clients[1].generate(request)]
             assert outputs[-1].finish is not None
         other = g.group.engines[1]
-        assert len(other.state.waves) == 2  # woken with each request: client 1 cannot know they paused
+        await _until(lambda: len(other.state.waves) == 2)  # woken with each request: client 1 cannot know they paused
         assert all(wave[1] == 0 for wave in other.state.waves)
         assert not g.clients[1].ranks[0].in_flight
     finally:
@@ -242,3 +243,21 @@ async def test_a_busy_handshake_address_is_taken_once_it_is_free(gateway: Gatewa
     await gateway.clients[0].close()
     assert (await gateway.clients[1].health()).healthy
     assert gateway.clients[1].binds_handshake
+
+
+@pytest.mark.parametrize(("count", "expected"), [(None, (0, 1, False)), ("1", (0, 1, False)), ("3", (2, 3, True))])
+def test_a_serving_process_is_the_client_its_place_says(
+    monkeypatch: pytest.MonkeyPatch, ipc_dir: Path, count: str | None, expected: tuple[int, int, bool]
+) -> None:
+    if count is not None:  # what the supervisor gives each serving process
+        monkeypatch.setenv("GW_RUN_DIR", str(ipc_dir))
+        monkeypatch.setenv("GW_SERVING_INDEX", str(int(count) - 1))
+        monkeypatch.setenv("GW_SERVING_PROCESSES", count)
+    else:
+        monkeypatch.delenv("GW_RUN_DIR", raising=False)
+    record = WorkerRecord(id="w", url=f"ipc://{ipc_dir}/engine", model_id="qwen3", runtime_type="vllm",
+                          status="ready", engine=EngineSpec(tokenizer=QWEN))  # type: ignore[arg-type]  # fmt: skip
+    client = ZmqEngineClient.for_worker(record)
+    assert (client.client_index, client.client_count, client.shared) == expected
+    assert (client.facts_path is not None and client.facts_path.parent == ipc_dir) is expected[2]
+    assert client.addresses.input == (f"ipc://{ipc_dir}/engine-in-2.sock" if expected[2] else f"ipc://{ipc_dir}/engine-in.sock")
