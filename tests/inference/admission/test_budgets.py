@@ -234,7 +234,9 @@ async def test_tenant_over_its_budget_gets_429_budget_exceeded_and_the_shared_ke
     dp.account(entry(SHARED_SCOPE, 10_000, 10_000, at))  # the shared key used far more than any budget
 
     paths = [("/v1/chat/completions", CHAT), ("/v1/completions", {"model": "mock-model", "prompt": "hi"}),
-             ("/v1/messages", {"model": "mock-model", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})]
+             ("/v1/messages", {"model": "mock-model", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}),
+             ("/v1/responses", {"model": "mock-model", "input": "hi"}),
+             ("/v1/embeddings", {"model": "mock-model", "input": "hi"}), ("/generate", {"text": "hi"})]
     for path, body in paths:
         refused = await gateway.post(path, json=body, headers=headers)
         assert refused.status_code == 429, (path, refused.text)
