@@ -163,8 +163,8 @@ def parse_usage_query(params: Mapping[str, str], *, today: date, max_days: int) 
     if "start" in params:
         start = _date(params["start"], "start")
     else:
-        start = end - timedelta(days=max(min(DEFAULT_RANGE_DAYS, max_days) - 1, 0)) if end > date.min + timedelta(
-            days=DEFAULT_RANGE_DAYS) else date.min
+        back = max(min(DEFAULT_RANGE_DAYS, max_days) - 1, 0)
+        start = end - timedelta(days=back) if (end - date.min).days >= back else date.min
     if start > end:
         raise UsageQueryError(f"'start' ({start}) is after 'end' ({end})")
     days = (end - start).days + 1

@@ -127,6 +127,8 @@ def test_the_default_range_is_the_last_30_days() -> None:
     query = parse_usage_query({}, today=date(2026, 3, 31), max_days=366)
     assert (query.start, query.end, query.group_by) == (date(2026, 3, 2), date(2026, 3, 31), ())
     assert parse_usage_query({}, today=date(2026, 3, 31), max_days=7).start == date(2026, 3, 25)
+    assert parse_usage_query({"end": "0001-01-03"}, today=date(2026, 3, 31), max_days=1).start == date(1, 1, 3)
+    assert parse_usage_query({"end": "0001-01-03"}, today=date(2026, 3, 31), max_days=366).start == date.min
 
 
 @pytest.mark.parametrize("params", [
