@@ -41,8 +41,9 @@ One socket set per worker, shared by its ``dp_size`` engines:
   N input and output addresses; the engines connect to every one. The others learn each engine
   from its first message on their input socket, or, after a restart of theirs (the engines'
   sockets reconnect by themselves and say nothing), from a utility call answered on their output
-  socket; the facts of the handshake (ready response, ``num_gpu_blocks``) are shared through a
-  file in the host's run directory. One process (N = 1) binds all three itself, as before.
+  socket (a probe, also run by a single process, for a gateway restarted under running engines);
+  the facts of the handshake (ready response, ``num_gpu_blocks``) are shared through a file in the
+  host's run directory. One process (N = 1) binds all three itself, as before.
 
 Nothing here blocks the event loop: the handshake and input sockets are ``zmq.asyncio`` sockets
 (sends first tried without waiting), the output socket is read without blocking from the event
@@ -308,8 +309,7 @@ class ZmqEngineClient(EngineClient):
         ]
         if handshake is not None:
             self._serve_handshake(handshake)
-        if self.shared:
-            self._tasks.append(asyncio.create_task(self._probe_loop(), name=f"zmq-probe {self.url}"))
+        self._tasks.append(asyncio.create_task(self._probe_loop(), name=f"zmq-probe {self.url}"))
         self._watch_output(output)
 
     def _handshake_socket(self, context: zmq.asyncio.Context) -> zmq.asyncio.Socket:
@@ -446,8 +446,8 @@ class ZmqEngineClient(EngineClient):
             self._maybe_ready(rank)
 
     async def _probe_loop(self) -> None:
-        """One of several serving processes' clients: an engine that registered with an earlier
-        run of this process (it restarted; the engine's sockets reconnected by themselves and say
+        """An engine that registered with an earlier run of this process (the gateway or this
+        serving process restarted; the engine's sockets reconnected by themselves and say
         nothing) is found by a utility call it answers on this process's output socket."""
         while True:
             waiting = [rank for rank in self.ranks if not rank.registered]
@@ -574,9 +574,10 @@ class ZmqEngineClient(EngineClient):
         return self.ranks[index] if index < self.dp_size else None
 
     def _maybe_ready(self, rank: EngineRank) -> None:
-        # One of several processes' clients also serves engines that handshook with another
-        # process (their state here is new, or dead since a death frame): registered is enough.
-        started = rank.state is RankState.STARTED or (self.shared and rank.state in (RankState.NEW, RankState.DEAD))
+        # An engine that handshook with another serving process, or with this gateway before it
+        # restarted (its state here is new, or dead since a death frame), is served once it is
+        # known on the input socket: registered is enough. One in its handshake waits for READY.
+        started = rank.state in (RankState.STARTED, RankState.NEW, RankState.DEAD)
         if rank.registered and started:
             rank.state = RankState.READY
             logger.info("ZMQ worker %s: engine %d ready", self.url, rank.index)

@@ -261,3 +261,22 @@ def test_a_serving_process_is_the_client_its_place_says(
     assert (client.client_index, client.client_count, client.shared) == expected
     assert (client.facts_path is not None and client.facts_path.parent == ipc_dir) is expected[2]
     assert client.addresses.input == (f"ipc://{ipc_dir}/engine-in-2.sock" if expected[2] else f"ipc://{ipc_dir}/engine-in.sock")
+
+
+async def test_a_restarted_gateway_of_one_process_finds_its_running_engine(ipc_dir: Path) -> None:
+    """One serving process (no run directory): the gateway restarts while its engine keeps running.
+    The engine's sockets reconnect by themselves and it says nothing (no HELLO, no first message):
+    the new client finds it by a probe and serves it (without the handshake's facts)."""
+    g = Gateway(ipc_dir, 1)
+    g.clients = [ZmqEngineClient(g.url, handshake_address=g.handshake, eos_token_ids=(g.model.eos_token_id,))]
+    await g.start()
+    try:
+        await g.clients[0].close()
+        again = g.clients[0] = ZmqEngineClient(g.url, handshake_address=g.handshake, eos_token_ids=(g.model.eos_token_id,))
+        assert await again.open(10, handshake=True)
+        assert again.max_model_len is None  # nobody kept the ready response
+        outputs = [o async for o in again.generate(EngineRequest("again", g.prompt()))]
+        assert outputs[-1].finish is not None and outputs[-1].finish.reason is FinishReason.STOP
+        assert len(g.group.engines[0].state.inits) == 1  # no second handshake
+    finally:
+        await g.stop()
