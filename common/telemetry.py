@@ -174,6 +174,17 @@ UPSTREAM_RESPONSES = Counter(
     "gw_router_upstream_responses_total", "Worker responses",
     ("router_type", "status_code", "error_code"), registry=REGISTRY,
 )
+# Tokens of accounted requests (inference.kit.account, docs/DECISIONS.md D66): the spec's input and
+# output counter, and the gateway's own by every token type the answer reported, whose tenant label is
+# empty (Prometheus drops it) unless --usage-metrics-tenant-label turns it on.
+ROUTER_TOKENS = Counter(
+    "gw_router_tokens_total", "Tokens of routed requests, as their answers reported them",
+    ("router_type", "backend_type", "model", "endpoint", "token_type"), registry=REGISTRY,
+)
+USAGE_TOKENS = Counter(
+    "gw_usage_tokens_total", "Tokens of accounted requests by model and token type (and tenant, when turned on)",
+    ("model", "token_type", "tenant"), registry=REGISTRY,
+)
 
 # --- workers -------------------------------------------------------------------------------------
 WORKER_POOL = Gauge(
@@ -445,6 +456,40 @@ class RouteTimer:
             _child(TPOT, self.router, self.backend, self.model, self.endpoint).observe(
                 (ended_at - first_at) / (tokens - 1)
             )
+
+
+_token_children: dict[tuple[str, ...], tuple[Any, ...]] = {}
+
+
+def record_tokens(
+    route: RouteTimer | None, model: str, tenant: str, prompt: int, completion: int, cached: int, reasoning: int
+) -> None:
+    """One accounted request's tokens (``tenant``: "" unless the operator labels by tenant). The
+    labelled children of one (route, model, tenant) are looked up once."""
+    key = (route.router, route.backend, route.endpoint, model, tenant) if route is not None else ("", "", "", model, tenant)
+    children = _token_children.get(key)
+    if children is None:
+        bounded = bounded_model(model)
+        routed: tuple[Any, ...] = (None, None)
+        if route is not None:
+            labels = (route.router, route.backend, bounded, route.endpoint)
+            routed = (_child(ROUTER_TOKENS, *labels, "input"), _child(ROUTER_TOKENS, *labels, "output"))
+        children = _token_children[key] = (
+            *routed, *(_child(USAGE_TOKENS, bounded, kind, tenant) for kind in ("prompt", "completion", "cached", "reasoning"))
+        )
+    routed_in, routed_out, by_prompt, by_completion, by_cached, by_reasoning = children
+    if prompt:
+        by_prompt.inc(prompt)
+        if routed_in is not None:
+            routed_in.inc(prompt)
+    if completion:
+        by_completion.inc(completion)
+        if routed_out is not None:
+            routed_out.inc(completion)
+    if cached:
+        by_cached.inc(cached)
+    if reasoning:
+        by_reasoning.inc(reasoning)
 
 
 def record_worker_error(worker_type: str, connection_mode: str, timeout: bool) -> None:

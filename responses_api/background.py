@@ -24,6 +24,7 @@ from time import perf_counter
 from typing import Awaitable, Callable
 
 from common.config import current_config
+from inference.accounting import LATER, Delivered
 from inference.asgi_io import Message, Send
 from inference.errors import GatewayError
 from inference.writers import RESPONSES_SSE, ResponseClock, ResponseWriter
@@ -141,7 +142,7 @@ class FeedAnswer:
     def __init__(self, feed: RunFeed) -> None:
         self.feed = feed
 
-    async def forward(self, writer: ResponseWriter) -> bool:
+    async def forward(self, writer: ResponseWriter) -> Delivered:
         try:
             await writer.open_stream()
             while (data := await self.feed.read()) is not None:
@@ -149,7 +150,7 @@ class FeedAnswer:
             await writer.end_stream()
         finally:
             self.feed.detach()
-        return True
+        return LATER  # the run is the request: it is accounted when the run ends
 
     async def discard(self) -> None:
         self.feed.detach()

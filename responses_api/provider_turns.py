@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
 import orjson
 
+from inference.accounting import Delivered
 from inference.pipeline.events import Finished, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from inference.routing.workers import WorkerHandle
 from inference.served.base import ServedAnswer, ServedRequest
@@ -270,7 +271,7 @@ class _ProviderAnswer:
         self._streamed = streamed  # server-sent events, or one whole response object
         self._limit = limit  # --max-buffered-response-bytes: one event, or the whole object
 
-    async def forward(self, writer: ResponseWriter) -> bool:
+    async def forward(self, writer: ResponseWriter) -> Delivered:
         events = UpstreamEvents(self._names)
         chunks = self._answer.chunks()
         read = sse_events(chunks, self._limit) if self._streamed else _whole_events(chunks, self._limit)

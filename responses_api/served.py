@@ -26,10 +26,12 @@ from typing import Any, AsyncIterator, Callable, Sequence
 import orjson
 
 from inference import errors
+from inference.accounting import BROKEN, CLEAN, LATER, Delivered
 from inference.admission import Admission
 from inference.errors import GatewayError
 from inference.kit import run_turn
 from inference.pipeline.events import Usage
+from inference.pipeline.usage import token_usage
 from inference.routing.workers import WorkerHandle, WorkerType
 from common.config import current_config
 from inference.served import ServedRequest, ServedSurface
@@ -243,12 +245,16 @@ class ServedResponses(ServedSurface):
             out = feed.writer(self.id) if feed is not None else run_writer(self.id)
             refused: list[int] = []
 
-            async def deliver(answer: ServedAnswer) -> bool:
+            async def deliver(answer: ServedAnswer) -> Delivered:
                 if answer.status != 200:  # a provider refused the turn: nobody waits for its answer
                     await answer.discard()
                     refused.append(answer.status)
-                    return True
+                    return CLEAN
                 return await answer.forward(out)
+
+            account = self.request.account  # the request is this run: accounted when it ends (D66)
+            failure: GatewayError | None = None
+            ended = False
 
             try:
                 # A run holds a concurrency permit while it runs, as a foreground request does. It
@@ -256,16 +262,22 @@ class ServedResponses(ServedSurface):
                 # stays queued meanwhile; the request that queued it gave its own back on answering.
                 async with Admission(dp.permits, None, 0, patient=True):
                     await self.store.aset_response_status(self.scope, self.id, "in_progress", only_from=("queued",))
-                    await run_turn(dp, worker, "/v1/responses", out.clock, lambda at: first.open(at, self._deliver), deliver)
+                    await run_turn(
+                        dp, worker, "/v1/responses", out.clock, lambda at: first.open(at, self._deliver), deliver, account
+                    )  # fmt: skip
                 if refused:
                     await fail(f"Upstream generation failed: the provider answered HTTP {refused[0]}")
-            except GatewayError as failure:
-                await fail(f"Upstream generation failed: {failure.message}")
+                ended = True
+            except GatewayError as error:
+                failure = error
+                await fail(f"Upstream generation failed: {error.message}")
             except asyncio.CancelledError:
                 if BACKGROUND.stopping:  # the gateway shuts down: the run cannot finish
                     await fail("The gateway stopped before the response finished")
                 raise
             finally:
+                if account is not None:
+                    account.close(failure, cancelled=failure is None and not ended)
                 if feed is not None:
                     feed.close()
                 if not self.responses.store and not BACKGROUND.stopping:
@@ -282,7 +294,7 @@ class ServedResponses(ServedSurface):
                 await self.store.aset_response_status(self.scope, self.id, "queued", only_from=("queued",))
 
         BACKGROUND.start(self.id, run, cancelled, heartbeat)
-        return FeedAnswer(feed) if feed is not None else LocalAnswer(orjson.dumps(queued))
+        return FeedAnswer(feed) if feed is not None else LocalAnswer(orjson.dumps(queued), delivered=LATER)
 
     async def open(self, worker: WorkerHandle) -> ServedAnswer:
         if worker.record.worker_type == WorkerType.ENCODE:  # an EPD deployment (spec 2: 501)
@@ -301,7 +313,7 @@ class ServedResponses(ServedSurface):
 
     async def _deliver(
         self, batches: AsyncIterator[Sequence[TurnEvent]], usage: Callable[[], Usage], writer: ResponseWriter
-    ) -> bool:
+    ) -> Delivered:
         stream = self.responses.stream
         pending = bytearray()
         sequence = self._first_sequence
@@ -327,13 +339,13 @@ class ServedResponses(ServedSurface):
 
         async def consume(
             turn_batches: AsyncIterator[Sequence[TurnEvent]], turn_usage: Callable[[], Usage], _: ResponseWriter
-        ) -> bool:
-            usages.append(turn_usage)
+        ) -> Delivered:
+            usages.append(turn_usage)  # every turn's usage, summed into the response's below
             async for events in turn_batches:
                 for event in events:
                     builder.feed(event)
                 await flush()
-            return True
+            return CLEAN
 
         if stream:
             await writer.open_stream()
@@ -358,7 +370,8 @@ class ServedResponses(ServedSurface):
         cut = builder.finish is not None and builder.finish.reason == "length" and error is None
         builder.close_items(cut=cut, failed=error is not None)
         response["output"] = builder.output
-        response["usage"] = usage_object(Usage.sum(each() for each in usages))
+        summed = Usage.sum(each() for each in usages)
+        response["usage"] = usage_object(summed)
         if error is not None:
             terminal_fields(response, "failed")
             response["error"] = error
@@ -371,13 +384,16 @@ class ServedResponses(ServedSurface):
             terminal_fields(response, "completed")
             kind = "response.completed"
         await self._save(response)  # before the answer: a GET right after it finds the response
+        # The request's answer: the usage of every turn it ran (the tool rounds' turns run through
+        # run_turn with no account of their own), accounted once by the route or the background run.
+        delivered = Delivered(not self._worker_failed, token_usage(summed))
         if not stream:
             await writer.whole(200, b"application/json", orjson.dumps(response))
-            return not self._worker_failed
+            return delivered
         builder.send(kind, response=response)
         await flush()
         await writer.end_stream()
-        return not self._worker_failed
+        return delivered
 
     async def _tool_loop(
         self, builder: OutputBuilder, consume: Any, flush: Any, writer: ResponseWriter
@@ -416,16 +432,16 @@ class ServedResponses(ServedSurface):
             refused: list[int] = []
             provider_failed: list[ProviderFailed] = []
 
-            async def deliver(answer: ServedAnswer) -> bool:
+            async def deliver(answer: ServedAnswer) -> Delivered:
                 if answer.status != 200:  # a provider refused the turn (its status counts on its breaker)
                     await answer.discard()
                     refused.append(answer.status)
-                    return True
+                    return CLEAN
                 try:
                     return await answer.forward(writer)
                 except ProviderFailed as failed:  # the provider's own failure: its code and message kept
                     provider_failed.append(failed)
-                    return False
+                    return BROKEN
 
             try:
                 await run_turn(self.request.dp, worker, "/v1/responses", writer.clock, lambda at: turn.open(at, consume), deliver)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, Sequence, Union
 
+from inference.accounting import Delivered
 from inference.pipeline.events import Event, Usage
 from inference.pipeline.usage import UsageTally
 from inference.routing.workers import WorkerHandle
@@ -43,9 +44,10 @@ class ProviderItem:
 
 TurnEvent = Union[Event, ProviderItem]
 
-TurnReader = Callable[[AsyncIterator[Sequence[TurnEvent]], Callable[[], Usage], ResponseWriter], Awaitable[bool]]
+TurnReader = Callable[[AsyncIterator[Sequence[TurnEvent]], Callable[[], Usage], ResponseWriter], Awaitable[Delivered]]
 """Reads a started turn: its events in batches (flush after each), its usage once they ended, and
-the surface's writer. Returns False when the turn broke off after the response started."""
+the surface's writer. Returns what it came to: not clean when the turn broke off after the response
+started; the response's usage (every turn's, summed) when it is the request's answer."""
 
 
 class ModelTurn(Protocol):
@@ -69,7 +71,7 @@ class _EngineTurn:
         self.chat = chat
 
     async def open(self, worker: WorkerHandle, read: TurnReader) -> ServedAnswer:
-        async def deliver(run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> bool:
+        async def deliver(run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> Delivered:
             tally = UsageTally(run.prompt_tokens)
 
             async def batches() -> AsyncIterator[Sequence[TurnEvent]]:

@@ -18,6 +18,7 @@ import orjson
 from common import telemetry
 from common.secrets import bearer_token
 from inference import errors
+from inference.accounting import Delivered
 from inference.admission import Admission
 from inference.api.surface import OPENAI_HEADERS, HeaderSet, PerRequest, Relay, Serve, Surface
 from inference.asgi_io import ClientDisconnected, Receive, Scope, Send, header, request_id_for
@@ -25,6 +26,7 @@ from inference.auth import Identity, IdentityKind
 from inference.dataplane import DataPlane, data_plane
 from inference.errors import GatewayError
 from inference.kit import Passed, RoutePlan, pass_gate, run_attempts
+from inference.kit.account import RequestAccount
 from inference.kit.pd_route import admit_pair, pd_pair_for, serves_by_epd, serves_by_pd
 from inference.routing.dp_ranks import take_rank
 from inference.routing.pd import PdPair, batch_size, choose_partner, inject_bootstrap
@@ -71,6 +73,14 @@ def _servable(record: WorkerRecord) -> bool:
     return record.kind is not WorkerKind.ENGINE or ENGINE_CLIENTS.serves(record.transport, record.runtime_type)
 
 
+_USAGE_OPTION_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
+
+
+def path_takes_usage_option(path: str) -> bool:
+    """Whether a stream on ``path`` reports usage only when asked (``stream_options.include_usage``)."""
+    return path in _USAGE_OPTION_PATHS
+
+
 def ranked_body(body: dict[str, Any], rank: int) -> bytes:
     """The request body for one data-parallel rank of the worker (--dp-aware): the gateway's
     choice in ``data_parallel_rank``, over any the client gave."""
@@ -104,23 +114,32 @@ class SurfaceRoute:
             passed = await pass_gate(dp, scope, receive, self.validate, writer.clock)
         except GatewayError as error:
             await writer.error(error)
+            self._refused(dp, scope, writer, error)
             return
         except ClientDisconnected:
+            self._refused(dp, scope, writer, None)
             return
         checked = passed.checked
         route = telemetry.RouteTimer(self.upstream_path, checked.model, checked.stream, writer.clock.started)
         if checked.stream:
             writer.observer = route
+        # The request's accounting (D66): the attempts loop records the answer, this route closes it.
+        account = RequestAccount(dp, passed.identity, self.upstream_path, writer, route)
         watch = writer.watch(receive)
         try:
             try:
                 async with Admission(dp.permits, dp.media, passed.media_bytes):
-                    await self._route(dp, scope, passed, route, writer)
+                    await self._route(dp, scope, passed, route, writer, account)
                 route.finished()
+                account.finish()
             except GatewayError as error:
                 route.failed(str(error.code), error.status)
                 await writer.error(error)
+                if not account.model and checked.model:
+                    account.model = dp.registry.snapshot.canonical_model(checked.model)
+                account.close(error)
         except asyncio.CancelledError:
+            account.close(cancelled=True)
             if not watch.fired:
                 raise
             # The client left: the upstream request was closed by the cancellation. Absorb it.
@@ -131,16 +150,23 @@ class SurfaceRoute:
         finally:
             watch.stop()
 
+    def _refused(self, dp: DataPlane, scope: Scope, writer: ResponseWriter, error: GatewayError | None) -> None:
+        """Account a request the gate turned away (``error``) or whose client left while it was read
+        (None); one that did not authenticate has no tenant and is not accounted."""
+        identity = scope.get("gateway.identity")
+        if identity is not None:
+            RequestAccount(dp, identity, self.upstream_path, writer).close(error, cancelled=error is None)
+
     async def _admitted(
         self, admission: Awaitable[PdPair], dp: DataPlane, scope: Scope, passed: Passed,
-        route: telemetry.RouteTimer, writer: ResponseWriter,
+        route: telemetry.RouteTimer, writer: ResponseWriter, account: RequestAccount,
     ) -> None:
         """A PD request that waited for admission (:func:`admit_pair`), routed on the pair it got."""
-        await self._route(dp, scope, passed, route, writer, await admission)
+        await self._route(dp, scope, passed, route, writer, account, await admission)
 
     def _route(
         self, dp: DataPlane, scope: Scope, passed: Passed, route: telemetry.RouteTimer, writer: ResponseWriter,
-        admitted: PdPair | None = None,
+        account: RequestAccount, admitted: PdPair | None = None,
     ) -> Awaitable[None]:
         """Pick the worker; the attempts that relay to it, retrying elsewhere while nothing reached the
         client, are the returned awaitable (a plain function: no coroutine frame of its own). A PD
@@ -167,7 +193,7 @@ class SurfaceRoute:
                     admitted = pd_pair_for(dp, model, routing_key, checked.body)
                 except GatewayError as refused:
                     pick = lambda: pd_pair_for(dp, model, routing_key, checked.body)  # noqa: E731
-                    return self._admitted(admit_pair(dp, pick, refused), dp, scope, passed, route, writer)
+                    return self._admitted(admit_pair(dp, pick, refused), dp, scope, passed, route, writer, account)
             pair = admitted
             canonical = dp.registry.snapshot.canonical_model(model) if model else None
             decision = RoutingDecision(paired(pair), canonical, dp.decode_policy.name if dp.decode_policy else "")
@@ -179,6 +205,19 @@ class SurfaceRoute:
             body["model"] = decision.model
             modified = True
         payload = orjson.dumps(body) if modified else passed.raw
+        account.model = decision.model or checked.model or ""
+        # A relayed stream is accounted from the worker's usage, asked for when the client did not
+        # (its usage-only event is then not passed on): D66.
+        relayed_body = body
+        added_usage = False
+        if checked.stream and path_takes_usage_option(self.upstream_path):
+            options = body.get("stream_options")
+            if not isinstance(options, dict) or (
+                options.get("include_usage") is not True and options.get("continuous_usage_stats") is not True
+            ):
+                given = options if isinstance(options, dict) else {}
+                relayed_body = {**body, "stream_options": {**given, "include_usage": True}}
+                added_usage = True
         worker = decision.worker
         transport = worker.record.transport
         route.selected(worker.record.worker_type, transport, decision.policy, transport)
@@ -205,7 +244,7 @@ class SurfaceRoute:
                 key = None if handling.headers.credentials else caller_key(scope, identity)
                 request = ServedRequest(
                     dp, body, decision.model or checked.model, checked.model, stream, writer, identity,
-                    key, checked.parsed, forwarded_headers(scope, passes),
+                    key, checked.parsed, forwarded_headers(scope, passes), account,
                 )  # fmt: skip
                 served = handling.surface(request)
             return await served.open(target)
@@ -237,8 +276,15 @@ class SurfaceRoute:
                 if pair is not None:
                     return open_pd(pair, target, handling.headers)
                 relay = dp.relay_for(record.transport, path)
-                sent = payload if target.dp_rank is None else ranked_body(body, target.dp_rank)
-                return relay.open(RelayRequest(target, path, sent, stream, writer.request_id, headers, identity))
+                if target.dp_rank is not None:
+                    sent = ranked_body(relayed_body, target.dp_rank)
+                elif added_usage:
+                    sent = orjson.dumps(relayed_body)
+                else:
+                    sent = payload
+                return relay.open(RelayRequest(
+                    target, path, sent, stream, writer.request_id, headers, identity, added_usage=added_usage
+                ))  # fmt: skip
             if type(handling) is Serve and handling.takes(record) and _servable(record):
                 return serve(target, handling)
             return refuse(target)
@@ -249,18 +295,21 @@ class SurfaceRoute:
             the prefill takes one here, given back when its side ends)."""
             if dp.pd_http is None:
                 raise errors.endpoint_not_supported(path, "http")
-            injected = inject_bootstrap(body, pair.prefill, batch_size(path, body))
+            injected = inject_bootstrap(relayed_body, pair.prefill, batch_size(path, body))
             sent = orjson.dumps(injected)
             prefill = take_rank(pair.prefill.handle)
 
             def side(handle: WorkerHandle) -> RelayRequest:
                 passes = allowed.for_worker(handle.record, identity) if allowed.credentials else allowed
                 own = sent if handle.dp_rank is None else ranked_body(injected, handle.dp_rank)
-                return RelayRequest(handle, path, own, stream, writer.request_id, forwarded_headers(scope, passes), identity)
+                return RelayRequest(
+                    handle, path, own, stream, writer.request_id, forwarded_headers(scope, passes), identity,
+                    added_usage=added_usage,
+                )  # fmt: skip
 
             return dp.pd_http.open(side(prefill), side(decode), _wants_logprobs(path, body), decision.model)
 
-        def deliver(answer: RelayAnswer | ServedAnswer) -> Awaitable[bool]:
+        def deliver(answer: RelayAnswer | ServedAnswer) -> Awaitable[Delivered]:
             return answer.forward(writer)
 
-        return run_attempts(dp, plan, route, writer.clock, worker, open_on, deliver)
+        return run_attempts(dp, plan, route, writer.clock, worker, open_on, deliver, account)

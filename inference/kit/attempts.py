@@ -3,8 +3,11 @@ try the next worker the policy picks (never one already tried) after a backoff.
 
 It knows nothing of transports. A surface gives it two steps per worker: ``open_on(worker)`` starts
 the request and returns an :class:`Answer` once its status is known (nothing sent to the client yet,
-so it can still be dropped), and ``deliver(answer)`` hands the answer to the client, returning False
-when the upstream broke off after the response started. Each attempt's outcome is recorded once, on
+so it can still be dropped), and ``deliver(answer)`` hands the answer to the client, returning what it
+came to (:class:`~inference.accounting.Delivered`: not clean when the upstream broke off after the
+response started, and the usage the answer reported). With the request's
+:class:`~inference.kit.account.RequestAccount`, each attempt names its worker and the delivered
+answer is recorded on it (the route closes it: docs/DECISIONS.md D66). Each attempt's outcome is recorded once, on
 the worker's circuit breaker (which counts it in gw_worker_cb_outcomes_total itself). Under
 --dp-aware each attempt on a worker with data-parallel ranks runs on one rank it takes
 (:mod:`inference.routing.dp_ranks`): ``open_on`` gets the worker's handle with that ``dp_rank``.
@@ -24,8 +27,10 @@ from time import perf_counter
 from typing import Any, Awaitable, Callable, Mapping, Protocol, TypeVar
 
 from common import telemetry
+from inference.accounting import Delivered
 from inference.dataplane import DataPlane
 from inference.errors import GatewayError
+from inference.kit.account import RequestAccount
 from inference.routing.dp_ranks import give_back, take_rank
 from inference.routing.retry import RETRY_STATUSES
 from inference.routing.selection import select_worker
@@ -73,7 +78,8 @@ async def run_attempts(
     clock: ResponseClock,
     first: WorkerHandle,
     open_on: Callable[[WorkerHandle], Awaitable[A]],
-    deliver: Callable[[A], Awaitable[bool]],
+    deliver: Callable[[A], Awaitable[Delivered]],
+    account: RequestAccount | None = None,
 ) -> None:
     """Raises the GatewayError to answer when no worker is left to try (502, 504, or what
     ``open_on`` raised); after ``deliver`` started the response it never raises one."""
@@ -86,6 +92,8 @@ async def run_attempts(
             telemetry.record_retry(worker.record.worker_type, plan.endpoint, retries, backoff)
             await asyncio.sleep(backoff)
         tried.append(worker.id)
+        if account is not None:
+            account.worker = worker.url
         load = worker.load
         breaker = load.breaker
         load.in_flight += 1
@@ -110,8 +118,10 @@ async def run_attempts(
                         log.info("worker %s answered %d; retrying on %s", worker.url, status, following.url)
                         worker, retries = following, retries + 1
                         continue
-                clean = await deliver(answer)
-                breaker.record(not clean or breaker.config.counts_as_failure(status))
+                delivered = await deliver(answer)
+                if account is not None:
+                    account.answered(status, delivered)
+                breaker.record(not delivered.clean or breaker.config.counts_as_failure(status))
                 return
             except UpstreamFailure as failure:
                 if failure.rejected:  # the client's error: any worker would refuse it; the worker is fine
@@ -145,16 +155,19 @@ def run_turn(
     endpoint: str,
     clock: ResponseClock,
     open_on: Callable[[WorkerHandle], Awaitable[A]],
-    deliver: Callable[[A], Awaitable[bool]],
+    deliver: Callable[[A], Awaitable[Delivered]],
+    account: RequestAccount | None = None,
 ) -> Awaitable[None]:
     """A model turn a surface runs after its first (a tool round, a background run): through the same
     attempts loop, pinned to ``worker`` (where the request's earlier turns ran), so it is counted in the
     worker's in-flight load and its outcome recorded once on the worker's breaker, like any attempt.
-    Raises the GatewayError of a failure (the worker's own, or its refusal of the turn as invalid)."""
+    Raises the GatewayError of a failure (the worker's own, or its refusal of the turn as invalid).
+    A turn is part of its request: the surface sums its usage into the request's answer; only a
+    turn that is the request's run (a background run) passes the request's ``account``."""
     model = worker.record.model_id
     plan = RoutePlan(endpoint, model, None, {}, 0, pinned=True)
     route = telemetry.RouteTimer(endpoint, model, False, perf_counter())
-    return run_attempts(dp, plan, route, clock, worker, open_on, deliver)
+    return run_attempts(dp, plan, route, clock, worker, open_on, deliver, account)
 
 
 def _next_worker(dp: DataPlane, plan: RoutePlan, tried: list[str], retries: int) -> WorkerHandle | None:

@@ -33,6 +33,7 @@ from typing import Any, Awaitable, Callable, Mapping
 import orjson
 
 from inference import errors
+from inference.accounting import CLEAN, Delivered, TokenUsage
 from inference.errors import GatewayError
 from inference.kit import run_turn
 from inference.mcp.client import McpToolResult
@@ -136,27 +137,28 @@ class MessagesMcpLoop(ServedSurface):
         found: list[Turn] = []
         writer = out.writer
 
-        async def deliver(answer: RelayAnswer) -> bool:
+        async def deliver(answer: RelayAnswer) -> Delivered:
             if answer.status != 200:
                 if not self.request.stream:
                     return await answer.forward(writer)
                 limit = self.request.dp.config.max_buffered_response_bytes
                 raise _upstream_error(answer.status, await read_whole(answer, limit))
             found.append(await self._read_turn(answer, out))
-            return True
+            return CLEAN  # the turn's usage is counted into the loop's (LoopOutput.count)
 
         await run_turn(self.request.dp, worker, PATH, writer.clock, lambda at: self._open_turn(at, messages), deliver)
         return found[0] if found else None
 
     # --- the loop -------------------------------------------------------------------------------------
-    async def run(self, worker: WorkerHandle, first: RelayAnswer | None, writer: ResponseWriter) -> bool:
-        """The loop, answered through ``writer``; False when the worker failed the first turn."""
+    async def run(self, worker: WorkerHandle, first: RelayAnswer | None, writer: ResponseWriter) -> Delivered:
+        """The loop, answered through ``writer``, with the usage of every turn summed; not clean
+        when the worker failed the first turn."""
         request = self.request
         out = LoopOutput(writer, self.id, request.model or str(request.body["model"]), request.stream)
         if not request.stream:
             assert first is not None
             await self._rounds(worker, await self._read_turn(first, out), out)
-            return True
+            return Delivered(True, _token_usage(out.usage))
         await out.open()
         try:
             await self._connect()
@@ -166,15 +168,15 @@ class MessagesMcpLoop(ServedSurface):
             turn = await self._read_turn(first, out)
         except UpstreamFailure as failure:  # the worker failed the turn: recorded on its breaker
             await writer.error(failure.to_error())
-            return False
+            return Delivered(False, _token_usage(out.usage))
         except GatewayError as error:
             await writer.error(error)
-            return True
+            return Delivered(True, _token_usage(out.usage))
         try:
             await self._rounds(worker, turn, out)
         except GatewayError as error:
             await writer.error(error)
-        return True
+        return Delivered(True, _token_usage(out.usage))
 
     async def _rounds(self, worker: WorkerHandle, turn: Turn, out: LoopOutput) -> None:
         messages = list(self.request.body["messages"])
@@ -210,6 +212,14 @@ class MessagesMcpLoop(ServedSurface):
             turn = following
 
 
+def _token_usage(usage: Mapping[str, int]) -> TokenUsage:
+    """The loop's summed Anthropic counters as accounted: the prompt is every input token (uncached,
+    read from and written to the cache)."""
+    cached = usage["cache_read_input_tokens"]
+    prompt = usage["input_tokens"] + cached + usage["cache_creation_input_tokens"]
+    return TokenUsage(prompt, usage["output_tokens"], cached)
+
+
 def _mcp_blocks(use: Mapping[str, Any], server: str, result: McpToolResult) -> tuple[dict[str, Any], dict[str, Any]]:
     call_id = "mcptoolu_" + str(use["id"]).removeprefix("toolu_")
     return (
@@ -234,7 +244,7 @@ class _LoopAnswer:
         self._worker = worker
         self._first = first
 
-    async def forward(self, writer: ResponseWriter) -> bool:
+    async def forward(self, writer: ResponseWriter) -> Delivered:
         return await self._loop.run(self._worker, self._first, writer)
 
     async def discard(self) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import AsyncIterator, Awaitable, Callable
 
+from inference.accounting import Delivered
 from inference.pipeline.choices import CallParser, ChoiceOptions, ChoiceOutput
 from inference.pipeline.events import Event
 from inference.pipeline.prompt import check_prompt, render_turn, tokenize
@@ -57,7 +58,7 @@ TargetOf = Callable[[WorkerHandle, str], EngineTarget]
 """How a turn finds its engine target on a worker for a model (the served surfaces bind
 :func:`inference.served.base.engine_target` to their data plane)."""
 
-TurnDeliver = Callable[[TurnRun, AsyncIterator[EngineOutput], ResponseWriter], Awaitable[bool]]
+TurnDeliver = Callable[[TurnRun, AsyncIterator[EngineOutput], ResponseWriter], Awaitable[Delivered]]
 """A surface's reader of a started turn (the writer is the surface's own)."""
 
 

@@ -23,6 +23,7 @@ import dataclasses
 from contextlib import aclosing
 from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence, cast
 
+from inference.accounting import Delivered
 from inference.upstreams.engine import EngineClient, EngineOutput, EngineRequest
 from inference.writers import ResponseWriter
 
@@ -31,8 +32,9 @@ __all__ = ["EngineAnswer", "Deliver", "SETTLE_SECS", "open_generation", "open_ge
 SETTLE_SECS = 0.05
 """After the response was written, how long the engine streams are read on for the engine's own end."""
 
-Deliver = Callable[[AsyncIterator[EngineOutput], ResponseWriter], Awaitable[bool]]
-"""Writes the response from the outputs; False when the engine broke off after it started."""
+Deliver = Callable[[AsyncIterator[EngineOutput], ResponseWriter], Awaitable[Delivered]]
+"""Writes the response from the outputs; what it came to (not clean when the engine broke off after
+it started) with the usage the surface tallied for it."""
 
 Outputs = AsyncGenerator[EngineOutput, None]
 
@@ -97,7 +99,7 @@ class EngineAnswer:
         self._generations = generations
         self._deliver = deliver
 
-    async def forward(self, writer: ResponseWriter) -> bool:
+    async def forward(self, writer: ResponseWriter) -> Delivered:
         generations = self._generations
         settling = asyncio.Event()
         try:

@@ -9,10 +9,16 @@ choice, the higher of the two.
 
 from __future__ import annotations
 
+from inference.accounting import TokenUsage
 from inference.pipeline.events import Usage
 from inference.upstreams.engine import EngineOutput
 
-__all__ = ["UsageTally"]
+__all__ = ["UsageTally", "token_usage"]
+
+
+def token_usage(usage: Usage) -> TokenUsage:
+    """A response's counts as the request's accounting takes them (docs/DECISIONS.md D66)."""
+    return TokenUsage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, usage.reasoning_tokens)
 
 
 class UsageTally:

@@ -8,8 +8,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from inference.accounting import CLEAN, Delivered
 from inference.auth import Identity
 from inference.dataplane import DataPlane
+from inference.kit.account import RequestAccount
 from inference.pipeline.tokenizer_registry import TOKENIZERS, tokenizer_for
 from inference.pipeline.tokenizers import ModelTokenizer
 from inference.routing.pd import pair_context_length, pd_partner
@@ -33,7 +35,7 @@ class ServedAnswer(Protocol):
     @property
     def status(self) -> int: ...
 
-    async def forward(self, writer: ResponseWriter) -> bool: ...
+    async def forward(self, writer: ResponseWriter) -> Delivered: ...
 
     async def discard(self) -> None: ...
 
@@ -55,6 +57,9 @@ class ServedRequest:
     # The client's headers a relay passes on (tracing and routing: inference.api.relay.forwarded_headers),
     # for what the gateway itself sends a provider (the Responses API's provider turns).
     headers: tuple[tuple[str, str], ...] = ()
+    # The request's accounting (D66), for a surface whose request goes on after its answer (a
+    # background Responses run closes it when the run ends).
+    account: RequestAccount | None = field(default=None, repr=False, compare=False)
 
     def target_of(self, worker: WorkerHandle, model: str) -> EngineTarget:
         """``worker``'s engine target for ``model`` on this request's data plane (a turn's
@@ -126,17 +131,19 @@ class ServedSurface(ABC):
 
 
 class LocalAnswer:
-    """An answer the gateway computed itself without the engine (tokenize, detokenize)."""
+    """An answer the gateway computed itself without the engine (tokenize, detokenize; a background
+    run's queued object, whose request goes on: ``delivered`` :data:`~inference.accounting.LATER`)."""
 
-    __slots__ = ("status", "body")
+    __slots__ = ("status", "body", "delivered")
 
-    def __init__(self, body: bytes, status: int = 200) -> None:
+    def __init__(self, body: bytes, status: int = 200, delivered: Delivered = CLEAN) -> None:
         self.status = status
         self.body = body
+        self.delivered = delivered
 
-    async def forward(self, writer: ResponseWriter) -> bool:
+    async def forward(self, writer: ResponseWriter) -> Delivered:
         await writer.whole(self.status, b"application/json", self.body)
-        return True
+        return self.delivered
 
     async def discard(self) -> None:
         return None

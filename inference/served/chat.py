@@ -24,7 +24,8 @@ import orjson
 from inference import errors
 from inference.pipeline.choices import ChoiceOutput, joined
 from inference.pipeline.events import Event, Finished, ReasoningDelta, TextDelta, ToolCallDelta
-from inference.pipeline.usage import UsageTally
+from inference.accounting import Delivered
+from inference.pipeline.usage import UsageTally, token_usage
 from inference.routing.workers import WorkerHandle
 from inference.schemas.profiles import Profile, detect_profile
 from inference.pipeline.target import EngineTarget
@@ -62,23 +63,24 @@ class ServedChat(ServedSurface):
 
     # --- one chat.completion object ---------------------------------------------------------------
 
-    async def _whole(self, run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> bool:
+    async def _whole(self, run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> Delivered:
         target = run.target
         choices = run.choices()
         events: list[list[Event]] = [[] for _ in choices]
         tally = UsageTally(run.prompt_tokens)
         async for choice, added in turn_events(outputs, choices, tally.add):
             events[choice.index].extend(added)
+        usage = tally.usage()
         body = {
             "id": self.id,
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
             "choices": [self._whole_choice(target, choice, events[choice.index]) for choice in choices],
-            "usage": usage_json(tally.usage()),
+            "usage": usage_json(usage),
         }
         await writer.whole(200, b"application/json", orjson.dumps(body))
-        return True
+        return Delivered(True, token_usage(usage))
 
     def _whole_choice(self, target: EngineTarget, choice: ChoiceOutput, events: list[Event]) -> dict[str, Any]:
         content, reasoning, deltas = joined(events)
@@ -119,7 +121,7 @@ class ServedChat(ServedSurface):
             chunk["usage"] = usage
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
-    async def _stream(self, run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> bool:
+    async def _stream(self, run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> Delivered:
         target = run.target
         choices = run.choices()
         logprobs_sent = [0] * len(choices)
@@ -145,11 +147,12 @@ class ServedChat(ServedSurface):
                     await writer.chunk(bytes(out))
         except UpstreamFailure as failure:
             await writer.break_stream(errors.stream_failed(failure.detail))
-            return False
+            return Delivered(False, token_usage(tally.usage()))
+        usage = tally.usage()
         if self.include_usage and not self.usage_on_finish:
-            await writer.chunk(self._chunk([], usage_json(tally.usage()), with_usage=True))
+            await writer.chunk(self._chunk([], usage_json(usage), with_usage=True))
         await writer.end_stream()
-        return True
+        return Delivered(True, token_usage(usage))
 
     def _event_chunk(
         self, index: int, delta: dict[str, Any], tally: UsageTally, running: bool,

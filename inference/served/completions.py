@@ -23,7 +23,8 @@ from inference.pipeline.events import Event, Finished, ReasoningDelta, TextDelta
 from inference.pipeline.prompt import check_prompt, tokenize
 from inference.pipeline.sampling import completion_sampling
 from inference.pipeline.stops import StopTokens
-from inference.pipeline.usage import UsageTally
+from inference.accounting import Delivered
+from inference.pipeline.usage import UsageTally, token_usage
 from inference.routing.workers import WorkerHandle
 from inference.pipeline.target import EngineTarget
 from inference.served.base import ServedRequest, ServedSurface, engine_target
@@ -141,7 +142,7 @@ class ServedCompletion(ServedSurface):
     async def _whole(
         self, target: EngineTarget, prompts: list[_Prompt], options: list[ChoiceOptions],
         outputs: AsyncIterator[EngineOutput], writer: ResponseWriter,
-    ) -> bool:  # fmt: skip
+    ) -> Delivered:  # fmt: skip
         choices = self._choices(target, options)
         events: list[list[Event]] = [[] for _ in choices]
         tallies = [UsageTally(len(prompt.ids)) for prompt in prompts]
@@ -169,7 +170,7 @@ class ServedCompletion(ServedSurface):
             "usage": self._usage(tallies),
         }
         await writer.whole(200, b"application/json", orjson.dumps(body))
-        return True
+        return Delivered(True, token_usage(UsageTally.combined(tallies)))
 
     # --- a stream of text_completion chunks ---------------------------------------------------------
 
@@ -196,7 +197,7 @@ class ServedCompletion(ServedSurface):
     async def _stream(
         self, target: EngineTarget, prompts: list[_Prompt], options: list[ChoiceOptions],
         outputs: AsyncIterator[EngineOutput], writer: ResponseWriter,
-    ) -> bool:  # fmt: skip
+    ) -> Delivered:  # fmt: skip
         choices = self._choices(target, options)
         tallies = [UsageTally(len(prompt.ids)) for prompt in prompts]
         logprobs_sent = [0] * len(choices)
@@ -224,8 +225,8 @@ class ServedCompletion(ServedSurface):
                     await writer.chunk(bytes(out))
         except UpstreamFailure as failure:
             await writer.break_stream(errors.stream_failed(failure.detail))
-            return False
+            return Delivered(False, token_usage(UsageTally.combined(tallies)))
         if self.include_usage:
             await writer.chunk(self._chunk([], self._usage(tallies)))
         await writer.end_stream()
-        return True
+        return Delivered(True, token_usage(UsageTally.combined(tallies)))

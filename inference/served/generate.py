@@ -21,7 +21,8 @@ from inference.pipeline.choices import ChoiceOptions, ChoiceOutput
 from inference.pipeline.events import Event, Finished, ReasoningDelta, TextDelta
 from inference.pipeline.prompt import check_prompt, tokenize
 from inference.pipeline.stops import StopTokens
-from inference.pipeline.usage import UsageTally
+from inference.accounting import Delivered
+from inference.pipeline.usage import UsageTally, token_usage
 from inference.routing.workers import WorkerHandle
 from inference.pipeline.target import EngineTarget
 from inference.served.base import ServedRequest, ServedSurface, engine_target
@@ -190,7 +191,7 @@ class ServedGenerate(ServedSurface):
     async def _deliver(
         self, target: EngineTarget, prompts: list[_Prompt], options: list[ChoiceOptions],
         outputs: AsyncIterator[EngineOutput], writer: ResponseWriter,
-    ) -> bool:  # fmt: skip
+    ) -> Delivered:  # fmt: skip
         count = len(prompts) * self.n
         choices = [ChoiceOutput(index, target.tokenizer, options[index // self.n]) for index in range(count)]
         tallies = [UsageTally(len(prompt.ids)) for prompt in prompts]
@@ -223,10 +224,10 @@ class ServedGenerate(ServedSurface):
             if not stream:
                 raise
             await writer.break_stream(errors.stream_failed(failure.detail))
-            return False
+            return Delivered(False, token_usage(UsageTally.combined(tallies)))
         if stream:
             await writer.end_stream()
-            return True
+            return Delivered(True, token_usage(UsageTally.combined(tallies)))
         objects = [
             self._object(i, texts[i], choices[i], tallies[i // self.n], finishes[i], ids[i], logprobs) for i in range(count)
         ]
@@ -234,4 +235,4 @@ class ServedGenerate(ServedSurface):
             item.pop("index")
         body = objects if self.batch or self.n > 1 else objects[0]
         await writer.whole(200, b"application/json", orjson.dumps(body))
-        return True
+        return Delivered(True, token_usage(UsageTally.combined(tallies)))

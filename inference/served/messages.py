@@ -29,7 +29,8 @@ import orjson
 from inference import errors
 from inference.pipeline.choices import joined
 from inference.pipeline.events import Event, Finished, ReasoningDelta, TextDelta, ToolCallDelta
-from inference.pipeline.usage import UsageTally
+from inference.accounting import Delivered
+from inference.pipeline.usage import UsageTally, token_usage
 from inference.routing.workers import RuntimeType, WorkerHandle
 from inference.schemas.messages import MessagesRequest
 from inference.served.base import ServedRequest, ServedSurface
@@ -163,7 +164,7 @@ class ServedMessages(ServedSurface):
 
     # --- one message object -------------------------------------------------------------------------
 
-    async def _whole(self, run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> bool:
+    async def _whole(self, run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> Delivered:
         (choice,) = run.choices()
         events: list[Event] = []
         tally = UsageTally(run.prompt_tokens)
@@ -190,11 +191,11 @@ class ServedMessages(ServedSurface):
         usage = tally.usage()
         body = self._message(content, reason, sequence, _usage(usage.prompt_tokens, usage.completion_tokens))
         await writer.whole(200, b"application/json", orjson.dumps(body))
-        return True
+        return Delivered(True, token_usage(usage))
 
     # --- the event stream ---------------------------------------------------------------------------
 
-    async def _stream(self, run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> bool:
+    async def _stream(self, run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> Delivered:
         (choice,) = run.choices()
         tally = UsageTally(run.prompt_tokens)
         await writer.open_stream()
@@ -214,7 +215,7 @@ class ServedMessages(ServedSurface):
                     blocks.out.clear()
         except UpstreamFailure as failure:
             await writer.break_stream(errors.stream_failed(failure.detail))
-            return False
+            return Delivered(False, token_usage(tally.usage()))
         blocks.close()
         reason, sequence = stop_reason(finished, blocks.calls > 0)
         usage = tally.usage()
@@ -226,4 +227,4 @@ class ServedMessages(ServedSurface):
         blocks.out += _event(b"message_delta", delta) + _event(b"message_stop", {"type": "message_stop"})
         await writer.chunk(bytes(blocks.out))
         await writer.end_stream()
-        return True
+        return Delivered(True, token_usage(usage))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, ClassVar
 
 from common.config import GatewayConfig
+from inference.accounting import Delivered
 from inference.auth import Identity
 from inference.routing.workers import Transport, WorkerHandle
 from inference.upstreams.registry import NamedRegistry
@@ -37,6 +38,9 @@ class RelayRequest:
     identity: Identity  # who called: shared key, tenant, or anonymous (never the key itself)
     # Open mode only, to an external worker registered without a key: the caller's own provider key.
     caller_key: str | None = field(default=None, repr=False)
+    # The gateway added stream_options.include_usage the client did not ask for (to account the
+    # request): the worker's usage-only event is read and not passed on (docs/DECISIONS.md D66).
+    added_usage: bool = False
 
 
 class RelayAnswer(ABC):
@@ -49,11 +53,12 @@ class RelayAnswer(ABC):
         self.content_type = content_type
 
     @abstractmethod
-    async def forward(self, writer: ResponseWriter) -> bool:
+    async def forward(self, writer: ResponseWriter) -> Delivered:
         """Hand the answer to the client through ``writer``.
 
-        Returns False when the worker broke off after the response started (the writer reported it
-        in-band). Raises UpstreamFailure only when nothing was sent to the client.
+        Returns what it came to: not ``clean`` when the worker broke off after the response started
+        (the writer reported it in-band), and the usage the answer reported. Raises UpstreamFailure
+        only when nothing was sent to the client.
         """
 
     @abstractmethod

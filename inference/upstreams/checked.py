@@ -7,8 +7,10 @@ from __future__ import annotations
 from time import perf_counter
 from typing import Awaitable, Callable
 
+from inference.accounting import Delivered
 from inference.upstreams.base import RelayAnswer
 from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.upstreams.usage_scan import usage_in_body
 from inference.writers import ResponseWriter
 
 __all__ = ["CheckedAnswer", "checked_whole", "read_whole"]
@@ -40,11 +42,11 @@ class CheckedAnswer:
         self._check = check
         self._limit = limit
 
-    async def forward(self, writer: ResponseWriter) -> bool:
+    async def forward(self, writer: ResponseWriter) -> Delivered:
         reading = perf_counter()
         checked = self._check(await read_whole(self._answer, self._limit))
         await writer.whole(self.status, _JSON, checked, perf_counter() - reading)
-        return True
+        return Delivered(True, usage_in_body(checked))
 
     async def discard(self) -> None:
         await self._answer.discard()

@@ -37,9 +37,11 @@ from aiohttp.streams import StreamReader
 from yarl import URL
 
 from common.config import GatewayConfig
+from inference.accounting import CLEAN, Delivered, TokenUsage
 from inference.routing.workers import Transport, WorkerRecord
 from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
 from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.upstreams.usage_scan import StreamUsage, usage_in_body, usage_key
 from inference.writers import ResponseWriter
 
 __all__ = ["HOLD_BYTES", "HttpRelay", "KEEPALIVE_SECS"]
@@ -58,6 +60,7 @@ HOLD_BYTES = 256 * 1024
 _ONE_WRITE_MAX = 2**16  # bodies up to this size go out in the same write as the head
 _NO_TIMER = TimerNoop()
 _BREAKS = frozenset(b"\r\n\x00")
+_USAGE_TAIL = 4096  # of an answer relayed through, the end kept to read its usage from
 
 
 def _header_line(name: str, value: str) -> bytes:
@@ -305,20 +308,20 @@ class _HttpAnswer(RelayAnswer):
     async def discard(self) -> None:
         self._exchange.close()
 
-    async def forward(self, writer: ResponseWriter) -> bool:
+    async def forward(self, writer: ResponseWriter) -> Delivered:
         exchange = self._exchange
         try:
             if self._request.stream and self.status == 200 and self.content_type.startswith("text/event-stream"):
-                clean = await self._relay_stream(writer)
+                delivered = await self._relay_stream(writer)
             else:
-                await self._relay_whole(writer)
-                clean = True
+                usage = await self._relay_whole(writer)
+                delivered = CLEAN if usage is None else Delivered(True, usage)
         except BaseException:
             # Cancelled (client gone), timed out or failed: drop the upstream connection.
             exchange.close()
             raise
         exchange.finish()
-        return clean
+        return delivered
 
     async def chunks(self) -> AsyncIterator[bytes]:
         exchange = self._exchange
@@ -340,8 +343,8 @@ class _HttpAnswer(RelayAnswer):
             else:
                 exchange.close()
 
-    async def _relay_whole(self, writer: ResponseWriter) -> None:
-        """A non-streamed answer. One of up to ``hold_bytes`` is read whole before anything goes to
+    async def _relay_whole(self, writer: ResponseWriter) -> TokenUsage | None:
+        """A non-streamed answer, and the usage it reported (a 200's). One of up to ``hold_bytes`` is read whole before anything goes to
         the client: a worker that breaks off in it fails the attempt (502, or another worker). A
         longer one (declared, or found so while reading) is relayed through as it arrives, never
         held whole (D53): memory stays at one read per request whatever the worker sends."""
@@ -366,16 +369,22 @@ class _HttpAnswer(RelayAnswer):
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise self._relay._failure(exc) from None
         content_type = self.content_type.encode("latin-1")
+        accounted = self.status == 200
         if size <= window and (declared is None or declared <= window):
-            await writer.whole(self.status, content_type, b"".join(held), perf_counter() - reading)
-            return
+            body = held[0] if len(held) == 1 else b"".join(held)
+            await writer.whole(self.status, content_type, body, perf_counter() - reading)
+            return usage_in_body(body, usage_key(self._request.path)) if accounted else None
         await writer.open_whole(self.status, content_type, declared, perf_counter() - reading)
+        tail = b""
         for chunk in held:
             await writer.part(chunk)
+        if held:
+            tail = held[-1][-_USAGE_TAIL:]
         del held
         try:
             while chunk := await payload.readany():
                 await writer.part(chunk)
+                tail = chunk[-_USAGE_TAIL:] if len(chunk) >= _USAGE_TAIL else (tail + chunk)[-_USAGE_TAIL:]
         except asyncio.CancelledError:
             if not exchange.deadline.absorb():
                 raise
@@ -384,12 +393,15 @@ class _HttpAnswer(RelayAnswer):
             failure = self._relay._failure(exc)
         else:
             await writer.end_whole()
-            return
+            return usage_in_body(tail, usage_key(self._request.path)) if accounted else None
         log.warning("answer from %s broke off after the response started: %s", self._request.worker.url, failure.detail)
         writer.abort(failure.detail)
 
-    async def _relay_stream(self, writer: ResponseWriter) -> bool:
+    async def _relay_stream(self, writer: ResponseWriter) -> Delivered:
+        """The stream as it arrives, its usage read on the way (:class:`StreamUsage`)."""
         exchange = self._exchange
+        request = self._request
+        scan = StreamUsage(usage_key(request.path), request.added_usage)
         await writer.open_stream()
         payload = exchange.payload
         try:
@@ -397,22 +409,30 @@ class _HttpAnswer(RelayAnswer):
                 chunk = await payload.readany()
                 if not chunk:
                     break
+                sent = scan.feed(chunk)
                 if payload.is_eof():
                     # The worker's stream ended with this chunk: it goes out as the last body message.
-                    await writer.chunk(chunk, last=True)
-                    return True
-                await writer.chunk(chunk)
+                    await writer.chunk(sent + scan.end(), last=True)
+                    return Delivered(True, scan.usage())
+                if sent:
+                    await writer.chunk(sent)
         except asyncio.CancelledError:
             if not exchange.deadline.absorb():
                 raise
-            return await self._broken(writer, self._relay._timed_out())
+            return await self._broken(writer, self._relay._timed_out(), scan)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            return await self._broken(writer, self._relay._failure(exc))
+            return await self._broken(writer, self._relay._failure(exc), scan)
+        rest = scan.end()
+        if rest:
+            await writer.chunk(rest)
         await writer.end_stream()
-        return True
+        return Delivered(True, scan.usage())
 
-    async def _broken(self, writer: ResponseWriter, failure: UpstreamFailure) -> bool:
+    async def _broken(self, writer: ResponseWriter, failure: UpstreamFailure, scan: StreamUsage) -> Delivered:
         """The response has started: the writer reports the failure in-band and ends the stream."""
         log.warning("upstream stream from %s failed: %s", self._request.worker.url, failure.detail)
+        rest = scan.end()
+        if rest:
+            await writer.chunk(rest)
         await writer.break_stream(failure.in_band())
-        return False
+        return Delivered(False, scan.usage())

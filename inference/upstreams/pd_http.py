@@ -25,11 +25,13 @@ import orjson
 
 from common import pd_metrics
 from inference import errors
+from inference.accounting import BROKEN, CLEAN, Delivered
 from inference.errors import GatewayError
 from inference.routing.dp_ranks import give_back
 from inference.upstreams.base import RelayAnswer, RelayRequest
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.http import HttpRelay
+from inference.upstreams.usage_scan import StreamUsage, usage_in_body, usage_key
 from inference.writers import ResponseWriter
 
 __all__ = ["HeldAnswer", "PdHttpDispatch", "PdAnswer", "PdFailure", "PdTimings"]
@@ -226,9 +228,9 @@ class HeldAnswer(RelayAnswer):
     async def discard(self) -> None:
         return None
 
-    async def forward(self, writer: ResponseWriter) -> bool:
+    async def forward(self, writer: ResponseWriter) -> Delivered:
         await writer.whole(self.status, self.content_type.encode("latin-1"), self.body)
-        return True
+        return CLEAN
 
     async def chunks(self) -> AsyncIterator[bytes]:
         yield self.body
@@ -265,7 +267,7 @@ class PdAnswer(RelayAnswer):
             await _cancelled(self._prefill)
         await self._decode.discard()
 
-    async def forward(self, writer: ResponseWriter) -> bool:
+    async def forward(self, writer: ResponseWriter) -> Delivered:
         prefill = self._prefill
         if prefill is None:
             return await self._decode.forward(writer)
@@ -297,7 +299,7 @@ class PdAnswer(RelayAnswer):
             if not prefill.done():
                 await _cancelled(prefill)  # the decode answer ended: nothing needs the prefill any more
 
-    async def _prefill_broke(self, writer: ResponseWriter, failure: BaseException) -> bool:
+    async def _prefill_broke(self, writer: ResponseWriter, failure: BaseException) -> Delivered:
         """The prefill side failed after the decode answer's status was known."""
         error = failure.in_band() if isinstance(failure, UpstreamFailure) else failure
         if not writer.started:
@@ -305,10 +307,10 @@ class PdAnswer(RelayAnswer):
         assert isinstance(error, GatewayError)
         if self._streamed:
             await writer.break_stream(error)
-            return False
+            return BROKEN
         writer.abort(error.message)
 
-    async def _forward_merged(self, writer: ResponseWriter, logprobs: list[Any]) -> bool:
+    async def _forward_merged(self, writer: ResponseWriter, logprobs: list[Any]) -> Delivered:
         """The decode answer with the prefill's input logprobs in front of its own."""
         if not self._streamed:
             body = b"".join([chunk async for chunk in self._decode.chunks()])
@@ -319,22 +321,24 @@ class PdAnswer(RelayAnswer):
             if answer is not None and _merged(answer, logprobs):
                 body = orjson.dumps(answer)
             await writer.whole(self.status, self.content_type.encode("latin-1"), body)
-            return True
+            return Delivered(True, usage_in_body(body, usage_key(self._request.path)) if self.status == 200 else None)
         await writer.open_stream()
         pending = b""
+        scan = StreamUsage(usage_key(self._request.path), self._request.added_usage)
         try:
             async for chunk in self._decode.chunks():
-                pending += chunk
+                pending += scan.feed(chunk)
                 *events, pending = pending.split(b"\n\n")
                 if events:
                     await writer.chunk(b"".join(_merged_event(event, logprobs) + b"\n\n" for event in events))
         except UpstreamFailure as failure:
             await writer.break_stream(failure.in_band())
-            return False
+            return Delivered(False, scan.usage())
+        pending += scan.end()
         if pending.strip():
             await writer.chunk(_merged_event(pending, logprobs) + b"\n\n")
         await writer.end_stream()
-        return True
+        return Delivered(True, scan.usage())
 
     def chunks(self) -> AsyncIterator[bytes]:
         return self._chunks()

@@ -73,6 +73,11 @@ class ResponseWriter:
         self._events = 0
         self._tail = b""
 
+    @property
+    def first_at(self) -> float:
+        """perf_counter() when the stream's first chunk went out (0.0: none did)."""
+        return self._first_at
+
     # --- the disconnect watch ---------------------------------------------------------------------
     def watch(self, receive: Receive) -> DisconnectWatch:
         """Cancel the current task when the client disconnects, until the final body message."""

@@ -11,6 +11,7 @@ import pytest
 
 from common import telemetry
 from common.config import GatewayConfig
+from inference.accounting import Delivered
 from inference.dataplane import DataPlane
 from inference.errors import GatewayError
 from inference.kit import RoutePlan, run_attempts, run_turn
@@ -48,9 +49,9 @@ class FakeUpstream:
         self.opened.append(answer)
         return answer
 
-    async def deliver(self, answer: FakeAnswer) -> bool:
+    async def deliver(self, answer: FakeAnswer) -> Delivered:
         self.delivered.append(answer)
-        return self.clean
+        return Delivered(self.clean)
 
 
 def data_plane_with(*urls: str, max_retries: int = 5) -> tuple[DataPlane, WorkerRegistry]:

@@ -63,7 +63,7 @@ async def forward(dispatch: PdHttpDispatch, pair: PdPair, path: str, body: dict[
     prefill_request, decode_request = requests(pair, path, body)
     answer = await dispatch.open(prefill_request, decode_request)
     sent = Sent()
-    clean = await answer.forward(ResponseWriter(sent, b"rid-1", ResponseClock(0.0), OPENAI_SSE))
+    clean = (await answer.forward(ResponseWriter(sent, b"rid-1", ResponseClock(0.0), OPENAI_SSE))).clean
     return sent, clean
 
 

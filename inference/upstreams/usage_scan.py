@@ -1,0 +1,161 @@
+"""The token usage of a relayed answer, read from its bytes without parsing the answer
+(docs/DECISIONS.md D66): the counts that follow the answer's last ``"usage"`` object (or
+``"meta_info"``, the native /generate answer's), by name, whatever the API's shape:
+
+- OpenAI chat and completions: ``prompt_tokens``, ``completion_tokens``,
+  ``prompt_tokens_details.cached_tokens``, ``completion_tokens_details.reasoning_tokens``;
+- the Responses API: ``input_tokens``, ``output_tokens`` and their ``*_details``;
+- Anthropic Messages: ``input_tokens`` (the uncached part: the cache reads and writes are added to
+  it), ``output_tokens``, ``cache_read_input_tokens``;
+- SGLang's /generate: ``meta_info`` with ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``.
+
+A stream is scanned line by line as it passes (:class:`StreamUsage`); where the gateway asked the
+worker for usage the client did not (``stream_options.include_usage``), the usage-only event the
+worker adds is taken out of what the client receives, which is then byte for byte what the worker
+would have sent without it. Counts reported several times in a stream (Anthropic's message_start and
+message_delta, vLLM's continuous usage) are running totals: the highest of each is kept.
+"""
+
+from __future__ import annotations
+
+import re
+
+from inference.accounting import TokenUsage
+
+__all__ = ["StreamUsage", "usage_in_body", "usage_key"]
+
+_COUNT = re.compile(
+    rb'"(prompt_tokens|completion_tokens|cached_tokens|reasoning_tokens|input_tokens|output_tokens'
+    rb'|cache_read_input_tokens|cache_creation_input_tokens)"\s*:\s*(\d+)'
+)
+_USAGE = b'"usage"'
+_META = b'"meta_info"'
+_EMPTY_CHOICES = b'"choices":[]'
+
+
+def usage_key(path: str) -> bytes:
+    """The key whose object holds an answer's counts on ``path``."""
+    return _META if path == "/generate" else _USAGE
+
+
+_SLOT = {
+    b"prompt_tokens": 0, b"input_tokens": 0, b"completion_tokens": 1, b"output_tokens": 1, b"cached_tokens": 2,
+    b"reasoning_tokens": 3, b"cache_read_input_tokens": 4, b"cache_creation_input_tokens": 5,
+}
+
+
+def _counts(data: bytes, start: int, end: int, into: list[int]) -> bool:
+    """The counts named in ``data[start:end]`` into ``into`` (prompt, completion, cached, reasoning),
+    each the highest seen; whether there were any."""
+    found = _COUNT.findall(data, start, end)
+    if not found:
+        return False
+    seen = [-1, -1, -1, -1, 0, 0]
+    for name, value in found:
+        slot = _SLOT[name]
+        count = int(value)
+        if count > seen[slot]:
+            seen[slot] = count
+    if seen[4] or seen[5]:  # Anthropic's cache reads and writes, outside its input_tokens
+        if seen[0] >= 0:
+            seen[0] += seen[4] + seen[5]
+        seen[2] = max(seen[2], seen[4])
+    for i in range(4):
+        if seen[i] > into[i]:
+            into[i] = seen[i]
+    return True
+
+
+def _holds_object(data: bytes, after: int) -> bool:
+    """Whether the key that ends at ``after`` is followed by an object (not ``null``)."""
+    seen = data[after : after + 8].lstrip()
+    return seen[:1] == b":" and seen[1:].lstrip()[:1] == b"{"
+
+
+def usage_in_body(body: bytes, key: bytes = _USAGE) -> TokenUsage | None:
+    """The usage of a whole answer: the counts after its last ``key`` object; None when it has none."""
+    at = body.rfind(key)
+    if at < 0 or not _holds_object(body, at + len(key)):
+        return None
+    counts = [0, 0, 0, 0]
+    if not _counts(body, at, len(body), counts):
+        return None
+    return TokenUsage(*counts)
+
+
+class StreamUsage:
+    """Scans a relayed SSE stream for its usage as it passes. ``strip``: the gateway asked the worker
+    for the usage-only event, which is taken out of what goes to the client; the stream is then passed
+    on in whole lines only (a line split between two reads waits for its end, which a client could not
+    have read before either)."""
+
+    __slots__ = ("key", "strip", "counts", "found", "_tail", "_blank")
+
+    def __init__(self, key: bytes = _USAGE, strip: bool = False) -> None:
+        self.key = key
+        self.strip = strip
+        self.counts = [0, 0, 0, 0]
+        self.found = False
+        self._tail = b""
+        self._blank = False  # a taken-out event's blank line is still to come
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes of ``chunk`` to send on (``chunk`` itself unless stripping)."""
+        if self.key not in chunk and not self._tail and not self._blank and chunk.endswith(b"\n"):
+            return chunk  # whole lines without a count: the usual chunk
+        data = self._tail + chunk if self._tail else chunk
+        if self._blank:
+            if data == b"\r":  # the blank line's end is still to come
+                self._tail = data
+                return b""
+            self._blank = False
+            if data.startswith(b"\r\n"):
+                data = data[2:]
+            elif data.startswith(b"\n"):
+                data = data[1:]
+        cut = data.rfind(b"\n") + 1
+        self._tail = data[cut:]
+        key = self.key
+        at = data.find(key, 0, cut)
+        if at < 0:
+            return data[:cut] if self.strip else chunk
+        removed: list[tuple[int, int]] = []
+        while at >= 0:
+            line_end = data.find(b"\n", at, cut)
+            if _holds_object(data, at + len(key)):
+                self.found |= _counts(data, at, line_end, self.counts)
+                if self.strip:
+                    start = data.rfind(b"\n", 0, at) + 1
+                    if data.find(_EMPTY_CHOICES, start, at) >= 0:  # the usage-only event: not the client's
+                        end = line_end + 1
+                        if data.startswith(b"\n", end):
+                            end += 1
+                        elif data.startswith(b"\r\n", end):
+                            end += 2
+                        elif end >= cut:
+                            self._blank = True
+                        removed.append((start, end))
+            at = data.find(key, line_end, cut)
+        if not self.strip:
+            return chunk
+        if not removed:
+            return data[:cut]
+        kept = []
+        position = 0
+        for start, end in removed:
+            kept.append(data[position:start])
+            position = end
+        kept.append(data[position:cut])
+        return b"".join(kept)
+
+    def end(self) -> bytes:
+        """What is left at the stream's end (a last line without its newline)."""
+        tail, self._tail = self._tail, b""
+        if tail:
+            at = tail.find(self.key)
+            if at >= 0 and _holds_object(tail, at + len(self.key)):
+                self.found |= _counts(tail, at, len(tail), self.counts)
+        return tail if self.strip else b""
+
+    def usage(self) -> TokenUsage | None:
+        return TokenUsage(*self.counts) if self.found else None
