@@ -9,21 +9,32 @@ flags is decided in one place, :meth:`inference.admission.budgets.TenantBudgets.
 
 from __future__ import annotations
 
+import logging
+
 from django.db import transaction
 from django.db.models import QuerySet
 
 from administration.models import TenantBudget
 from administration.notices import publish_registry_changed
-from common.config import GatewayConfig
+from common.config import BUDGET_PERIODS, GatewayConfig
 from inference.admission.budgets import Budget, TenantBudgets
 
 __all__ = ["stored_tenant_budgets", "save_tenant_budget", "delete_tenant_budgets", "flag_tenant_budget"]
 
+log = logging.getLogger(__name__)
+
 
 def stored_tenant_budgets() -> dict[str, str]:
-    """tenant id -> ``TOKENS/day|month``, for every stored row (one query; the fleet loop's read)."""
-    return {tenant: f"{tokens}/{period}" for tenant, tokens, period in
-            TenantBudget.objects.values_list("tenant_id", "tokens", "period")}
+    """tenant id -> ``TOKENS/day|month``, for every stored row (one query; the fleet loop's read). A
+    row whose period the store holds but the console would refuse (written around it) is left out
+    and logged, so it cannot stop the fleet loop."""
+    found: dict[str, str] = {}
+    for tenant, tokens, period in TenantBudget.objects.values_list("tenant_id", "tokens", "period"):
+        if period in BUDGET_PERIODS:
+            found[tenant] = f"{tokens}/{period}"
+        else:
+            log.warning("tenant budget of %s left out: period %r is not day or month", tenant, period)
+    return found
 
 
 def save_tenant_budget(row: TenantBudget) -> TenantBudget:

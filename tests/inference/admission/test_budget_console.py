@@ -76,6 +76,8 @@ def test_the_store_refuses_a_negative_budget_and_a_second_row_for_a_tenant() -> 
     with pytest.raises(IntegrityError), transaction.atomic():
         TenantBudget.objects.create(tenant_id="acme", tokens=4, period="day")
     assert stored_tenant_budgets() == {"acme": "3000/month"}
+    TenantBudget.objects.create(tenant_id="globex", tokens=5, period="week")  # written around the console
+    assert stored_tenant_budgets() == {"acme": "3000/month"}  # left out (logged), never a broken fleet loop
 
 
 # --- the console pages ---------------------------------------------------------------------------
