@@ -154,8 +154,10 @@ class _Periods:
     def now(self, period: str) -> tuple[str, float, float]:
         """The current period's name and end, and the time."""
         now = self._clock()
-        name, _, ends = self.of(period, now)
-        return name, ends, now
+        found = self._found.get(period)
+        if found is None or not found[1] <= now < found[2]:
+            found = self.of(period, now)
+        return found[0], found[2], now
 
     def of(self, period: str, at: float) -> tuple[str, float, float]:
         """The name, start and end of the ``period`` holding ``at``."""
