@@ -20,6 +20,7 @@ from standins import mock_responses as mr
 from tests.conftest import GatewayFactory, RunningWorker, free_port, record_for
 from tests.inference.mcp.servers import serving
 from tests.inference.served.conftest import QWEN_MODEL, Start, asgi_app, start_engine_gateway  # noqa: F401
+from tests.inference.served.test_zmq import NO_THINKING, StartZmq, ipc_dir, start_zmq_gateway  # noqa: F401
 from tests.responses_api.test_responses_on_grpc import LOOPBACK, PARSERS, mcp_tool, weather_server
 
 MESSAGES = [{"role": "user", "content": "hello there friend"}]
@@ -173,6 +174,20 @@ async def test_the_grpc_pipeline_accounts_plain_and_streamed_answers(start_engin
     assert (streamed.usage.prompt, streamed.usage.completion) == (len(second.input_ids), len(second.outputs[0]))
     assert whole.worker == streamed.worker == gw.record.url and whole.model == QWEN_MODEL
     assert whole.ttft_secs is None and streamed.ttft_secs is not None
+
+
+async def test_a_zmq_worker_accounts_plain_and_streamed_answers(start_zmq_gateway: StartZmq) -> None:
+    gw = await start_zmq_gateway()
+    body = {"model": QWEN_MODEL, "messages": [{"role": "user", "content": "Hello"}], **NO_THINKING}
+    assert (await gw.http.post("/v1/chat/completions", json=body)).status_code == 200
+    first = gw.group.engines[0].state.requests[-1]
+    async with gw.http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+        [line async for line in response.aiter_lines()]
+    second = gw.group.engines[0].state.requests[-1]
+    whole, streamed = entries()
+    assert (whole.usage.prompt, whole.usage.completion) == (len(first.input_ids), len(first.outputs[0]))
+    assert (streamed.usage.prompt, streamed.usage.completion) == (len(second.input_ids), len(second.outputs[0]))
+    assert whole.worker.startswith("ipc://") and whole.outcome is streamed.outcome is Outcome.SUCCESS
 
 
 async def test_messages_on_the_grpc_pipeline_are_accounted(start_engine_gateway: Start) -> None:
