@@ -18,7 +18,9 @@ serving processes serve a ZMQ worker (``--workers N``: N clients of its engines,
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 from typing import Any
 
 import zmq
@@ -55,6 +57,33 @@ def _tokenizer_location(worker: Worker, config: GatewayConfig) -> str:
     )  # fmt: skip
 
 
+def _tcp_bind_refusal(address: str) -> str | None | bool:
+    """Whether ``tcp://HOST:PORT`` can be bound, by a plain socket bound for a moment and never
+    listening: an engine dialing in meanwhile is refused and retries, where a momentary ZMQ socket
+    would accept its connection and lose its HELLO (the engine never says it again). None when
+    it can, the reason when not, False when the address is not a plain host and port (ZMQ's
+    interface names): then ZMQ binds it for a moment instead."""
+    host, _, port = address[len("tcp://") :].rpartition(":")
+    if not port.isdigit():
+        return False  # tcp://HOST:* takes any free port: nothing to collide with
+    host = "0.0.0.0" if host == "*" else host.strip("[]")
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError):
+        return False
+    probe = socket.socket(family, kind, proto)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZMQ binds
+        probe.bind(where)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return f"the handshake address {address} is already bound"
+        return f"the handshake address cannot bind {address}: {exc}"
+    finally:
+        probe.close()
+    return None
+
+
 def handshake_address_refusal(url: str, handshake_address: str | None) -> str | None:
     """Why the worker's handshake address cannot be used (not tcp://, or already bound on this
     host), else None. Binds it for a moment: a bound address is one another process (or worker)
@@ -63,6 +92,9 @@ def handshake_address_refusal(url: str, handshake_address: str | None) -> str | 
         address = zmq_addresses(url, handshake_address).handshake
     except ZmqAddressError as exc:
         return str(exc)
+    plain = _tcp_bind_refusal(address)
+    if plain is not False:
+        return plain if isinstance(plain, str) else None
     context = zmq.Context()
     try:
         probe = context.socket(zmq.ROUTER)

@@ -16,6 +16,7 @@ import zmq
 from django.test import AsyncClient
 
 from administration.models import Worker
+from administration.zmq_workers import handshake_address_refusal
 from administration.registry_sync import RegistrySync
 from common.config import GatewayConfig, parse_gateway_args
 from inference.dataplane import data_plane
@@ -258,3 +259,30 @@ async def _fails(api: AsyncClient, body: dict[str, Any]) -> None:
         return (await api.get(location)).status_code == 404
 
     await until(released)
+
+
+def test_the_bound_check_does_not_take_a_dialing_engines_hello(ipc_dir: Path) -> None:
+    """Registration checks the handshake address by binding it for a moment. An engine already
+    dialing in (its DEALER retrying the connect) must not have its HELLO accepted by that momentary
+    socket and lost: the check binds a plain socket that never listens, so the engine is refused
+    and retries, and the gateway's real handshake socket gets the HELLO."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    context = zmq.Context()
+    try:
+        engine = context.socket(zmq.DEALER)
+        engine.setsockopt(zmq.LINGER, 0)
+        engine.setsockopt(zmq.RECONNECT_IVL, 1)  # retries the connect every millisecond
+        engine.connect(address)
+        engine.send(b"HELLO")
+        for _ in range(200):
+            assert handshake_address_refusal(f"ipc://{ipc_dir}/engine", address) is None
+        gateway = context.socket(zmq.ROUTER)
+        gateway.setsockopt(zmq.LINGER, 0)
+        gateway.bind(address)
+        assert gateway.poll(5000), "the HELLO was lost"
+        assert gateway.recv_multipart()[1] == b"HELLO"
+        assert handshake_address_refusal(f"ipc://{ipc_dir}/engine", address) == (
+            f"the handshake address {address} is already bound"
+        )  # held by the gateway's socket now
+    finally:
+        context.destroy(linger=0)
