@@ -28,6 +28,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
+from administration.console_query import query_holds_nul
 from administration.models import ModelPrice, RequestLogEntry, UsageMinute
 from administration.usage_page import csv_response, usage_urls
 from administration.usage_read import PRICE_MAX, add_price
@@ -47,11 +48,6 @@ _PRICE_HELP = (
     "has spend 0. A change adds a row and never rewrites an old one, so spend already counted never changes: a new "
     "price takes effect now or at a later moment, never earlier."
 )
-
-
-def _has_nul(request: HttpRequest) -> bool:
-    """A query parameter holding NUL, which Postgres text refuses (the changelist would answer 500)."""
-    return any("\x00" in key or any("\x00" in value for value in values) for key, values in request.GET.lists())
 
 
 def _refused_query(model_admin: Any) -> HttpResponseRedirect:
@@ -145,8 +141,6 @@ class ModelPriceAdmin(_PriceModelAdmin):
         add_price(obj)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        if _has_nul(request):
-            return _refused_query(self)
         return super().changelist_view(request, {"subtitle": None, "price_help": _PRICE_HELP, **(extra_context or {})})
 
 
@@ -189,7 +183,7 @@ class RequestLogEntryAdmin(_LogModelAdmin):
         """The rows the changelist's current filters and search select, newest first, as CSV."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        if _has_nul(request):
+        if query_holds_nul(request):
             return _refused_query(self)
         try:
             changelist = self.get_changelist_instance(request)
@@ -204,8 +198,6 @@ class RequestLogEntryAdmin(_LogModelAdmin):
         return csv_response(f"request-log-{datetime.now(dt_timezone.utc):%Y%m%d-%H%M%S}.csv", LOG_COLUMNS, values())
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        if _has_nul(request):
-            return _refused_query(self)
         query = request.GET.urlencode()
         export = reverse("admin:administration_requestlogentry_export") + (f"?{query}" if query else "")
         return super().changelist_view(request, {"export_url": export, **(extra_context or {})})
@@ -237,8 +229,3 @@ class UsageMinuteAdmin(_UsageModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         return usage_urls(self) + super().get_urls()
-
-    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        if _has_nul(request):
-            return _refused_query(self)
-        return super().changelist_view(request, extra_context)

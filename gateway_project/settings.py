@@ -62,6 +62,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # The history store's client routes: the tenant rate limit and the store-outage answer, before the view.
     "responses_api.api.admission.ClientStoreAdmission",
+    # A console list asked with a NUL in its query (Postgres text cannot hold one): the list, unfiltered.
+    "administration.console_query.ConsoleQueryMiddleware",
     # Innermost, so the first to see a view's exception: a store outage is a 503, never a 500.
     "administration.store_outage.StoreOutageMiddleware",
 ]
