@@ -59,7 +59,6 @@ def test_flags_are_read_from_the_environment(monkeypatch) -> None:
         ["--port", "70000"],
         ["--policy", "fastest"],
         ["--worker-urls", "ftp://x"],
-        ["--worker-urls", "ipc:///tmp/engine", "--workers", "2"],
         ["--tenant-api-key", "nocolon"],
         ["--model-alias", "=model"],
         ["--request-timeout-secs", "-1"],
@@ -70,6 +69,12 @@ def test_flags_are_read_from_the_environment(monkeypatch) -> None:
 def test_malformed_flags_are_rejected(argv: list[str]) -> None:
     with pytest.raises(ConfigError):
         parse_gateway_args(argv)
+
+
+def test_zmq_workers_take_several_serving_processes() -> None:
+    """Each serving process is one of the engines' clients (D69): no longer refused."""
+    config = parse_gateway_args(["--worker-urls", "ipc:///tmp/engine", "--workers", "2"])
+    assert config.worker_urls == ("ipc:///tmp/engine",)
 
 
 def test_malformed_env_value_is_rejected(monkeypatch) -> None:
