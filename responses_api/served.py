@@ -277,7 +277,7 @@ class ServedResponses(ServedSurface):
                 raise
             finally:
                 if account is not None:
-                    account.close(failure, cancelled=failure is None and not ended)
+                    account.close(failure, cancelled=failure is None and not ended, by_run=True)
                 if feed is not None:
                     feed.close()
                 if not self.responses.store and not BACKGROUND.stopping:
@@ -293,6 +293,8 @@ class ServedResponses(ServedSurface):
             if not await self.store.aset_response_status(self.scope, self.id, "in_progress", only_from=("in_progress",)):
                 await self.store.aset_response_status(self.scope, self.id, "queued", only_from=("queued",))
 
+        if self.request.account is not None:
+            self.request.account.hand_on()  # the run accounts the request when it ends (D66)
         BACKGROUND.start(self.id, run, cancelled, heartbeat)
         return FeedAnswer(feed) if feed is not None else LocalAnswer(orjson.dumps(queued), delivered=LATER)
 

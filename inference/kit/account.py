@@ -90,15 +90,21 @@ class RequestAccount:
             else:
                 self.usage.add(usage)
 
+    def hand_on(self) -> None:
+        """The request goes on in a background run, which closes it (``by_run``) when it ends;
+        whatever happens to the route's own answer from here on (the client leaving a streamed
+        run's feed) is not the request's end."""
+        self.handed_on = True
+
     def finish(self) -> None:
         """The route answered: close, unless the request goes on in a background run."""
-        if not self.handed_on:
-            self.close()
+        self.close()
 
-    def close(self, error: GatewayError | None = None, *, cancelled: bool = False) -> None:
+    def close(self, error: GatewayError | None = None, *, cancelled: bool = False, by_run: bool = False) -> None:
         """The request ended: with the answer :meth:`answered` recorded, with ``error`` (the error
-        response it got), or ``cancelled`` (the client left first)."""
-        if self.closed:
+        response it got), or ``cancelled`` (the client left first). Once handed on, only the run's
+        own close (``by_run``) counts."""
+        if self.closed or (self.handed_on and not by_run):
             return
         self.closed = True
         now = perf_counter()

@@ -259,6 +259,39 @@ async def test_a_background_run_is_accounted_once_when_it_ends(start_engine_gate
     assert entries() == []  # the request that queued it is not a second entry
 
 
+async def test_a_streamed_background_run_the_client_leaves_is_accounted_once_when_it_ends(
+    start_engine_gateway: Start, asgi_app: object
+) -> None:
+    gw = await start_engine_gateway(chunk_tokens=1, delay_ms=10)
+    body = orjson.dumps({"model": QWEN_MODEL, "input": "Hello", "background": True, "stream": True})
+    queued = asyncio.Event()
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop()
+        await queued.wait()
+        return {"type": "http.disconnect"}  # the client leaves the run's feed; the run goes on
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body" and b"response.queued" in message.get("body", b""):
+            queued.set()
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/v1/responses", "raw_path": b"/v1/responses", "query_string": b"", "root_path": "",
+        "headers": [(b"host", b"gateway"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 5000), "server": ("gateway", 80),
+    }
+    await asyncio.wait_for(asgi_app(scope, receive, send), 5)  # type: ignore[operator]
+    assert queued.is_set()
+    [entry] = await settled(1)
+    served = gw.engine.state.requests[-1]
+    assert entry.outcome is Outcome.SUCCESS and entry.usage.completion == len(served.outputs[0]) > 0
+    await asyncio.sleep(0.1)
+    assert entries() == []
+
+
 # --- /metrics --------------------------------------------------------------------------------------------
 
 
