@@ -56,6 +56,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
@@ -99,7 +100,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_HEALTH_TIMEOUT_SECS = 5.0
 OUTPUT_BATCH = 64  # output messages taken per wake-up of the output loop, at most
 HEALTH_UTILITY = "is_sleeping"  # a utility every EngineCore answers, cheaply
-PROBE_SECS = 0.5  # several serving processes: how often an engine not heard from is asked for
+PROBE_SECS = 0.5  # how often an engine not heard from is asked for
+STATS_SHARE_SECS = 1.0  # several serving processes: how often the stats received are shared, at most
 
 
 @dataclass(slots=True)
@@ -205,7 +207,10 @@ class ZmqEngineClient(EngineClient):
         self.client_index = client_index
         self.client_count = client_count
         self.shared = client_count > 1  # one of several serving processes' clients (D69)
-        self.facts_path = facts_dir / f"zmq-{fnv1a_64(url.encode()):016x}.json" if facts_dir is not None else None
+        self._facts_dir, self._facts_key = facts_dir, f"zmq-{fnv1a_64(url.encode()):016x}"
+        self.facts_path = facts_dir / f"{self._facts_key}.json" if facts_dir is not None else None
+        # the scheduler stats this client received, for the others (the leader's load monitor)
+        self.stats_path = self._stats_file(client_index)
         self.handshake_endpoint = self.addresses.handshake  # the bound one (tcp://HOST:* picks a port)
         self.model_id = model_id
         self.dp_size = dp_size
@@ -310,6 +315,8 @@ class ZmqEngineClient(EngineClient):
         if handshake is not None:
             self._serve_handshake(handshake)
         self._tasks.append(asyncio.create_task(self._probe_loop(), name=f"zmq-probe {self.url}"))
+        if self.stats_path is not None:
+            self._tasks.append(asyncio.create_task(self._share_stats_loop(), name=f"zmq-stats {self.url}"))
         self._watch_output(output)
 
     def _handshake_socket(self, context: zmq.asyncio.Context) -> zmq.asyncio.Socket:
@@ -466,6 +473,51 @@ class ZmqEngineClient(EngineClient):
             self._recall_facts()
             self._maybe_ready(rank)
 
+    async def _share_stats_loop(self) -> None:
+        """Each second at most, the scheduler stats this client received since, for the other
+        serving processes: vLLM gives each step's stats to one client (the first with outputs in
+        it), so the leader's load monitor would otherwise see only its own requests' steps."""
+        shared = 0.0
+        while True:
+            await asyncio.sleep(STATS_SHARE_SECS)
+            newest = max(rank.stats_at for rank in self.ranks)
+            if newest <= shared or self.stats_path is None:
+                continue
+            ranks = {str(r.index): {"at": r.stats_at, "stats": r.latest_stats()} for r in self.ranks if r.stats_at}
+            partial = self.stats_path.with_name(f".{self.stats_path.name}.{os.getpid()}")
+            try:
+                partial.write_bytes(orjson.dumps(ranks))
+                os.replace(partial, self.stats_path)
+            except OSError as exc:
+                logger.warning("ZMQ worker %s: sharing the engines' stats failed: %s", self.url, exc)
+            shared = newest
+
+    def _stats_file(self, client_index: int) -> Path | None:
+        if self._facts_dir is None:
+            return None
+        return self._facts_dir / f"{self._facts_key}-stats-{client_index}.json"
+
+    def _fresher_stats(self) -> dict[int, dict[str, Any]]:
+        """Per rank, stats another serving process received after this one's last (from their files)."""
+        fresher: dict[int, tuple[float, dict[str, Any]]] = {}
+        for index in range(self.client_count):
+            path = self._stats_file(index)
+            if index == self.client_index or path is None:
+                continue
+            try:
+                ranks = orjson.loads(path.read_bytes())
+            except (OSError, orjson.JSONDecodeError):
+                continue
+            for key, entry in (ranks.items() if isinstance(ranks, dict) else ()):
+                if not key.isdigit() or int(key) >= self.dp_size or not isinstance(entry, dict):
+                    continue
+                at, stats = entry.get("at"), entry.get("stats")
+                rank = int(key)
+                if isinstance(at, (int, float)) and isinstance(stats, dict) and at > self.ranks[rank].stats_at:
+                    if rank not in fresher or at > fresher[rank][0]:
+                        fresher[rank] = (float(at), stats)
+        return {rank: stats for rank, (_, stats) in fresher.items()}
+
     def _share_facts(self) -> None:
         """What this process learned of the engines in their handshake (num_gpu_blocks, the ready
         response), for the other serving processes (a whole file renamed into place)."""
@@ -612,6 +664,8 @@ class ZmqEngineClient(EngineClient):
         index = outputs.engine_index
         if 0 <= index < self.dp_size and codec.has_stats(outputs.scheduler_stats):
             self.ranks[index].raw_stats = outputs.scheduler_stats
+            if self.shared:  # vLLM gives a step's stats to one client: the others may need them (loads)
+                self.ranks[index].stats_at = time.time()
             if self.client_index and self.dp_size > 1:  # no wave_complete here: the wave from the stats
                 wave = codec.decode_stats(outputs.scheduler_stats).get("current_wave")
                 if isinstance(wave, int):
@@ -882,7 +936,8 @@ class ZmqEngineClient(EngineClient):
         }
 
     async def loads(self) -> tuple[EngineLoad, ...]:
-        return tuple(rank.load() for rank in self.ranks)
+        fresher = self._fresher_stats() if self.shared else {}
+        return tuple(rank.load(fresher.get(rank.index)) for rank in self.ranks)
 
     async def flush_cache(self) -> CommandResult:
         raise self.unsupported("FlushCache")  # the spec: flush skips ZMQ workers

@@ -34,15 +34,21 @@ class EngineRank:
     ready_response: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)  # the last SchedulerStats, when given decoded
     raw_stats: msgspec.Raw | None = None  # the last SchedulerStats as the engine sent it (decoded by load)
+    stats_at: float = 0.0  # when they came (wall clock; kept by one of several serving processes' clients)
     in_flight: int = 0
 
     @property
     def identity(self) -> bytes:
         return codec.engine_identity(self.index)
 
-    def load(self) -> EngineLoad:
-        """This rank's load from its last scheduler stats and its ready response."""
-        stats = codec.decode_stats(self.raw_stats) if self.raw_stats is not None else self.stats
+    def latest_stats(self) -> dict[str, Any]:
+        return codec.decode_stats(self.raw_stats) if self.raw_stats is not None else self.stats
+
+    def load(self, stats: dict[str, Any] | None = None) -> EngineLoad:
+        """This rank's load from its last scheduler stats (or ``stats``, fresher ones another
+        serving process received) and its ready response."""
+        if stats is None:
+            stats = self.latest_stats()
         running = int(stats.get("num_running_reqs") or 0)
         waiting = int(stats.get("num_waiting_reqs") or 0)
         usage = float(stats.get("kv_cache_usage") or 0.0)

@@ -219,6 +219,30 @@ async def test_abort_by_the_gateway_request_id(ipc_dir: Path) -> None:
         await g.stop()
 
 
+async def test_the_leaders_loads_include_stats_another_process_received(gateway: Gateway) -> None:
+    """vLLM gives a step's scheduler stats to one client: those of client 1's requests reach client
+    0 (the leader, whose load monitor reports for the host) through the run directory."""
+    gateway.group.engines[0].state.stats = {"num_waiting_reqs": 7, "num_running_reqs": 2, "kv_cache_usage": 0.25}
+    outputs = [o async for o in gateway.clients[1].generate(EngineRequest("busy", gateway.prompt()))]
+    assert outputs[-1].finish is not None
+    assert gateway.clients[0].ranks[0].raw_stats is None  # client 0 got none itself
+    assert (await gateway.clients[1].loads())[0]["num_waiting_reqs"] == 7
+
+    async def shared() -> bool:
+        return (await gateway.clients[0].loads())[0]["num_waiting_reqs"] == 7
+
+    async with asyncio.timeout(10):
+        while not await shared():
+            await asyncio.sleep(0.05)
+    load = (await gateway.clients[0].loads())[0]
+    assert load["num_running_reqs"] == 2 and load["token_usage"] == 0.25
+    assert load["max_total_num_tokens"] == 777 * 16  # the capacity from the handshake's facts
+    # Stats of its own that are newer win again.
+    gateway.group.engines[0].state.stats = {"num_waiting_reqs": 1}
+    assert [o async for o in gateway.clients[0].generate(EngineRequest("own", gateway.prompt()))][-1].finish
+    assert (await gateway.clients[0].loads())[0]["num_waiting_reqs"] == 1
+
+
 async def test_dp_size_two_from_a_client_that_hears_no_wave_complete(ipc_dir: Path) -> None:
     g = Gateway(ipc_dir, 2, dp_size=2)
     await g.start()
