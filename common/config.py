@@ -50,6 +50,7 @@ ENGINE_BACKENDS = ("sglang", "vllm", "trtllm", "mlx", "tokenspeed")
 PROVIDER_BACKENDS = ("openai", "anthropic", "gemini", "xai")
 BACKENDS = ("auto", *ENGINE_BACKENDS, *PROVIDER_BACKENDS)
 GRPC_STREAM_READERS = ("native", "grpcio")
+DISCOVERY_PROVIDERS = ("kubernetes", "file")
 DEFAULT_MAX_PAYLOAD = 512 * 1024 * 1024
 
 
@@ -85,6 +86,17 @@ class GatewayConfig:
     model_aliases: tuple[tuple[str, str], ...] = ()
     worker_startup_check_interval: float = 30.0
     worker_startup_timeout_secs: float = 1800.0
+    # Worker discovery (administration/pod_discovery.py, file_discovery.py; D73): the reference's flags
+    service_discovery: bool = False  # the older spelling of --discovery-provider kubernetes
+    discovery_provider: str | None = None  # kubernetes or file; None: no discovery
+    discovery_file: str | None = None  # the file provider's manifest of workers
+    selector: tuple[tuple[str, str], ...] = ()  # pod labels that must all match (key, value)
+    prefill_selector: tuple[tuple[str, str], ...] = ()  # PD: pods matching these are prefill workers
+    decode_selector: tuple[tuple[str, str], ...] = ()  # PD: pods matching these are decode workers
+    service_discovery_port: int = 80  # the worker's port on a discovered pod's IP
+    service_discovery_namespace: str | None = None  # None: pods of every namespace
+    model_id_from: str | None = None  # namespace, label:<key> or annotation:<key>: the worker's model id
+    discovery_check_interval_secs: float = 30.0  # file provider: how often the manifest is reread
     # Tokenizers (gRPC workers: the gateway renders, tokenizes and detokenizes)
     model_path: str | None = None  # hub id or local path: the tokenizer when no --tokenizer-path
     tokenizer_path: str | None = None  # hub id, local directory or tokenizer.json, or grpc://worker
@@ -163,6 +175,8 @@ class GatewayConfig:
     prometheus_port: int = 29000
     prometheus_duration_buckets: tuple[float, ...] = ()
     usage_metrics_tenant_label: bool = False  # gw_usage_tokens_total by tenant too (cardinality: off by default)
+    enable_trace: bool = False  # OpenTelemetry spans per inference request (common/tracing.py, D74)
+    otlp_traces_endpoint: str | None = None  # OTLP/gRPC collector host:port; None: OTEL_EXPORTER_OTLP_* or localhost:4317
     health_check_port: int = 0  # 0: probes only on the main listener
     # Outbound URLs a caller can influence (common/ssrf.py): MCP servers now, external providers later
     ssrf_allow_loopback: bool = False  # let them reach 127.0.0.0/8 and ::1
@@ -189,6 +203,11 @@ class GatewayConfig:
     # Not flags: set by share() in each serving process of a supervised gateway
     media_request_limit: int = 0  # the whole gateway's media budget: the most one request may hold (0: the budget)
     rate_limit_share: int = 1  # tenant limits (flags and console rows) are divided by it, rounded up
+
+    @property
+    def discovery(self) -> bool:
+        """Whether workers are discovered (--discovery-provider or --service-discovery)."""
+        return bool(self.discovery_provider or self.service_discovery)
 
     @property
     def auth_enabled(self) -> bool:
@@ -375,6 +394,16 @@ def _prefill_worker(text: str) -> tuple[str, int | None]:
     return (url, port)
 
 
+def _model_id_from(text: str) -> str:
+    """A --model-id-from value: ``namespace``, ``label:<key>`` or ``annotation:<key>``."""
+    if text == "namespace":
+        return text
+    source, sep, key = text.partition(":")
+    if not sep or source not in ("label", "annotation") or not key:
+        raise argparse.ArgumentTypeError(f"expected namespace, label:<key> or annotation:<key>, got {text!r}")
+    return text
+
+
 def _control_plane_key(text: str) -> tuple[str, str, str, str]:
     parts = text.split(":", 3)
     if len(parts) != 4 or not all(parts):
@@ -451,6 +480,22 @@ FLAGS: tuple[Flag, ...] = (
     Flag("worker_startup_check_interval", _positive_float,
          "longest pause between discovery attempts of a worker that is not up yet (seconds)"),
     Flag("worker_startup_timeout_secs", _positive_float, "give up registering a worker after this long"),
+    Flag("service_discovery", _bool, "discover workers as Kubernetes pods (the same as --discovery-provider "
+         "kubernetes)", kind="switch"),
+    Flag("discovery_provider", _choice(DISCOVERY_PROVIDERS), "discover workers: kubernetes (pods matching "
+         "--selector, Running and Ready) or file (the --discovery-file manifest)"),
+    Flag("discovery_file", _text, "file provider: JSON manifest of workers, reread when it changes"),
+    Flag("selector", _pair("=", "key=value"), "discovery: pod labels that must all match", kind="list",
+         metavar="KEY=VALUE"),
+    Flag("prefill_selector", _pair("=", "key=value"), "discovery with --pd-disaggregation: pod labels of prefill "
+         "workers", kind="list", metavar="KEY=VALUE"),
+    Flag("decode_selector", _pair("=", "key=value"), "discovery with --pd-disaggregation: pod labels of decode "
+         "workers", kind="list", metavar="KEY=VALUE"),
+    Flag("service_discovery_port", _port, "discovery: the workers' port on their pod IP"),
+    Flag("service_discovery_namespace", _text, "discovery: the namespace whose pods are watched (default: all)"),
+    Flag("model_id_from", _model_id_from, "discovery: a pod's model id from its namespace, a label or an "
+         "annotation (the engine's own model name stays an alias)", metavar="namespace|label:KEY|annotation:KEY"),
+    Flag("discovery_check_interval_secs", _positive_float, "file provider: seconds between rereads of the manifest"),
     Flag("model_path", _text, "model hub id or local path whose tokenizer serves gRPC workers "
          "(after a worker's tokenizer_path/model_path labels)"),
     Flag("tokenizer_path", _text, "tokenizer location over --model-path: a local directory or tokenizer.json, a hub "
@@ -540,6 +585,12 @@ FLAGS: tuple[Flag, ...] = (
          metavar="SECONDS"),
     Flag("usage_metrics_tenant_label", _bool, "label gw_usage_tokens_total by tenant too (one series per tenant, "
          "model and token type)", kind="switch"),
+    Flag("enable_trace", _bool, "OpenTelemetry tracing: a span per inference request (admission, selection, each "
+         "upstream attempt), W3C traceparent continued and passed to workers; OTEL_* variables honoured",
+         kind="switch"),
+    Flag("otlp_traces_endpoint", _text, "OTLP/gRPC collector the spans are exported to, host:port (plaintext) or "
+         "http(s)://host:port (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT, "
+         "localhost:4317)", metavar="HOST:PORT"),
     Flag("health_check_port", _count, "a separate listener for the probes (0: none)"),
     Flag("ssrf_allow_loopback", _bool, "let URLs callers give (MCP servers) reach loopback addresses",
          kind="switch"),
@@ -641,8 +692,27 @@ def config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
         raise ConfigError("--jwt-issuer and --jwt-audience go together")
     if (config.prefill_urls or config.decode_urls) and not config.pd_disaggregation:
         raise ConfigError("--prefill and --decode need --pd-disaggregation")
-    if config.pd_disaggregation and not (config.prefill_urls and config.decode_urls):
+    config = _check_discovery(config)
+    if config.pd_disaggregation and not (config.prefill_urls and config.decode_urls) and not config.discovery:
         raise ConfigError("--pd-disaggregation needs at least one --prefill and one --decode worker")
+    return config
+
+
+def _check_discovery(config: GatewayConfig) -> GatewayConfig:
+    """The discovery flags together: --service-discovery is --discovery-provider kubernetes."""
+    provider = config.discovery_provider
+    if config.service_discovery:
+        if provider not in (None, "kubernetes"):
+            raise ConfigError("--service-discovery is --discovery-provider kubernetes: give one or the other")
+        config = replace(config, discovery_provider="kubernetes")
+        provider = "kubernetes"
+    if (config.prefill_selector or config.decode_selector) and not config.pd_disaggregation:
+        raise ConfigError("--prefill-selector and --decode-selector need --pd-disaggregation")
+    if provider == "kubernetes" and not (config.selector or config.prefill_selector or config.decode_selector):
+        raise ConfigError("Kubernetes discovery needs --selector (or, with --pd-disaggregation, --prefill-selector "
+                          "or --decode-selector)")
+    if provider == "file" and not config.discovery_file:
+        raise ConfigError("--discovery-provider file needs --discovery-file")
     return config
 
 
