@@ -417,3 +417,25 @@ async def test_near_its_budget_a_tenant_is_synced_at_once_and_then_often() -> No
             await one.aclose()
             await two.aclose()
             stored.close()
+
+
+async def test_a_finished_requests_tokens_use_up_the_budget(make_gateway: Any, worker: RunningWorker) -> None:
+    """Through the accounting of a real answer: the first request is admitted under budget and
+    finishes; its prompt and completion tokens are charged as it ends and the next one is refused."""
+    tenant, key = f"budget-{uuid.uuid4().hex[:10]}", f"sk-{uuid.uuid4().hex}"
+    gateway: httpx.AsyncClient = make_gateway(
+        [record_for(worker)], tenant_api_keys=((tenant, key),), tenant_budgets=((tenant, "1/day"),),
+    )
+    headers = {"Authorization": f"Bearer {key}"}
+    first = await gateway.post("/v1/chat/completions", json=CHAT, headers=headers)
+    assert first.status_code == 200
+    usage = first.json()["usage"]
+    counter = data_plane().budgets
+    assert counter is not None
+
+    async def charged() -> bool:  # the turn runner reports a moment after the answer's last byte
+        return counter.used(tenant) == usage["prompt_tokens"] + usage["completion_tokens"]
+
+    await until(charged)
+    second = await gateway.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=headers)
+    assert second.status_code == 429 and second.headers["x-gw-error-code"] == "budget_exceeded"
