@@ -302,7 +302,7 @@ def pd_pairing_of(worker: Worker) -> str | None:
     """The pd_pairing the API shows for a prefill or decode worker (None for the others): the key
     PD routing pairs by (inference/routing/pd.py), from the stored row."""
     traits = pd_traits(worker)
-    if traits is None:
+    if traits is None or worker.worker_type == WorkerType.ENCODE:
         return None
     return pairing_key(worker.runtime_type, worker.transport.value, traits)
 
@@ -499,9 +499,10 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
 
 
 def pd_traits(worker: Worker) -> PdTraits | None:
-    """What PD routing needs of a prefill or decode worker (None for the others): its spec fields,
-    a label where the field is empty (spec 3), and the pairing_protocol label."""
-    if worker.worker_type not in (WorkerType.PREFILL, WorkerType.DECODE):
+    """What PD routing needs of a prefill, decode or encode worker (None for the others): its spec
+    fields, a label where the field is empty (spec 3), and the pairing_protocol label. An encode
+    worker's bootstrap_port is where prefill engines receive its embeddings (gRPC EPD)."""
+    if worker.worker_type not in (WorkerType.PREFILL, WorkerType.DECODE, WorkerType.ENCODE):
         return None
     labels = worker.labels
 

@@ -60,6 +60,7 @@ class DataPlane:
     # --policy) and the HTTP dual dispatch over the HTTP relay.
     prefill_policy: SelectionPolicy | None = None
     decode_policy: SelectionPolicy | None = None
+    encode_policy: SelectionPolicy | None = None  # EPD: which encode worker takes an image (--policy)
     pd_http: PdHttpDispatch | None = None
     # What this process's requests used since the last flush (inference.accounting); the control side
     # drains it into the store every --usage-flush-interval-secs.
@@ -87,6 +88,7 @@ class DataPlane:
         )
         built.prefill_policy = make_policy(config.prefill_policy or config.policy, config)
         built.decode_policy = make_policy(config.decode_policy or config.policy, config)
+        built.encode_policy = make_policy(config.policy, config)
         http = built.relays.get("http")
         if isinstance(http, HttpRelay):
             built.pd_http = PdHttpDispatch(http)

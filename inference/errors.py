@@ -102,6 +102,7 @@ class ErrorCode(str, Enum):
     MCP_CONNECTION_FAILED = "mcp_connection_failed"
     MCP_MAX_ITERATIONS = "mcp_max_iterations"
     NO_PREFILL_SERVERS = "no_prefill_servers"
+    MULTIMODAL_NOT_SUPPORTED = "multimodal_not_supported"
 
 
 class GatewayError(Exception):
@@ -363,6 +364,18 @@ def mcp_max_iterations(rounds: int) -> GatewayError:
 def no_prefill_servers() -> GatewayError:
     """PD: no prefill worker can take the request (spec 1, 503 service_unavailable)."""
     return GatewayError(503, ErrorCode.NO_PREFILL_SERVERS, "No prefill servers available")
+
+
+def no_encode_servers(model: str | None) -> GatewayError:
+    """EPD: no encode worker can take a request's images (spec 1's 503 no_healthy_workers; the spec
+    names no code of its own for the encode side)."""
+    target = f"model '{model}'" if model else "this request"
+    return GatewayError(503, ErrorCode.NO_HEALTHY_WORKERS, f"No encode worker available for {target}")
+
+
+def multimodal_not_supported(message: str) -> GatewayError:
+    """400 multimodal_not_supported: media the chosen path cannot take."""
+    return GatewayError(400, ErrorCode.MULTIMODAL_NOT_SUPPORTED, message)
 
 
 # A prefill worker's error status, as the client sees it (the reference gateway's mapping).

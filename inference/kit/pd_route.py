@@ -1,4 +1,5 @@
-"""Whether a request goes through prefill/decode disaggregation, its pair, and PD admission.
+"""Whether a request goes through prefill/decode disaggregation, its pair (with its encode stage on
+a gRPC EPD deployment: :func:`pd_pair_for`), and PD admission.
 
 A model is served by PD when no regular worker serves it and the registry's PD pool has prefill or
 decode workers for it (registered with --pd-disaggregation, or through the admin API with
@@ -22,12 +23,15 @@ import asyncio
 import time
 from typing import Any, Callable, Mapping
 
-from common import pd_metrics
+from common import pd_metrics, telemetry
 from inference.dataplane import DataPlane
 from inference.errors import ErrorCode, GatewayError
+from inference.routing.epd import EPD_RUNTIMES, assign_encoders, request_images
 from inference.routing.pd import PdPair, select_pair
 from inference.routing.policies import SelectionRequest
 from inference.routing.request_text import request_text
+from inference.routing.workers import Transport, WorkerKind, WorkerType
+from inference.upstreams.epd_encode import EncodePlan, choose_encode
 
 __all__ = ["ADMISSION_POLL_SECS", "admit_pair", "pd_pair_for", "serves_by_epd", "serves_by_pd"]
 
@@ -74,8 +78,9 @@ def pd_pair_for(
     body: Mapping[str, Any] | None,
     exclude: frozenset[str] = frozenset(),
 ) -> PdPair:
-    """The pair for a PD request (:func:`serves_by_pd`). Raises 503 no_prefill_servers or
-    no_healthy_workers."""
+    """The pair for a PD request (:func:`serves_by_pd`), its encode stage (EPD) chosen with it and
+    kept for the request (:func:`choose_encode`). Raises 503 no_prefill_servers or no_healthy_workers
+    (no encode worker for its images), 400 multimodal_not_supported."""
     snapshot = dp.registry.snapshot
     canonical = snapshot.aliases.get(model, model) if model else None
     prefills, decodes = snapshot.pd.members(canonical)
@@ -83,7 +88,40 @@ def pd_pair_for(
     assert prefill_policy is not None and decode_policy is not None
     needs_text = prefill_policy.needs_text or decode_policy.needs_text
     request = SelectionRequest(canonical or "", routing_key, request_text(body) if needs_text and body else None)
-    return select_pair(prefills, decodes, canonical, prefill_policy, decode_policy, request, exclude)
+    pair = select_pair(prefills, decodes, canonical, prefill_policy, decode_policy, request, exclude)
+    choose_encode(pair.prefill.handle.id, _encode_plan(dp, canonical, pair, body, exclude))
+    return pair
+
+
+def _encode_plan(
+    dp: DataPlane, model: str | None, pair: PdPair, body: Mapping[str, Any] | None, exclude: frozenset[str]
+) -> EncodePlan | None:
+    """The encode stage of a request on ``pair`` (gRPC EPD): an encode worker per image of the
+    request, when the pair's runtime is one the gateway runs EPD for and encode workers of that
+    runtime serve the model; None for a text-only request or a pair without encoders. Raises 503
+    no_healthy_workers when none of those encoders can take it, 400 multimodal_not_supported for
+    media an encoder is not sent."""
+    record = pair.prefill.handle.record
+    runtime = record.runtime_type
+    if record.kind is not WorkerKind.ENGINE or record.transport is not Transport.GRPC or runtime not in EPD_RUNTIMES:
+        return None
+    encoders = [
+        member for member in dp.registry.snapshot.pd.encoders(model)
+        if member.handle.record.runtime_type == runtime and member.handle.record.transport is Transport.GRPC
+    ]  # fmt: skip
+    if not encoders:
+        return None
+    items = request_images(body)
+    if not items:
+        return None
+    policy = dp.encode_policy
+    assert policy is not None
+    assignments = assign_encoders(encoders, items, runtime, model, policy, exclude)
+    # gw_worker_selection_total, one per item (as the reference counts encode assignments).
+    telemetry.WORKER_SELECTION.labels(WorkerType.ENCODE.value, Transport.GRPC.value, model or "", policy.name).inc(
+        len(assignments)
+    )
+    return EncodePlan(assignments, tuple(dp.engines.client(a.encoder.handle.record) for a in assignments))
 
 
 async def admit_pair(dp: DataPlane, pick: Callable[[], PdPair], refused: GatewayError) -> PdPair:

@@ -252,12 +252,21 @@ class PdPool:
     # The models of ready encode workers the gateway serves (gRPC EPD), and whether one serves any model.
     encode_models: frozenset[str] = frozenset()
     encode_any: bool = False
+    # Those encode workers themselves (their bootstrap port in their traits), per model and for any model.
+    encode_by_model: Mapping[str, tuple[PdMember, ...]] = field(default_factory=lambda: _NONE)
+    encode_any_model: tuple[PdMember, ...] = ()
 
     def encodes(self, model: str | None) -> bool:
         """Whether a ready engine encode worker serves ``model`` (None: any): an EPD deployment."""
         if model is None:
             return self.encode_any or bool(self.encode_models)
         return self.encode_any or model in self.encode_models
+
+    def encoders(self, model: str | None) -> Sequence[PdMember]:
+        """The ready engine encode workers for a canonical ``model`` (None: every one)."""
+        if model is None:
+            return tuple({id(m): m for ms in self.encode_by_model.values() for m in ms}.values()) + self.encode_any_model
+        return self.encode_by_model.get(model) or self.encode_any_model
 
     def __bool__(self) -> bool:
         return bool(self.prefill_by_model or self.decode_by_model or self.prefill_any or self.decode_any)
@@ -289,17 +298,21 @@ def build_pd_pool(
     traits_of: Callable[[WorkerRecord], PdTraits],
     context_of: Callable[[WorkerRecord], int | None] = lambda record: None,
 ) -> PdPool:
-    """The pool of the ready prefill and decode workers among ``handles`` (registration order kept)."""
+    """The pool of the ready prefill and decode workers among ``handles`` (registration order kept),
+    and of the ready engine encode workers (gRPC EPD)."""
     by_model: dict[WorkerType, dict[str, list[PdMember]]] = {WorkerType.PREFILL: {}, WorkerType.DECODE: {}}
     any_model: dict[WorkerType, list[PdMember]] = {WorkerType.PREFILL: [], WorkerType.DECODE: []}
-    encode_models: set[str] = set()
-    encode_any = False
+    encoders: dict[str, list[PdMember]] = {}
+    encoders_any: list[PdMember] = []
     for handle in handles:
         record = handle.record
         kind = record.worker_type
         if kind == WorkerType.ENCODE and record.status == WorkerStatus.READY and record.kind is WorkerKind.ENGINE:
-            encode_models.update(record.served_models)
-            encode_any = encode_any or not record.served_models
+            encoder = PdMember.of(handle, traits_of(record), context_of(record))
+            if not record.served_models:
+                encoders_any.append(encoder)
+            for model in record.served_models:
+                encoders.setdefault(model, []).append(encoder)
             continue
         if kind not in by_model or record.status != WorkerStatus.READY:
             continue
@@ -314,8 +327,10 @@ def build_pd_pool(
         MappingProxyType({m: tuple(ms) for m, ms in by_model[WorkerType.DECODE].items()}),
         tuple(any_model[WorkerType.PREFILL]),
         tuple(any_model[WorkerType.DECODE]),
-        frozenset(encode_models),
-        encode_any,
+        frozenset(encoders),
+        bool(encoders_any),
+        MappingProxyType({m: tuple(ms) for m, ms in encoders.items()}),
+        tuple(encoders_any),
     )
 
 

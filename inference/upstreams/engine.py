@@ -36,7 +36,7 @@ from inference.upstreams.registry import KeyedRegistry, UnknownUpstream
 
 __all__ = [
     "ENGINE_CLIENTS", "ENGINE_CONNECTORS", "CommandResult", "Constraint", "ConstraintKind",
-    "DisaggregationParams", "EmbedRequest", "EmbedResult", "EngineClient", "EngineClients", "EngineConnect",
+    "DisaggregationParams", "EmbedRequest", "EncodeBootstrap", "EmbedResult", "EngineClient", "EngineClients", "EngineConnect",
     "EngineHealth", "EngineKey", "EngineOutput", "EngineRequest", "Finish", "FinishReason", "KvTransfer", "ModelInfo",
     "ProfileOptions", "SamplingParams", "TokenLogprobs", "TokenizerBundle", "connect_engine", "engine_connector",
 ]  # fmt: skip
@@ -113,6 +113,18 @@ class DisaggregationParams:
 
 
 @dataclass(frozen=True, slots=True)
+class EncodeBootstrap:
+    """Where a prefill engine receives one multimodal item's embedding from the encode worker that
+    computes it (EPD serving): the item's index in the prompt, the encode worker's bootstrap host and
+    port, and the item's room."""
+
+    item_index: int
+    bootstrap_host: str
+    bootstrap_port: int
+    bootstrap_room: int
+
+
+@dataclass(frozen=True, slots=True)
 class KvTransfer:
     """The KV handoff a leg of a sequential prefill-then-decode carries (vLLM's kv_transfer_params):
     connector params as JSON text, or the typed host and port of the prefill's KV server, or both."""
@@ -140,6 +152,7 @@ class EngineRequest:
     return_prompt_logprobs: bool = False
     disaggregation: DisaggregationParams | None = None
     kv_transfer: KvTransfer | None = None  # sequential PD (vLLM): this leg's KV handoff
+    encode_bootstrap: tuple[EncodeBootstrap, ...] = ()  # EPD: the prefill leg's embeddings, per item
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from inference.upstreams.engine import (
     CommandResult, DisaggregationParams, EngineClient, EngineHealth, EngineOutput, EngineRequest, KvTransfer,
     ModelInfo, ProfileOptions, TokenizerBundle,
 )
+from inference.upstreams.epd_encode import encode_plan, with_encode
 from inference.upstreams.failures import EngineEndedWithError, FailureKind, UpstreamFailure
 from inference.upstreams.pd_http import PdFailure
 from inference.upstreams.pd_kv import SEQUENTIAL_PD_RUNTIMES, KvMode, effective_kv_engine_id, kv_plan
@@ -145,7 +146,8 @@ async def parallel_pd(
     prefill_task = asyncio.create_task(_drain(prefill.generate(prefill_request), model, prefill.runtime, prefill_worker))
     if ranked is not None and ranked is not prefill_worker:
         prefill_task.add_done_callback(partial(_rank_ended, ranked))
-    outputs = decode.generate(paired)
+    # EPD: only the prefill receives the items' embeddings (encode_bootstrap_info).
+    outputs = decode.generate(dataclasses.replace(paired, encode_bootstrap=()) if paired.encode_bootstrap else paired)
     step: asyncio.Future[EngineOutput] | None = None
     try:
         # Until the prefill ended, each decode step is awaited beside it: a prefill failure must
@@ -263,7 +265,8 @@ async def sequential_pd(
 
 class PdEngineClient(EngineClient):
     """A decode engine paired with its prefill engine for one request: ``generate`` runs
-    :func:`sequential_pd` for vLLM, else :func:`parallel_pd` (a fresh rendezvous per call), ``abort`` reaches both; everything else is
+    :func:`sequential_pd` for vLLM, else :func:`parallel_pd` (a fresh rendezvous per call; with the
+    request's encode plan, beside its encode stage: EPD), ``abort`` reaches both; everything else is
     the decode engine's."""
 
     def __init__(self, prefill: EngineClient, decode: EngineClient, partner: PdMember, model: str | None = None) -> None:
@@ -277,9 +280,14 @@ class PdEngineClient(EngineClient):
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         if self.decode.runtime in SEQUENTIAL_PD_RUNTIMES:
             return sequential_pd(self.prefill, self.decode, request, self.partner, self.model)
-        return parallel_pd(
-            self.prefill, self.decode, request, disaggregation_for(self.partner), self.model, self.partner.handle
-        )
+        disaggregation = disaggregation_for(self.partner)
+        plan = encode_plan(self.partner.handle.id)
+        if plan is not None:  # EPD: the request's images encoded while the pair runs (inference.upstreams.epd_encode)
+            return with_encode(plan, lambda encoded: parallel_pd(
+                self.prefill, self.decode, dataclasses.replace(request, encode_bootstrap=encoded), disaggregation,
+                self.model, self.partner.handle,
+            ))  # fmt: skip
+        return parallel_pd(self.prefill, self.decode, request, disaggregation, self.model, self.partner.handle)
 
     async def abort(self, request_id: str) -> None:
         await asyncio.gather(self.prefill.abort(request_id), self.decode.abort(request_id), return_exceptions=True)

@@ -4,7 +4,8 @@ between the neutral engine types and its messages.
 SGLang's shape (the same constraint oneof, chunks of new tokens with cumulative counts, one
 ``complete`` per choice, Abort by id with a reason, GetLoads, FlushCache, profiling), with these
 differences: every sampling value has explicit presence (all are sent, so none falls back to an
-engine default), the seed is ``sampling_seed``, the PD bootstrap is ``kv_bootstrap_info``, and the
+engine default), the seed is ``sampling_seed``, the PD bootstrap is ``kv_bootstrap_info`` (EPD: each
+item's embedding rendezvous in ``encode_bootstrap_info``, prefill leg only), and the
 responses carry no prompt logprobs and no reasoning-token count. There is no Embed RPC, and a request
 for prompt logprobs raises ``UpstreamFailure`` (the responses cannot carry them).
 """
@@ -104,6 +105,18 @@ class TokenSpeedClient(GrpcEngineClient[pb.GenerateResponse]):
                     bootstrap_host=d.bootstrap_host, bootstrap_port=d.bootstrap_port, bootstrap_room=d.bootstrap_room
                 )
             )
+        if request.encode_bootstrap:  # EPD: where the prefill receives each item's embedding
+            message.encode_bootstrap_info.CopyFrom(
+                pb.EncodeBootstrapInfo(
+                    items=[
+                        pb.EncodeItemBootstrapInfo(
+                            item_index=e.item_index, bootstrap_host=e.bootstrap_host,
+                            bootstrap_port=e.bootstrap_port, bootstrap_room=e.bootstrap_room,
+                        )
+                        for e in request.encode_bootstrap
+                    ]
+                )
+            )  # fmt: skip
         return message
 
     def _decode(self, response: pb.GenerateResponse) -> WireChunk | WireComplete | None:

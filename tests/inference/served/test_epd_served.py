@@ -1,0 +1,187 @@
+"""gRPC EPD through the gateway: a TokenSpeed prefill/decode pair of stand-ins with a TokenSpeed encode
+worker stand-in (standins.grpc_encoder), read with the openai SDK in strict mode. An image request is
+encoded (one Encode per image, checked by the encoder) while the pair runs, the prefill receiving each
+item's embedding at the room the gateway named; a text request skips the encoder; an encoder failure
+ends the request at once, counted on the encoder, both sides of the pair aborted; with the encoder's
+breaker open an image request gets 503 and a text request still runs."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from common.telemetry import REGISTRY as METRICS
+from inference.pipeline.parsers import choose_parsers
+from inference.pipeline.tokenizer_registry import TOKENIZERS
+from inference.routing.breaker import BreakerState
+from inference.routing.registry import REGISTRY
+from inference.routing.workers import EngineSpec, PdTraits, WorkerLoad, WorkerRecord, WorkerStatus, WorkerType
+from standins.grpc_encoder import GrpcEncoderServer, GrpcTokenSpeedPdServer
+from standins.grpc_engine import GrpcEngineConfig
+from standins.pd_worker import PdWorkerConfig
+from tests.conftest import GatewayFactory, until
+from tests.inference.served.conftest import QWEN, QWEN_MODEL
+
+# A vision model's template (Qwen-VL style: an image part is its placeholder), over the Qwen3 tokenizer.
+VISION_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n"
+    "{% if message.content is string %}{{ message.content }}{% else %}{% for part in message.content %}"
+    "{% if part.type == 'text' %}{{ part.text }}{% else %}<|vision_start|><|image_pad|><|vision_end|>{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))
+JPEG = b"\xff\xd8\xff\xe0" + bytes(range(64, 160))
+
+
+def data_url(raw: bytes, media_type: str = "image/png") -> str:
+    return f"data:{media_type};base64,{base64.b64encode(raw).decode()}"
+
+
+def record(url: str, kind: WorkerType, bootstrap_port: int | None, template: str) -> WorkerRecord:
+    family = choose_parsers(QWEN_MODEL)
+    return WorkerRecord(
+        id=str(uuid.uuid4()), url=url, model_id=QWEN_MODEL, runtime_type="tokenspeed", status=WorkerStatus.READY,
+        worker_type=kind, engine=EngineSpec(
+            tokenizer=QWEN, chat_template=template, tool_parser=family.tool_parser,
+            reasoning_parser=family.reasoning_parser,
+        ),
+        pd=PdTraits(bootstrap_port=bootstrap_port),
+    )
+
+
+@dataclass
+class Epd:
+    http: httpx.AsyncClient
+    encoder: GrpcEncoderServer
+    prefill: GrpcTokenSpeedPdServer
+    decode: GrpcTokenSpeedPdServer
+
+    def sdk(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url="http://gateway/v1", api_key="x", http_client=self.http,
+                                  _strict_response_validation=True, max_retries=0)  # fmt: skip
+
+    def load(self, kind: WorkerType) -> WorkerLoad:
+        return next(h.load for h in REGISTRY.snapshot.workers if h.record.worker_type == kind)
+
+
+@contextlib.asynccontextmanager
+async def epd(make_gateway: GatewayFactory, tmp_path: Path, **config: Any) -> AsyncIterator[Epd]:
+    template = tmp_path / "vision.jinja"
+    template.write_text(VISION_TEMPLATE)
+    engine = GrpcEngineConfig(runtime="tokenspeed", tokenizer=QWEN, model=QWEN_MODEL)
+    encoder = GrpcEncoderServer(engine)
+    prefill = GrpcTokenSpeedPdServer(engine, PdWorkerConfig("prefill", kv_timeout_s=20))
+    decode = GrpcTokenSpeedPdServer(engine, PdWorkerConfig("decode"))
+    for server in (encoder, prefill, decode):
+        await server.start()
+    try:
+        records = [
+            record(encoder.url, WorkerType.ENCODE, encoder.bootstrap_port, str(template)),
+            record(prefill.url, WorkerType.PREFILL, prefill.bootstrap_port, str(template)),
+            record(decode.url, WorkerType.DECODE, None, str(template)),
+        ]
+        TOKENIZERS.cache.get(QWEN, str(template))
+        http = make_gateway(records, history_backend="memory", retry_max_retries=0, **config)
+        yield Epd(http, encoder, prefill, decode)
+    finally:
+        for server in (encoder, prefill, decode):
+            await server.stop()
+
+
+def image_chat(*images: bytes, text: str = "What is in these?") -> list[Any]:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    parts += [{"type": "image_url", "image_url": {"url": data_url(raw)}} for raw in images]
+    return [{"role": "user", "content": parts}]
+
+
+async def test_an_image_request_is_encoded_then_served_by_the_pair_and_text_skips_the_encoder(
+    make_gateway: GatewayFactory, tmp_path: Path,
+) -> None:
+    async with epd(make_gateway, tmp_path) as fleet:
+        selections = {"worker_type": "encode", "connection_mode": "grpc", "model": QWEN_MODEL, "policy": "round_robin"}
+        selected = METRICS.get_sample_value("gw_worker_selection_total", selections) or 0.0
+        answer = await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG, JPEG))
+        assert answer.choices[0].message.content
+        encoder, prefill = fleet.encoder, fleet.prefill
+        # One Encode per image (sent at once, so in any order), each item's bytes and hash as sent.
+        room_of = {r["hashes"][0]: r["rooms"][0] for r in encoder.received}
+        assert sorted(r["sizes"][0] for r in encoder.received) == [len(PNG), len(JPEG)] and encoder.invalid == 0
+        assert all(r["request_id"].startswith("encode-") and len(r["hashes"]) == 1 for r in encoder.received)
+        # The prefill got each item's rendezvous at the encoder, in prompt order (the decode got none: it would refuse it).
+        assert prefill.service.encode_received[-1] == [
+            {"item_index": i, "bootstrap_host": "127.0.0.1", "bootstrap_port": encoder.bootstrap_port,
+             "bootstrap_room": room_of[hashlib.sha256(raw).digest()]}
+            for i, raw in enumerate((PNG, JPEG))
+        ]  # fmt: skip
+        assert prefill.pd.received[-1] == fleet.decode.pd.received[-1]  # the PD rendezvous as before
+        assert fleet.load(WorkerType.ENCODE).breaker.failures == 0 and fleet.load(WorkerType.ENCODE).in_flight == 0
+
+        # Messages: an image block is encoded the same way.
+        reply = await fleet.http.post("/v1/messages", json={
+            "model": QWEN_MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(PNG).decode()}},
+                {"type": "text", "text": "Describe it"},
+            ]}],
+        })  # fmt: skip
+        assert reply.status_code == 200, reply.text
+        assert len(encoder.received) == 3 and encoder.received[-1]["hashes"] == [hashlib.sha256(PNG).digest()]
+        assert METRICS.get_sample_value("gw_worker_selection_total", selections) == selected + 3  # one per image
+
+        # Text only: no encode, no embedding rendezvous.
+        stream = await fleet.sdk().chat.completions.create(
+            model=QWEN_MODEL, messages=[{"role": "user", "content": "Hi"}], stream=True
+        )
+        assert [c async for c in stream][-1].choices[0].finish_reason is not None
+        assert len(encoder.received) == 3 and len(prefill.service.encode_received) == 2
+
+        # A remote image URL is not sent to an encoder: 400 before anything is dispatched.
+        with pytest.raises(openai.BadRequestError) as refused:
+            await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}])  # fmt: skip
+        assert refused.value.code == "multimodal_not_supported" and len(prefill.pd.received) == 3
+
+
+async def test_an_encoder_failure_ends_the_request_and_aborts_the_pair_then_its_open_breaker_gives_503(
+    make_gateway: GatewayFactory, tmp_path: Path,
+) -> None:
+    async with epd(make_gateway, tmp_path, cb_failure_threshold=1) as fleet:
+        fleet.encoder.faults.add("fail")
+        with pytest.raises(openai.APIStatusError) as caught:
+            await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG))
+        assert caught.value.status_code == 502
+
+        async def pair_aborted() -> bool:
+            return fleet.prefill.pd.cancelled == 1 and fleet.decode.pd.cancelled == 1
+
+        await until(pair_aborted)  # the prefill was waiting for the embedding, the decode for the KV
+        assert caught.value.message.endswith("encode worker: INTERNAL: encode failed on command")
+        assert fleet.load(WorkerType.ENCODE).breaker.state is BreakerState.OPEN  # blamed on the encoder, not the pair
+        assert fleet.load(WorkerType.PREFILL).breaker.failures == fleet.load(WorkerType.DECODE).breaker.failures == 0
+        assert all(fleet.load(kind).in_flight == 0 for kind in (WorkerType.ENCODE, WorkerType.PREFILL, WorkerType.DECODE))
+
+        # The encoder's breaker is open (threshold 1): no encoder for an image, a text request still runs.
+        with pytest.raises(openai.APIStatusError) as unavailable:
+            await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG))
+        assert unavailable.value.status_code == 503 and unavailable.value.code == "no_healthy_workers"
+        assert len(fleet.encoder.received) == 1
+        answer = await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=[{"role": "user", "content": "Hi"}])
+        assert answer.choices[0].message.content
+
+
+async def test_an_encoder_that_does_not_accept_fails_the_request(make_gateway: GatewayFactory, tmp_path: Path) -> None:
+    async with epd(make_gateway, tmp_path) as fleet:
+        fleet.encoder.faults.add("refuse")
+        answer = await fleet.http.post("/v1/chat/completions", json={"model": QWEN_MODEL, "messages": image_chat(PNG)})
+        assert answer.status_code == 502 and "did not accept" in answer.json()["error"]["message"]
+        assert fleet.load(WorkerType.ENCODE).breaker.failures == 1
