@@ -40,7 +40,7 @@ def _two_gateways(spawn: Callable[..., Process], worker: Process, flags: list[st
     return gateways[0], gateways[1]
 
 
-def test_two_gateway_processes_share_one_token_budget(spawn, mock_worker_process) -> None:
+def test_two_gateway_processes_share_one_token_budget(spawn: Callable[..., Process], mock_worker_process: Process) -> None:
     run = uuid.uuid4().hex[:8]
     actor = Actor(f"budget-{run}", f"sk-budget-{run}-{uuid.uuid4().hex}")
     db = 1 + uuid.uuid4().int % 14
