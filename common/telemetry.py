@@ -283,6 +283,38 @@ ENGINE_PD = {
     for name, key in _ENGINE_PD_FIELDS
 }
 
+# --- worker discovery (administration/discovery_reconcile.py, D73): source is the provider ---------
+DISCOVERY_REGISTRATIONS = Counter(
+    "gw_discovery_registrations_total", "Discovered workers handed to registration", ("source", "result"),
+    registry=REGISTRY,
+)
+DISCOVERY_DEREGISTRATIONS = Counter(
+    "gw_discovery_deregistrations_total", "Discovered workers drained and removed", ("source", "reason"),
+    registry=REGISTRY,
+)
+DISCOVERY_SYNC = Histogram(
+    "gw_discovery_sync_duration_seconds", "One reconcile pass of discovery against the store", ("source",),
+    buckets=DEFAULT_DURATION_BUCKETS, registry=REGISTRY,
+)
+DISCOVERY_WORKERS = Gauge(
+    "gw_discovery_workers_discovered", "Workers the provider currently reports", ("source",),
+    multiprocess_mode="livemax", registry=REGISTRY,
+)
+
+
+def record_discovery_pass(
+    source: str, discovered: int, registered: int, failed: int, removed: int, duration_secs: float
+) -> None:
+    """One discovery reconcile pass: what it found, registered, failed to register and removed."""
+    _child(DISCOVERY_WORKERS, source).set(discovered)
+    if registered:
+        _child(DISCOVERY_REGISTRATIONS, source, "success").inc(registered)
+    if failed:
+        _child(DISCOVERY_REGISTRATIONS, source, "failed").inc(failed)
+    if removed:
+        _child(DISCOVERY_DEREGISTRATIONS, source, "reconciled").inc(removed)
+    _child(DISCOVERY_SYNC, source).observe(duration_secs)
+
 
 # --- duration histograms (buckets from --prometheus-duration-buckets) ------------------------------
 def _histograms(buckets: Sequence[float]) -> tuple[Histogram, Histogram, Histogram, Histogram, Histogram]:
