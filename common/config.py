@@ -67,6 +67,13 @@ class GatewayConfig:
     log_level: str = "info"
     workers: int = 1  # serving processes; more than 1: a supervisor runs them on the one port
     shutdown_grace_period_secs: float = 180.0  # in-flight requests and streams may finish this long
+    # TLS (common/tls.py, D75): the listener's certificate, and what the gateway shows and trusts towards
+    # https:// and grpcs:// workers; every file is reread when it changes
+    tls_cert_path: str | None = None  # the listener's certificate chain (PEM); with --tls-key-path: HTTPS
+    tls_key_path: str | None = None  # its private key (PEM)
+    client_cert_path: str | None = None  # the client certificate chain shown to workers (mTLS)
+    client_key_path: str | None = None  # its private key
+    ca_cert_paths: tuple[str, ...] = ()  # CA bundles trusted for workers, besides the public roots
     # Request receipt (administration/receipt.py): what a client may make a serving process hold
     max_request_head_bytes: int = 64 * 1024  # request target plus header lines (Envoy: 60 KiB)
     max_request_headers: int = 100  # header fields per request (Envoy's default)
@@ -420,7 +427,7 @@ def _control_plane_key(text: str) -> tuple[str, str, str, str]:
 @dataclass(frozen=True, slots=True)
 class Flag:
     """One flag. ``kind``: "value" (one value), "list" (``--flag A B``), "append" (repeatable),
-    "switch" (``--flag`` alone means true)."""
+    "extend" (``--flag A B``, repeatable), "switch" (``--flag`` alone means true)."""
 
     field: str
     parse: Callable[[str], Any]
@@ -446,6 +453,14 @@ FLAGS: tuple[Flag, ...] = (
     Flag("log_level", _choice(LOG_LEVELS), "log level"),
     Flag("workers", _workers, "serving processes on the one port (auto: one per usable core); above 1 the "
          "command supervises them", metavar="N|auto"),
+    Flag("tls_cert_path", _text, "serve HTTPS with this certificate chain (PEM; with --tls-key-path); reread "
+         "when the file changes"),
+    Flag("tls_key_path", _text, "the private key of --tls-cert-path (PEM)"),
+    Flag("client_cert_path", _text, "client certificate chain (PEM) shown to https:// and grpcs:// workers (mTLS; "
+         "with --client-key-path); reread when the file changes"),
+    Flag("client_key_path", _text, "the private key of --client-cert-path (PEM)"),
+    Flag("ca_cert_paths", _text, "CA bundle(s) (PEM) trusted for https:// and grpcs:// workers besides the public "
+         "roots; repeatable", kind="extend", metavar="PATH"),
     Flag("shutdown_grace_period_secs", _non_negative_float,
          "on SIGTERM, how long requests and streams in flight may take to finish"),
     Flag("max_request_head_bytes", _positive_int,
@@ -650,6 +665,9 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag.option_name, nargs="*", type=flag.parse, metavar=flag.metavar, **common)
         elif flag.kind == "append":
             parser.add_argument(flag.option_name, action="append", type=flag.parse, metavar=flag.metavar, **common)
+        elif flag.kind == "extend":  # --flag A B, repeatable: every occurrence's values together
+            parser.add_argument(flag.option_name, action="extend", nargs="+", type=flag.parse, metavar=flag.metavar,
+                                **common)
         elif flag.kind == "append_args":  # repeatable, each time one or more words parsed together
             parser.add_argument(flag.option_name, action="append", nargs="+", metavar=flag.metavar, **common)
         else:
@@ -661,7 +679,7 @@ def _from_env(flag: Flag) -> Any:
     if raw is None:
         return None
     try:
-        if flag.kind in ("list", "append"):
+        if flag.kind in ("list", "append", "extend"):
             return [flag.parse(item) for item in raw.replace(",", " ").split() if item]
         if flag.kind == "append_args":  # entries separated by commas, an entry's words by spaces
             return [flag.parse(entry) for entry in raw.split(",") if entry.strip()]
@@ -684,12 +702,16 @@ def config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
                 value = [flag.parse(" ".join(words)) for words in value]
             except argparse.ArgumentTypeError as exc:
                 raise ConfigError(f"{flag.option_name}: {exc}") from None
-        if flag.kind in ("list", "append", "append_args"):
+        if flag.kind in ("list", "append", "append_args", "extend"):
             value = tuple(dict.fromkeys(value))
         values[flag.field] = value
     config = GatewayConfig(**values)
     if bool(config.jwt_issuer) != bool(config.jwt_audience):
         raise ConfigError("--jwt-issuer and --jwt-audience go together")
+    if bool(config.tls_cert_path) != bool(config.tls_key_path):
+        raise ConfigError("--tls-cert-path and --tls-key-path go together")
+    if bool(config.client_cert_path) != bool(config.client_key_path):
+        raise ConfigError("--client-cert-path and --client-key-path go together")
     if (config.prefill_urls or config.decode_urls) and not config.pd_disaggregation:
         raise ConfigError("--prefill and --decode need --pd-disaggregation")
     config = _check_discovery(config)
