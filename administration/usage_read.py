@@ -31,7 +31,8 @@ from django.db import connection, transaction
 from django.db.models import Max, QuerySet, Sum
 from django.utils import timezone
 
-from administration.models import BudgetPeriod, ModelPrice, RequestLogEntry, TenantBudget, UsageMinute
+from administration.models import BudgetPeriod, ModelPrice, RequestLogEntry, UsageMinute
+from administration.tenant_budgets import stored_tenant_budgets
 from inference.admission.budgets import Budget, TenantBudgets
 
 __all__ = [
@@ -578,8 +579,7 @@ def budget_standings(
     ``default`` (--default-tenant-budget), with the tokens used in its current period so far (the
     flushed usage minutes: up to one flush interval behind the gate's own count)."""
     moment = now or timezone.now()
-    stored = {tenant: f"{tokens}/{period}" for tenant, tokens, period in
-              TenantBudget.objects.values_list("tenant_id", "tokens", "period")}
+    stored = stored_tenant_budgets()  # the fleet loop's one read: a row with a bad period left out
     budgets = TenantBudgets.combine(default, flags, stored)
     sources = {tenant: "console" if tenant in stored else "flag" for tenant in budgets.by_tenant}
     chosen: dict[str, Budget] = dict(budgets.by_tenant)

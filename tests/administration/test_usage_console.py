@@ -191,3 +191,10 @@ def test_staff_without_the_view_permission_is_refused(client: Client) -> None:
 def test_the_index_links_the_usage_page(staff: Client) -> None:
     index = staff.get("/admin/")
     assert PAGE.encode() in index.content and LOG.encode() in index.content
+
+
+def test_a_stored_budget_with_a_bad_period_is_left_out_of_the_page(staff: Client, recorded: None) -> None:
+    TenantBudget.objects.filter(tenant_id="alice").update(period="week")  # written around the console
+    page = staff.get(PAGE)
+    assert page.status_code == 200
+    assert all(standing.tenant != "alice" or standing.source != "console" for standing in page.context["budgets"])
