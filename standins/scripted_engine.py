@@ -128,6 +128,7 @@ class ServedRequest:
     thinking: Thinking = Thinking.NONE  # how the prompt left the reasoning block
     outputs: dict[int, list[int]] = field(default_factory=dict)  # choice index → token ids sent
     finish_reasons: dict[int, str] = field(default_factory=dict)
+    trace_headers: dict[str, str] = field(default_factory=dict)  # traceparent/tracestate the call carried
     cancelled: bool = False  # the client cancelled the RPC before it ended
     done: bool = False
     data_parallel_rank: int | None = None  # the rank the request named (--dp-aware), if any
@@ -382,6 +383,7 @@ class ScriptedEngine:
             reply=kind,
             thinking=thinking,
             data_parallel_rank=data_parallel_rank,
+            trace_headers=_trace_headers(context),
         )
         self.state.requests.append(served)
         del self.state.requests[:-REQUEST_LOG_SIZE]
@@ -543,3 +545,14 @@ class ScriptedEngine:
             common_pb2.GetTokenizerChunk(data=piece, sha256=digest if i == len(pieces) - 1 else "")
             for i, piece in enumerate(pieces)
         ]
+
+
+_TRACE_FIELDS = frozenset(("traceparent", "tracestate"))
+
+
+def _trace_headers(context: Any) -> dict[str, str]:
+    """The W3C trace context a call carried (a gRPC call's metadata; a ZMQ request's trace_headers),
+    as an engine that traces reads it."""
+    metadata = getattr(context, "invocation_metadata", None)
+    pairs = metadata() if metadata is not None else None
+    return {str(key): str(value) for key, value in pairs or () if key in _TRACE_FIELDS}

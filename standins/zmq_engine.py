@@ -93,6 +93,7 @@ ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
 _FINISH = {"stop": STOP, "length": LENGTH, "abort": ABORTED}
 # EngineCoreRequest's positions, and SamplingParams' default max_tokens when the map leaves it out.
 REQUEST_ID, PROMPT_TOKEN_IDS, SAMPLING_PARAMS, EOS_TOKEN_ID, DATA_PARALLEL_RANK, CLIENT_INDEX = 0, 1, 3, 5, 9, 11
+TRACE_HEADERS = 14  # EngineCoreRequest.trace_headers
 DEFAULT_MAX_TOKENS = 16
 
 
@@ -203,7 +204,14 @@ class _Refused(Exception):
 
 
 class _Refusal:
-    """What :meth:`ScriptedEngine.check_prompt` calls to refuse a prompt (a gRPC context's abort)."""
+    """What :meth:`ScriptedEngine.check_prompt` calls to refuse a prompt (a gRPC context's abort), and
+    the request's trace_headers as the context's metadata."""
+
+    def __init__(self, trace_headers: dict[str, str] | None = None) -> None:
+        self._trace = trace_headers or {}
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return tuple(self._trace.items())
 
     async def abort(self, code: Any, details: str) -> NoReturn:
         raise _Refused(details)
@@ -371,7 +379,8 @@ class ZmqEngineCore:
         self._prefix["requests"] += 1
         self._prefix["queries"] += len(ids)
         self._prefix["hits"] += cached
-        steps = self.engine.run(request_id, ids, "", sampling, params, cast(Any, _Refusal()))
+        trace = raw[TRACE_HEADERS] if len(raw) > TRACE_HEADERS else None
+        steps = self.engine.run(request_id, ids, "", sampling, params, cast(Any, _Refusal(trace)))
         sample_top, prompt_top = params.get("logprobs"), params.get("prompt_logprobs")
         try:
             async with contextlib.aclosing(steps):

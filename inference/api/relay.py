@@ -15,7 +15,7 @@ from typing import Any, Awaitable
 
 import orjson
 
-from common import telemetry
+from common import telemetry, tracing
 from common.secrets import bearer_token
 from inference import errors
 from inference.accounting import Delivered
@@ -27,6 +27,7 @@ from inference.dataplane import DataPlane, data_plane
 from inference.errors import GatewayError
 from inference.kit import Passed, RoutePlan, pass_gate, run_attempts
 from inference.kit.account import RequestAccount
+from inference.kit.traced import TracedAdmission, close_request, selected
 from inference.kit.pd_route import admit_pair, pd_pair_for, serves_by_epd, serves_by_pd
 from inference.routing.dp_ranks import take_rank
 from inference.routing.pd import PdPair, batch_size, choose_partner, inject_bootstrap
@@ -55,6 +56,11 @@ def forwarded_headers(scope: Scope, passed: HeaderSet = OPENAI_HEADERS) -> tuple
         if passed.passes(key) and not _UNSENDABLE.search(value):
             found.append((key.decode("latin-1"), value.decode("latin-1")))
     return tuple(found)
+
+
+def _traced(headers: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """``headers`` with the current span's trace context for the client's under --enable-trace."""
+    return tracing.outgoing(headers) if tracing.ENABLED else headers
 
 
 def caller_key(scope: Scope, identity: Identity) -> str | None:
@@ -108,6 +114,10 @@ class SurfaceRoute:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         writer = ResponseWriter(send, request_id_for(scope), ResponseClock(perf_counter()), self.framing)
         dp = data_plane()
+        span = None  # the request's span under --enable-trace (common.tracing): one check when off
+        if tracing.ENABLED:
+            span = tracing.request_span(scope["method"], self.upstream_path, scope["headers"])
+            entered = tracing.enter(span)
         try:
             if scope["method"] != "POST":
                 raise errors.method_not_allowed(scope["method"], scope["path"], "POST")
@@ -115,30 +125,43 @@ class SurfaceRoute:
         except GatewayError as error:
             await writer.error(error)
             self._refused(dp, scope, writer, error)
+            if span is not None:
+                close_request(span, error.status, "", None, error)
+                tracing.leave(entered)
             return
         except ClientDisconnected:
             self._refused(dp, scope, writer, None)
+            if span is not None:
+                close_request(span, 499, "", None)
+                tracing.leave(entered)
             return
         checked = passed.checked
+        if span is not None and checked.model:
+            span.set_attribute("gen_ai.request.model", checked.model)
         route = telemetry.RouteTimer(self.upstream_path, checked.model, checked.stream, writer.clock.started)
         if checked.stream:
             writer.observer = route
         # The request's accounting (D66): the attempts loop records the answer, this route closes it.
         account = RequestAccount(dp, passed.identity, self.upstream_path, writer, route)
         watch = writer.watch(receive)
+        failed: GatewayError | None = None
+        cancelled = False
         try:
             try:
-                async with Admission(dp.permits, dp.media, passed.media_bytes):
+                admission = Admission(dp.permits, dp.media, passed.media_bytes)
+                async with admission if span is None else TracedAdmission(admission):
                     await self._route(dp, scope, passed, route, writer, account)
                 route.finished()
                 account.finish()
             except GatewayError as error:
+                failed = error
                 route.failed(str(error.code), error.status)
                 await writer.error(error)
                 if not account.model and checked.model:
                     account.model = dp.registry.snapshot.canonical_model(checked.model)
                 account.close(error)
         except asyncio.CancelledError:
+            cancelled = True
             account.close(cancelled=True)
             if not watch.fired:
                 raise
@@ -149,6 +172,12 @@ class SurfaceRoute:
             log.info("client disconnected; upstream request closed (request %s)", writer.request_id.decode())
         finally:
             watch.stop()
+            if span is not None:
+                if cancelled:
+                    tracing.fail(span, "cancelled", "the client left")
+                status = failed.status if failed is not None else 499 if cancelled else account.status
+                close_request(span, status, account.model, account.usage, failed)
+                tracing.leave(entered)
 
     def _refused(self, dp: DataPlane, scope: Scope, writer: ResponseWriter, error: GatewayError | None) -> None:
         """Account a request the gate turned away (``error``) or whose client left while it was read
@@ -190,13 +219,20 @@ class SurfaceRoute:
             route.disaggregated()
             if admitted is None:
                 try:
-                    admitted = pd_pair_for(dp, model, routing_key, checked.body)
+                    if tracing.ENABLED:
+                        admitted = selected(lambda: pd_pair_for(dp, model, routing_key, checked.body), model)
+                    else:
+                        admitted = pd_pair_for(dp, model, routing_key, checked.body)
                 except GatewayError as refused:
                     pick = lambda: pd_pair_for(dp, model, routing_key, checked.body)  # noqa: E731
                     return self._admitted(admit_pair(dp, pick, refused), dp, scope, passed, route, writer, account)
             pair = admitted
             canonical = dp.registry.snapshot.canonical_model(model) if model else None
             decision = RoutingDecision(paired(pair), canonical, dp.decode_policy.name if dp.decode_policy else "")
+        elif tracing.ENABLED:
+            decision = selected(lambda: select_worker(
+                dp.registry.snapshot, model, dp.policies, routing_key=routing_key, body=checked.body
+            ), model)  # fmt: skip
         else:
             decision = select_worker(dp.registry.snapshot, model, dp.policies, routing_key=routing_key, body=checked.body)
         body = checked.body
@@ -244,7 +280,7 @@ class SurfaceRoute:
                 key = None if handling.headers.credentials else caller_key(scope, identity)
                 request = ServedRequest(
                     dp, body, decision.model or checked.model, checked.model, stream, writer, identity,
-                    key, checked.parsed, forwarded_headers(scope, passes), account,
+                    key, checked.parsed, _traced(forwarded_headers(scope, passes)), account,
                 )  # fmt: skip
                 served = handling.surface(request)
             return await served.open(target)
@@ -263,6 +299,8 @@ class SurfaceRoute:
                 if allowed.credentials:
                     allowed = allowed.for_worker(record, identity)
                 headers = forwarded_headers(scope, allowed)
+                if tracing.ENABLED:  # the attempt's span as the worker's parent (D74)
+                    headers = tracing.outgoing(headers)
                 if record.kind is WorkerKind.PROVIDER:
                     # A surface that passes the client's own credentials sends them as they are, unconverted.
                     key = None if handling.headers.credentials else caller_key(scope, identity)
@@ -303,7 +341,7 @@ class SurfaceRoute:
                 passes = allowed.for_worker(handle.record, identity) if allowed.credentials else allowed
                 own = sent if handle.dp_rank is None else ranked_body(injected, handle.dp_rank)
                 return RelayRequest(
-                    handle, path, own, stream, writer.request_id, forwarded_headers(scope, passes), identity,
+                    handle, path, own, stream, writer.request_id, _traced(forwarded_headers(scope, passes)), identity,
                     added_usage=added_usage,
                 )  # fmt: skip
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Awaitable, Callable, Mapping, Protocol, TypeVar
 
-from common import telemetry
+from common import telemetry, tracing
 from inference.accounting import Delivered
 from inference.dataplane import DataPlane
 from inference.errors import GatewayError
@@ -98,6 +98,12 @@ async def run_attempts(
         breaker = load.breaker
         load.in_flight += 1
         target = take_rank(worker)  # under --dp-aware, the data-parallel rank of this attempt
+        span = None  # the attempt's span under --enable-trace: current while it runs (D74)
+        if tracing.ENABLED:
+            record = worker.record
+            span = tracing.attempt_span(record.url, worker.id, str(record.transport), plan.model, len(tried))
+            entered = tracing.enter(span)
+        status = 0
         try:
             try:
                 opening = perf_counter()
@@ -124,6 +130,9 @@ async def run_attempts(
                 breaker.record(not delivered.clean or breaker.config.counts_as_failure(status))
                 return
             except UpstreamFailure as failure:
+                if span is not None:
+                    tracing.fail(span, "rejected" if failure.rejected else "timeout" if failure.timed_out
+                                 else "upstream_error", failure.detail)
                 if failure.rejected:  # the client's error: any worker would refuse it; the worker is fine
                     route.upstream_status(400)
                     breaker.record(False)  # an answer, as a relayed 4xx is
@@ -147,6 +156,9 @@ async def run_attempts(
             load.in_flight -= 1  # the worker of this attempt
             if target is not worker:
                 give_back(target)
+            if span is not None:
+                tracing.leave(entered)
+                tracing.end(span, status)
 
 
 def run_turn(

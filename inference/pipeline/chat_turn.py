@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import AsyncIterator, Awaitable, Callable
 
+from common import tracing
 from inference.accounting import Delivered
 from inference.pipeline.choices import CallParser, ChoiceOptions, ChoiceOutput
 from inference.pipeline.events import Event
@@ -95,7 +96,14 @@ class ChatTurn:
         key = (target.tokenizer.path, target.spec.chat_template)
         prompt = self._prompts.get(key)
         if prompt is None:
-            rendered = render_turn(self.turn, target.tokenizer, target.family)
+            if tracing.ENABLED:  # a render span under the attempt's (D74)
+                span = tracing.child("render", {"gateway.tokenizer": target.tokenizer.path})
+                try:
+                    rendered = render_turn(self.turn, target.tokenizer, target.family)
+                finally:
+                    span.end()
+            else:
+                rendered = render_turn(self.turn, target.tokenizer, target.family)
             prompt = _Prompt(rendered.text, await tokenize(target.tokenizer, rendered.text))
             self._prompts[key] = prompt
         return prompt

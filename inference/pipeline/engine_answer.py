@@ -23,6 +23,7 @@ import dataclasses
 from contextlib import aclosing
 from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence, cast
 
+from common import tracing
 from inference.accounting import Delivered
 from inference.upstreams.engine import EngineClient, EngineOutput, EngineRequest
 from inference.writers import ResponseWriter
@@ -92,18 +93,21 @@ async def _merged(generations: Sequence[_Generation], settling: asyncio.Event) -
 
 
 class EngineAnswer:
-    __slots__ = ("status", "_generations", "_deliver")
+    __slots__ = ("status", "_generations", "_deliver", "span")
 
     def __init__(self, generations: Sequence[_Generation], deliver: Deliver) -> None:
         self.status = 200
         self._generations = generations
         self._deliver = deliver
+        self.span: tracing.Span | None = None  # the engine generate span (--enable-trace), ended by discard
 
     async def forward(self, writer: ResponseWriter) -> Delivered:
         generations = self._generations
         settling = asyncio.Event()
         try:
             source = generations[0].all() if len(generations) == 1 else _merged(generations, settling)
+            if self.span is not None:
+                source = _observed(source, self.span)
             async with aclosing(source) as outputs:
                 delivered = await self._deliver(outputs, writer)
                 settling.set()
@@ -129,6 +133,24 @@ class EngineAnswer:
     async def discard(self) -> None:
         for generation in self._generations:
             await generation.outputs.aclose()
+        span = self.span
+        if span is not None:
+            self.span = None
+            span.end()
+
+
+async def _observed(source: Outputs, span: tracing.Span) -> Outputs:
+    """``source`` as it is, the choices' finish reasons and the token counts put on the generate span
+    (GenAI conventions) as they pass."""
+    reasons: list[str] = []
+    async with aclosing(source):
+        async for output in source:
+            if output.finish is not None:
+                reasons.append(str(output.finish.reason))
+                span.set_attribute("gen_ai.response.finish_reasons", reasons)
+                span.set_attribute("gen_ai.usage.input_tokens", output.prompt_tokens)
+                span.set_attribute("gen_ai.usage.output_tokens", output.completion_tokens)
+            yield output
 
 
 async def _first(client: EngineClient, request: EngineRequest, offset: int) -> _Generation:
@@ -143,11 +165,38 @@ async def _first(client: EngineClient, request: EngineRequest, offset: int) -> _
     return _Generation(outputs, first, offset)
 
 
-async def open_generations(
+def open_generations(
     client: EngineClient, requests: Sequence[EngineRequest], deliver: Deliver, *, choices_per_request: int = 1
-) -> EngineAnswer:
+) -> Awaitable[EngineAnswer]:
     """Start ``requests`` at once; return once each one's first output arrived. Raises
-    UpstreamFailure (retryable: nothing was sent to the client) after closing the others."""
+    UpstreamFailure (retryable: nothing was sent to the client) after closing the others. Under
+    --enable-trace in an engine generate span, current while the requests start (so the engine
+    receives it as its parent: gRPC metadata, ZMQ trace_headers) and ended with the answer."""
+    if tracing.ENABLED:
+        return _traced(client, requests, deliver, choices_per_request)
+    return _opened(client, requests, deliver, choices_per_request)
+
+
+async def _traced(
+    client: EngineClient, requests: Sequence[EngineRequest], deliver: Deliver, choices_per_request: int
+) -> EngineAnswer:
+    span = tracing.child("generate", {"gen_ai.operation.name": "generate_content"}, tracing.SpanKind.CLIENT)
+    entered = tracing.enter(span)
+    try:
+        answer = await _opened(client, requests, deliver, choices_per_request)
+    except BaseException as error:
+        tracing.fail(span, type(error).__name__, str(error))
+        span.end()
+        raise
+    finally:
+        tracing.leave(entered)
+    answer.span = span
+    return answer
+
+
+async def _opened(
+    client: EngineClient, requests: Sequence[EngineRequest], deliver: Deliver, choices_per_request: int
+) -> EngineAnswer:
     if len(requests) == 1:
         return EngineAnswer([await _first(client, requests[0], 0)], deliver)
     opened = await asyncio.gather(
@@ -163,6 +212,6 @@ async def open_generations(
     return EngineAnswer([item for item in opened if isinstance(item, _Generation)], deliver)
 
 
-async def open_generation(client: EngineClient, request: EngineRequest, deliver: Deliver) -> EngineAnswer:
+def open_generation(client: EngineClient, request: EngineRequest, deliver: Deliver) -> Awaitable[EngineAnswer]:
     """:func:`open_generations` of one request."""
-    return await open_generations(client, [request], deliver)
+    return open_generations(client, [request], deliver)

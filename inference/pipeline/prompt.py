@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from common import tracing
 from inference import errors
 from inference.pipeline.templates import ChatTemplateError, RenderedPrompt, TemplateCompileError, render
 from inference.pipeline.encode_cache import encode_cache
@@ -52,18 +53,23 @@ def render_turn(turn: Turn, tokenizer: ModelTokenizer, family: ModelFamily | Non
 
 async def tokenize(tokenizer: ModelTokenizer, text: str, *, add_special_tokens: bool = False) -> tuple[int, ...]:
     """Token ids of ``text``, from the encode cache when it has them (long texts encoded off the
-    event loop); raises GatewayError 500 tokenization_failed."""
-    cache = encode_cache()
-    found = cache.lookup(tokenizer, text, add_special_tokens)
-    if found is not None:
-        return found
+    event loop); raises GatewayError 500 tokenization_failed. Under --enable-trace: a tokenize span."""
+    span = tracing.child("tokenize", {"gateway.tokenizer": tokenizer.path}) if tracing.ENABLED else None
     try:
-        if len(text) < tokenizer.offload_chars:
-            return cache.encode(tokenizer, text, add_special_tokens, partial(tokenizer.encode, add_special_tokens=add_special_tokens))
-        released = partial(tokenizer.encode_released, add_special_tokens=add_special_tokens)
-        return await off_loop(partial(cache.encode, tokenizer, text, add_special_tokens, released))
-    except Exception as error:  # the tokenizers library raises plain exceptions
-        raise errors.tokenization_failed(str(error)) from None
+        cache = encode_cache()
+        found = cache.lookup(tokenizer, text, add_special_tokens)
+        if found is not None:
+            return found
+        try:
+            if len(text) < tokenizer.offload_chars:
+                return cache.encode(tokenizer, text, add_special_tokens, partial(tokenizer.encode, add_special_tokens=add_special_tokens))
+            released = partial(tokenizer.encode_released, add_special_tokens=add_special_tokens)
+            return await off_loop(partial(cache.encode, tokenizer, text, add_special_tokens, released))
+        except Exception as error:  # the tokenizers library raises plain exceptions
+            raise errors.tokenization_failed(str(error)) from None
+    finally:
+        if span is not None:
+            span.end()
 
 
 def check_prompt(prompt_tokens: int, context_length: int | None, param: str) -> None:

@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from common import tracing
 from inference.routing.load_report import EngineLoad
 from inference.upstreams.engine import (
     CommandResult,
@@ -239,7 +240,7 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
 
     def _open_generate(self, request: EngineRequest) -> grpc.aio.UnaryStreamCall[Any, ResponseT]:
         """Start the Generate RPC for ``request`` on the worker's grpc.aio channel."""
-        return cast("grpc.aio.UnaryStreamCall[Any, ResponseT]", self.stub.Generate(self._encoded(request), metadata=self.metadata))
+        return cast("grpc.aio.UnaryStreamCall[Any, ResponseT]", self.stub.Generate(self._encoded(request), metadata=self._traced_metadata()))
 
     def _generate_route(self) -> tuple[str, Callable[[bytes], Any]]:
         """The Generate method's path and its reply's parser (from the runtime's service)."""
@@ -264,7 +265,14 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
         if native is None:
             return self._open_generate(request)
         path, parse = self._generate_route()
-        return await native.unary_stream(path, self._encoded(request).SerializeToString(), self.metadata, parse)
+        return await native.unary_stream(path, self._encoded(request).SerializeToString(), self._traced_metadata(), parse)
+
+    def _traced_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The Generate call's metadata: under --enable-trace with the current span's traceparent and
+        tracestate (the gateway's generate span as the engine's parent, D74)."""
+        if tracing.ENABLED:
+            return self.metadata + tracing.carrier()
+        return self.metadata
 
     @abstractmethod
     def _decode(self, response: ResponseT) -> WireChunk | WireComplete | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from common import tracing
 from inference.upstreams.engine import ConstraintKind, EngineRequest, Finish, FinishReason
 from inference.upstreams.failures import UpstreamFailure
 from inference.upstreams.zmq import codec
@@ -80,6 +81,7 @@ def engine_core_request(
         data_parallel_rank=request.data_parallel_rank,
         client_index=client_index,
         current_wave=current_wave,
+        trace_headers=tracing.trace_headers(),  # --enable-trace: the gateway's span as the engine's parent (D74)
     )
 
 
