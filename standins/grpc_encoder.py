@@ -18,7 +18,8 @@ carries ``encode_bootstrap_info`` asks each item's ``bootstrap_host:bootstrap_po
 embedding before it answers, and fails (INTERNAL) when one does not come within its timeout; a decode
 must not get ``encode_bootstrap_info`` (INVALID_ARGUMENT).
 
-In-process::
+``python manage.py runmockworker --grpc --runtime tokenspeed --role encode|prefill|decode --tokenizer DIR
+[--bootstrap-port N] [--encode-fault fail|drop|refuse|hang]``, or in-process::
 
     encoder = GrpcEncoderServer(GrpcEngineConfig(runtime="tokenspeed", tokenizer=...))
     await encoder.start()      # encoder.url, encoder.bootstrap_port, encoder.received, encoder.faults
@@ -126,7 +127,7 @@ class GrpcEncoderServer:
     """A TokenSpeed encode worker stand-in (Encode and the scheduler's control RPCs) with its
     bootstrap server, in the running loop."""
 
-    def __init__(self, config: GrpcEngineConfig, faults: tuple[str, ...] = ()) -> None:
+    def __init__(self, config: GrpcEngineConfig, faults: tuple[str, ...] = (), bootstrap_port: int | None = None) -> None:
         unknown = [fault for fault in faults if fault not in ENCODER_FAULTS]
         if unknown:
             raise ValueError(f"unknown encoder fault {unknown[0]!r} (one of {', '.join(ENCODER_FAULTS)})")
@@ -134,7 +135,7 @@ class GrpcEncoderServer:
         self.engine = ScriptedEngine(config, GrpcEngineState())
         self.faults: set[str] = set(faults)
         # The rooms it announced; a PdState in the prefill role is the announcing side of the rendezvous.
-        self.pd = PdState(PdWorkerConfig("prefill"))
+        self.pd = PdState(PdWorkerConfig("prefill", bootstrap_port=bootstrap_port))
         self.received: list[dict[str, Any]] = []
         self.invalid = 0
         self.cancelled = 0
@@ -151,7 +152,7 @@ class GrpcEncoderServer:
         runner = web.AppRunner(bootstrap_app(self.pd), access_log=None, handler_cancellation=True)
         await runner.setup()
         self._runner = runner
-        await web.TCPSite(runner, host, 0).start()
+        await web.TCPSite(runner, host, self.pd.config.bootstrap_port or 0).start()
         self.bootstrap_port = int(runner.addresses[0][1])
         handlers = (TokenSpeedEncoderService(self.engine, self).handler(), TokenSpeedService(self.engine).handler())
         self._server, self.port = await _serve(handlers, host, port)
@@ -164,6 +165,10 @@ class GrpcEncoderServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+    async def wait(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
 
 
 class TokenSpeedPdService(TokenSpeedService):
@@ -288,3 +293,7 @@ class GrpcTokenSpeedPdServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+    async def wait(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()

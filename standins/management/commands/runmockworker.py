@@ -15,7 +15,9 @@ With ``--role prefill|decode``: the HTTP worker as one side of SGLang-style PD d
 ``--kv-timeout`` for how long a decode waits for its KV, ``--pd-fault`` to fail on command). With
 ``--grpc --role``: the SGLang gRPC stand-in in that role (:mod:`standins.grpc_pd`), or with
 ``--runtime vllm`` the vLLM one handing the KV over by kv_transfer_params (:mod:`standins.grpc_pd_vllm`,
-``--kv-connector nixl|mooncake``, ``--kv-engine-id``); a prefill one's bootstrap server listens on
+``--kv-connector nixl|mooncake``, ``--kv-engine-id``), or with ``--runtime tokenspeed`` the TokenSpeed
+one (kv_bootstrap_info), ``--role encode`` a TokenSpeed encode worker (:mod:`standins.grpc_encoder`,
+``--encode-fault`` to fail on command); a prefill or encode one's bootstrap server listens on
 ``--bootstrap-port`` (a free port when unset, printed).
 """
 
@@ -28,6 +30,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from standins.grpc_engine import REPLIES, RUNTIMES, GrpcEngineConfig, run_grpc_engine
+from standins.grpc_encoder import ENCODER_FAULTS, GrpcEncoderServer, GrpcTokenSpeedPdServer
 from standins.grpc_pd import GrpcPdServer
 from standins.grpc_pd_vllm import CONNECTORS, VllmPdServer
 from standins.mock_worker import MockWorkerConfig, run_mock_worker
@@ -61,7 +64,14 @@ class Command(BaseCommand):
             "--max-model-len", type=int, default=None, help="context window, reported and enforced (default 4096; 32768 with --grpc)"
         )
         pd_options = parser.add_argument_group("prefill/decode disaggregation stand-in (--role)")
-        pd_options.add_argument("--role", choices=PD_ROLES, default=None, help="serve as a prefill or decode worker")
+        pd_options.add_argument(
+            "--role", choices=(*PD_ROLES, "encode"), default=None,
+            help="serve as a prefill or decode worker (with --grpc --runtime tokenspeed also an encode worker)",
+        )
+        pd_options.add_argument(
+            "--encode-fault", action="append", choices=ENCODER_FAULTS, default=[],
+            help="with --role encode: fail every Encode so",
+        )
         pd_options.add_argument("--bootstrap-port", type=int, default=None, help="a prefill worker's bootstrap port")
         pd_options.add_argument("--kv-timeout", type=float, default=30.0, help="seconds a decode waits for its KV")
         pd_options.add_argument(
@@ -128,6 +138,8 @@ class Command(BaseCommand):
             raise CommandError(f"cannot serve on {options['host']}:{options['port']}: {exc}") from None
 
     def _serve_pd(self, config: MockWorkerConfig, options: dict[str, Any]) -> None:
+        if options["role"] == "encode":
+            raise CommandError("--role encode serves --grpc --runtime tokenspeed (TokenSpeedEncoder)")
         try:
             pd = PdWorkerConfig(
                 options["role"], options["bootstrap_port"], options["kv_timeout"], tuple(options["pd_fault"])
@@ -171,8 +183,16 @@ class Command(BaseCommand):
             raise CommandError(f"cannot serve on {options['host']}:{options['port']}: {exc}") from None
 
     def _serve_grpc_pd(self, config: GrpcEngineConfig, options: dict[str, Any]) -> None:
-        if config.runtime not in ("sglang", "vllm"):
-            raise CommandError("--grpc --role serves --runtime sglang (disaggregated_params) or vllm (kv_transfer_params)")
+        if config.runtime not in ("sglang", "vllm", "tokenspeed"):
+            raise CommandError(
+                "--grpc --role serves --runtime sglang (disaggregated_params), vllm (kv_transfer_params) "
+                "or tokenspeed (kv_bootstrap_info; also --role encode)"
+            )
+        if options["role"] == "encode":
+            if config.runtime != "tokenspeed":
+                raise CommandError("--role encode serves --grpc --runtime tokenspeed (TokenSpeedEncoder)")
+            self._serve_encoder(config, options)
+            return
         try:
             pd = PdWorkerConfig(
                 options["role"], options["bootstrap_port"], options["kv_timeout"], tuple(options["pd_fault"])
@@ -182,9 +202,11 @@ class Command(BaseCommand):
         host, port = options["host"], options["port"]
 
         async def serve() -> None:
-            server: GrpcPdServer | VllmPdServer
+            server: GrpcPdServer | VllmPdServer | GrpcTokenSpeedPdServer
             if config.runtime == "vllm":
                 server = VllmPdServer(config, pd, CONNECTORS[options["kv_connector"]], options["kv_engine_id"])
+            elif config.runtime == "tokenspeed":
+                server = GrpcTokenSpeedPdServer(config, pd)
             else:
                 server = GrpcPdServer(config, pd)
             bound = await server.start(host, port)
@@ -192,6 +214,30 @@ class Command(BaseCommand):
             boot = f" (bootstrap port {server.bootstrap_port})" if server.bootstrap_port is not None else ""
             sys.stdout.write(
                 f"mock grpc engine ({config.runtime} {pd.role}) serving {config.model} on grpc://{url_host}:{bound}{boot}\n"
+            )
+            sys.stdout.flush()
+            try:
+                await server.wait()
+            finally:
+                await server.stop()
+
+        try:
+            asyncio.run(serve())
+        except KeyboardInterrupt:
+            pass
+        except OSError as exc:
+            raise CommandError(f"cannot serve on {host}:{port}: {exc}") from None
+
+    def _serve_encoder(self, config: GrpcEngineConfig, options: dict[str, Any]) -> None:
+        host, port = options["host"], options["port"]
+
+        async def serve() -> None:
+            server = GrpcEncoderServer(config, tuple(options["encode_fault"]), options["bootstrap_port"])
+            bound = await server.start(host, port)
+            url_host = f"[{host}]" if ":" in host else host
+            sys.stdout.write(
+                f"mock grpc engine ({config.runtime} encode) serving {config.model} on grpc://{url_host}:{bound}"
+                f" (bootstrap port {server.bootstrap_port})\n"
             )
             sys.stdout.flush()
             try:
