@@ -7,6 +7,9 @@ for ``--shutdown-grace-period-secs``, then the lifespan shutdown closes upstream
 uvicorn does this itself (its graceful shutdown, bounded by ``timeout_graceful_shutdown``); under
 daphne a Twisted shutdown trigger stops the listeners, waits for the requests in flight and then
 stops the gateway.
+
+With ``--tls-cert-path`` both serve HTTPS (common/tls.py): the certificate files are checked every
+few seconds and a changed chain is presented to new connections, without a restart.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from administration.lifecycle import LIFECYCLE
 from administration.receipt import ReceiptLimits, bounded_protocol
 from administration.receipt_twisted import bounded_factory  # Twisted's web module, not its reactor
 from common.config import GatewayConfig
+from common.tls import server_certificate
 from inference.asgi_io import ResponseAborted
 
 __all__ = ["AbortedResponses", "run_uvicorn", "run_daphne"]
@@ -51,6 +55,9 @@ class AbortedResponses(logging.Filter):
 
 
 def run_uvicorn(config: GatewayConfig, sock: socket.socket | None = None) -> None:
+    # --tls-cert-path: a context of ours, which hands each new connection the newest chain (D75)
+    certificate = server_certificate(config)
+    tls: dict[str, Any] = {"ssl_context_factory": lambda *_: certificate.ssl_context()} if certificate else {}
     server = _DrainingServer(
         uvicorn.Config(
             APP,
@@ -64,6 +71,7 @@ def run_uvicorn(config: GatewayConfig, sock: socket.socket | None = None) -> Non
             timeout_keep_alive=75,
             timeout_graceful_shutdown=math.ceil(config.shutdown_grace_period_secs),
             server_header=False,
+            **tls,
         )
     )
     logging.getLogger("uvicorn.error").addFilter(AbortedResponses())
@@ -80,6 +88,11 @@ def run_daphne(config: GatewayConfig, fd: int | None = None) -> None:
     # daphne builds its HTTP factory by this name in Server.run: ours bounds request receipt (D30).
     daphne.server.HTTPFactory = bounded_factory(ReceiptLimits.of(config))
     logging.getLogger("daphne.server").addFilter(AbortedResponses())
+    certificate = server_certificate(config)
+    if certificate is not None:  # daphne listens on our TLS endpoint, whose connections take the newest chain (D75)
+        daphne.server.serverFromString = (
+            lambda reactor, description: certificate.twisted_endpoint(reactor, config.host, config.port, fd)
+        )
     cli = CommandLineInterface()
     _tie_lifecycle_to_twisted(cli, config.shutdown_grace_period_secs)
     verbosity = "2" if config.log_level == "debug" else "1"

@@ -7,25 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import threading
 import weakref
 
 import httpx
 
-__all__ = ["http_client", "aclose_http_client", "tls_context"]
+from common.tls import client_context
 
-_TLS: ssl.SSLContext | None = None
-_TLS_LOCK = threading.Lock()
+__all__ = ["http_client", "aclose_http_client", "tls_context"]
 
 
 def tls_context() -> ssl.SSLContext:
-    """The one TLS context (httpx's defaults: certifi's roots, verification on) of the process."""
-    global _TLS
-    if _TLS is None:
-        with _TLS_LOCK:
-            if _TLS is None:
-                _TLS = httpx.create_ssl_context()
-    return _TLS
+    """The one TLS context of the process towards workers (common/tls.py: certifi's roots and
+    --ca-cert-paths, verification on, the --client-cert-path chain)."""
+    return client_context()
 
 
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()

@@ -95,12 +95,15 @@ SERVER_OPTIONS = (
 )
 
 
-async def start_grpc_server(handler: grpc.GenericRpcHandler, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+async def start_grpc_server(
+    handler: grpc.GenericRpcHandler, host: str, port: int, credentials: grpc.ServerCredentials | None = None
+) -> tuple[grpc.aio.Server, int]:
     """A started ``grpc.aio`` server with the stand-ins' options serving ``handler`` on ``host:port``
-    (0: a free port); the server and the port it bound."""
+    (0: a free port); the server and the port it bound. ``credentials``: served over TLS (grpcs://)."""
     server = grpc.aio.server(options=SERVER_OPTIONS)
     server.add_generic_rpc_handlers((handler,))
-    bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port}")
     await server.start()
@@ -127,8 +130,10 @@ class GrpcEngineServer:
     def url(self) -> str:
         return f"grpc://127.0.0.1:{self.port}"
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        self._server, self.port = await start_grpc_server(SERVICES[self.config.runtime](self.engine).handler(), host, port)
+    async def start(self, host: str = "127.0.0.1", port: int = 0, credentials: grpc.ServerCredentials | None = None) -> int:
+        """Serve (over TLS with ``credentials``: ``grpc.ssl_server_credentials``)."""
+        handler = SERVICES[self.config.runtime](self.engine).handler()
+        self._server, self.port = await start_grpc_server(handler, host, port, credentials)
         return self.port
 
     async def stop(self, grace: float | None = 0.5) -> None:

@@ -37,6 +37,7 @@ from aiohttp.streams import StreamReader
 from yarl import URL
 
 from common.config import GatewayConfig
+from common.http_clients import tls_context
 from inference.accounting import CLEAN, Delivered, TokenUsage
 from inference.routing.workers import Transport, WorkerRecord
 from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
@@ -180,7 +181,8 @@ class HttpRelay(Relay):
 
     def _connector(self) -> aiohttp.TCPConnector:
         return aiohttp.TCPConnector(
-            limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_secs, enable_cleanup_closed=True
+            limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_secs, enable_cleanup_closed=True,
+            ssl=tls_context(),  # https:// workers: the CA bundles and client chain of common/tls.py
         )
 
     def _key_lines(self, provider: str | None, api_key: str | None) -> bytes:

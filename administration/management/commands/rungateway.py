@@ -18,6 +18,7 @@ from administration.servers import run_daphne, run_uvicorn
 from administration.supervisor import Supervisor, inherited_socket
 from inference.mcp import McpConfigError, mcp_config_of
 from inference.pipeline.parsers import UnknownParser, check_parser_names
+from common.tls import check_files
 from common.config import ConfigError, GatewayConfig, add_gateway_arguments, config_from_namespace, current_config, install_config
 
 _DJANGO_OPTIONS = {"verbosity", "settings", "pythonpath", "traceback", "no_color", "force_color", "skip_checks"}
@@ -42,6 +43,7 @@ class Command(BaseCommand):
             config = config_from_namespace(ns)
             check_parser_names(tool_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser)
             mcp_config_of(config)  # a bad --mcp-config-path file stops start-up
+            check_files(config)  # a TLS file that does not load stops start-up (D75)
         except (ConfigError, UnknownParser, McpConfigError) as exc:
             raise CommandError(str(exc)) from None
         install_config(config)
@@ -50,7 +52,7 @@ class Command(BaseCommand):
             self._migrate_embedded_store()
         processes = f"{config.workers} processes" if config.workers > 1 else "1 process"
         self.stdout.write(
-            f"gateway listening on http://{config.host}:{config.port} "
+            f"gateway listening on {'https' if config.tls_cert_path else 'http'}://{config.host}:{config.port} "
             f"({config.server}, {processes}, {len(config.worker_urls)} worker URL(s), policy {config.policy})"
         )
         self.stdout.flush()

@@ -9,10 +9,12 @@ default).
 
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import urlsplit
 
 import grpc
 
+from common import tls
 from common.config import current_config
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.grpc.h2 import H2Channel
@@ -42,6 +44,8 @@ def grpc_target(url: str) -> tuple[str, bool]:
         raise ValueError(f"not a gRPC worker URL: {url!r}")
     return parts.netloc, parts.scheme in ("grpcs", "https")
 
+
+_RETIRING: set[asyncio.Task[None]] = set()  # channels closing after a TLS reload, kept from the collector
 
 REJECTING_STATUSES = frozenset({"INVALID_ARGUMENT", "OUT_OF_RANGE"})
 """The statuses by which an engine says "this request is invalid": the client's error (400, not
@@ -93,20 +97,35 @@ class WorkerChannel:
             (("authorization", f"Bearer {api_key}"),) if api_key else ()
         )
         self._channel: grpc.aio.Channel | None = None
+        self._tls_generation = 0  # common/tls.py's generation the secure channel was made with
         self.opened = 0  # channels created over this object's life (tests check reuse)
         config = current_config()
         native = not self.secure and config.grpc_stream_reader == "native"
         self.native: H2Channel | None = _native_channel(self.target, config.grpc_stream_window_bytes) if native else None
 
     def get(self) -> grpc.aio.Channel:
+        if self.secure and self._channel is not None and self._tls_generation != tls.generation():
+            self._retire()  # the worker TLS files changed: new calls go on a channel made with them
         if self._channel is None:
             if self.secure:
-                credentials = grpc.ssl_channel_credentials()
+                self._tls_generation = tls.generation()
+                credentials = tls.grpc_credentials()  # the public roots, --ca-cert-paths, the client chain
                 self._channel = grpc.aio.secure_channel(self.target, credentials, options=CHANNEL_OPTIONS)
             else:
                 self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
             self.opened += 1
         return self._channel
+
+    def _retire(self) -> None:
+        """Close the current channel once the calls on it ended (at most the request timeout)."""
+        channel, self._channel = self._channel, None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        closing = loop.create_task(channel.close(grace=current_config().request_timeout_secs))  # type: ignore[union-attr]
+        _RETIRING.add(closing)
+        closing.add_done_callback(_RETIRING.discard)
 
     @property
     def is_open(self) -> bool:
