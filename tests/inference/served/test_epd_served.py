@@ -138,18 +138,23 @@ async def test_an_image_request_is_encoded_then_served_by_the_pair_and_text_skip
         assert len(encoder.received) == 3 and encoder.received[-1]["hashes"] == [hashlib.sha256(PNG).digest()]
         assert METRICS.get_sample_value("gw_worker_selection_total", selections) == selected + 3  # one per image
 
+        # Streamed: the same encode stage before the pair's first output.
+        streamed = await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(JPEG), stream=True)
+        assert [c async for c in streamed][-1].choices[0].finish_reason is not None
+        assert len(encoder.received) == 4 and len(prefill.service.encode_received) == 3
+
         # Text only: no encode, no embedding rendezvous.
         stream = await fleet.sdk().chat.completions.create(
             model=QWEN_MODEL, messages=[{"role": "user", "content": "Hi"}], stream=True
         )
         assert [c async for c in stream][-1].choices[0].finish_reason is not None
-        assert len(encoder.received) == 3 and len(prefill.service.encode_received) == 2
+        assert len(encoder.received) == 4 and len(prefill.service.encode_received) == 3
 
         # A remote image URL is not sent to an encoder: 400 before anything is dispatched.
         with pytest.raises(openai.BadRequestError) as refused:
             await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=[{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}])  # fmt: skip
-        assert refused.value.code == "multimodal_not_supported" and len(prefill.pd.received) == 3
+        assert refused.value.code == "multimodal_not_supported" and len(prefill.pd.received) == 4
 
 
 async def test_an_encoder_failure_ends_the_request_and_aborts_the_pair_then_its_open_breaker_gives_503(
