@@ -42,6 +42,7 @@ from administration.engine_facts import (
 from administration.models import JobState, JobType, Worker, WorkerStatus
 from administration.notices import publish_registry_changed
 from administration.reachability import Reachability
+from administration.worker_spec import DEFAULT_MODEL_TYPES
 from administration.zmq_workers import zmq_discovery, zmq_refusal
 from common.config import current_config
 from common.http_clients import tls_context
@@ -235,6 +236,15 @@ def _model_id(worker: Worker, discovery: Discovery | None) -> str:
     return ""
 
 
+def _discovered_cards(worker: Worker, discovery: Discovery) -> list[dict[str, Any]]:
+    """A discovered worker whose model id discovery gave (--model-id-from, a manifest's model_id)
+    keeps the model its engine reports as an alias of it (D73); any other worker's cards as given."""
+    named, engine = worker.labels.get("served_model_name"), discovery.model_id
+    if worker.model_cards or not worker.labels.get("discovery_provider") or not named or engine in (None, named):
+        return list(worker.model_cards)
+    return [{"id": named, "aliases": [engine], "model_type": list(DEFAULT_MODEL_TYPES)}]
+
+
 def run_registration(worker_id: str, generation: int) -> None:
     """AddWorker: probe, detect the runtime and models, merge labels; pending until health passes."""
     worker = _current(worker_id, generation)
@@ -253,12 +263,14 @@ def run_registration(worker_id: str, generation: int) -> None:
     worker.labels = labels
     # An external provider serves its whole list (model cards are ignored for it, spec 3).
     model_id = "" if external else _model_id(worker, discovery)
+    model_cards = _discovered_cards(worker, discovery)
     provider_models = list(discovery.model_ids) if external else []
     health_off = external or _health_disabled(worker)
     status = WorkerStatus.READY if health_off else WorkerStatus.PENDING
     if not _set_job(
         worker_id, generation, JobState.NONE, runtime_type=runtime_type, model_id=model_id,
         provider_models=provider_models, labels=labels, registered=True, status=status, last_error="",
+        model_cards=model_cards,
     ):  # fmt: skip
         log.info("registration of %s finished after the worker changed; result dropped", worker.url)
         return

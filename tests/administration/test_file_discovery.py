@@ -18,6 +18,7 @@ from administration.file_discovery import FileDiscovery, ManifestRefused, parse_
 from administration.jobs import wait_for_local_jobs
 from administration.models import Worker
 from common.config import GatewayConfig
+from inference.routing.registry import REGISTRY
 from tests.administration.fleet import running_fleet
 from tests.conftest import WorkerFactory, until
 
@@ -65,7 +66,7 @@ def stored() -> dict[str, Worker]:
 
 @pytest.mark.django_db(transaction=True)
 async def test_manifest_lines_added_changed_and_removed(tmp_path: Path, start_worker: WorkerFactory) -> None:
-    one, two, three = [await start_worker() for _ in range(3)]
+    one, two, three = [await start_worker(model) for model in ("mock-model", "engine-name", "mock-model")]
     path = tmp_path / "workers.json"
     config = GatewayConfig(
         discovery_provider="file", discovery_file=str(path), discovery_check_interval_secs=60.0,
@@ -83,6 +84,9 @@ async def test_manifest_lines_added_changed_and_removed(tmp_path: Path, start_wo
             await until(lambda: asyncio.to_thread(lambda: set(stored()) == {one.url, two.url}), timeout=20)
             rows = await asyncio.to_thread(stored)
             assert rows[two.url].model_id == "served" and rows[one.url].model_id == "mock-model"
+            # The manifest's model_id is the worker's; the name its engine reports stays an alias of it.
+            assert rows[two.url].model_cards[0]["aliases"] == ["engine-name"] and not rows[one.url].model_cards
+            await until(lambda: asyncio.sleep(0, REGISTRY.snapshot.canonical_model("engine-name") == "served"))
             assert rows[one.url].labels[ID_LABEL] == "w1" and rows[one.url].source == "api"
 
             # A line added (noticed as the file changes, long before the 60 s interval).
