@@ -198,16 +198,15 @@ class ServerCertificate:
             return endpoints.SSL4ServerEndpoint(reactor, port, Newest(), backlog=2048, interface=host)
         inherited = fd
 
-        class AdoptedPort(twisted_ssl.Port):
-            """A TLS port on a listening socket bound by another process (the supervisor)."""
-
         @implementer(IStreamServerEndpoint)
         class Adopted:
+            """A TLS port on the listening socket the supervisor bound (Twisted adopts plain ones only)."""
+
             def listen(self, factory: Any) -> Any:
                 def start() -> Any:
                     sock = socket.socket(fileno=os.dup(inherited))
                     sock.setblocking(False)
-                    listening = AdoptedPort(None, factory, Newest(), 2048, sock.getsockname()[0], reactor)
+                    listening = twisted_ssl.Port(None, factory, Newest(), 2048, sock.getsockname()[0], reactor)
                     listening.addressFamily = sock.family
                     listening._preexistingSocket = sock
                     listening.startListening()
