@@ -1,9 +1,9 @@
 """The deployment kit (deploy/, issue 26 item 4), checked as far as this machine allows.
 
-- Kubernetes manifests: every document parses, has an apiVersion/kind from the table below, the
-  fields each kind needs, and no key outside the known ones for the objects the kit writes (a typo such
-  as ``readinessprobe`` would otherwise be dropped silently by a lenient apply). No kubeconform or
-  cluster here: this is a light schema check of what the kit uses, not of the whole Kubernetes API.
+- Kubernetes manifests: every document parses and is read strictly into the Kubernetes models of
+  kubernetes_asyncio (a project requirement, generated from the Kubernetes OpenAPI description):
+  unknown fields, wrong types and missing required fields fail. No kubeconform or cluster here, so
+  what only the API server checks (admission, defaulting, cross-object rules) is not covered.
 - Against the project itself: the probes' paths answer on the gateway's probe listener, the grace
   period follows --shutdown-grace-period-secs, every environment variable the kit sets is a flag's or
   a setting's, the gateway's arguments and ConfigMap parse with the gateway's own flag parser, the
@@ -28,6 +28,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 import yaml
+from kubernetes_asyncio import client as k8s
 
 from common.config import FLAGS, ConfigError, GatewayConfig, add_gateway_arguments, parse_gateway_args
 from tests.conftest import free_port
@@ -72,39 +73,71 @@ def test_project_env_names_come_from_the_sources() -> None:
     assert "NOT_A_SETTING" not in names
 
 
-# --- a light schema: kinds, required fields, known keys --------------------------------------------
+# --- the schema: Kubernetes' own models ---------------------------------------------------------
+#
+# Each built-in kind is read into the models of kubernetes_asyncio (the client worker discovery uses,
+# generated from the Kubernetes OpenAPI description): a key the model does not have fails (a typo such
+# as ``readinessprobe`` would otherwise be dropped by a lenient apply), as does a value of the wrong
+# type or a required field left out (the models refuse None for those). The ServiceMonitor is a
+# Prometheus Operator resource the client does not know: a small table of its fields instead.
 
-KINDS: dict[tuple[str, str], tuple[str, ...]] = {
-    # (apiVersion, kind): top-level fields it must have besides apiVersion, kind and metadata
-    ("v1", "Namespace"): (),
-    ("v1", "ServiceAccount"): (),
-    ("v1", "ConfigMap"): ("data",),
-    ("v1", "Secret"): ("stringData",),
-    ("v1", "Service"): ("spec",),
-    ("apps/v1", "Deployment"): ("spec",),
-    ("batch/v1", "Job"): ("spec",),
-    ("policy/v1", "PodDisruptionBudget"): ("spec",),
-    ("rbac.authorization.k8s.io/v1", "Role"): ("rules",),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("roleRef", "subjects"),
-    ("monitoring.coreos.com/v1", "ServiceMonitor"): ("spec",),
+MODELS: dict[tuple[str, str], str] = {
+    ("v1", "Namespace"): "V1Namespace",
+    ("v1", "ServiceAccount"): "V1ServiceAccount",
+    ("v1", "ConfigMap"): "V1ConfigMap",
+    ("v1", "Secret"): "V1Secret",
+    ("v1", "Service"): "V1Service",
+    ("apps/v1", "Deployment"): "V1Deployment",
+    ("batch/v1", "Job"): "V1Job",
+    ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget",
+    ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
 }
+SERVICE_MONITOR = ("monitoring.coreos.com/v1", "ServiceMonitor")
+SERVICE_MONITOR_KEYS = {"": {"apiVersion", "kind", "metadata", "spec"}, "spec": {"selector", "endpoints"},
+                        "endpoint": {"port", "path", "interval"}}
 KUSTOMIZATION = ("kustomize.config.k8s.io/v1beta1", "Kustomization")
-
-TOP_KEYS = {"apiVersion", "kind", "metadata", "spec", "data", "stringData", "type", "rules", "roleRef", "subjects"}
-METADATA_KEYS = {"name", "namespace", "labels", "annotations"}
-POD_SPEC_KEYS = {"serviceAccountName", "terminationGracePeriodSeconds", "securityContext", "initContainers",
-                 "containers", "volumes", "restartPolicy"}
-CONTAINER_KEYS = {"name", "image", "command", "args", "env", "envFrom", "ports", "startupProbe", "readinessProbe",
-                  "livenessProbe", "lifecycle", "resources", "securityContext", "volumeMounts"}
-PROBE_KEYS = {"httpGet", "periodSeconds", "failureThreshold", "timeoutSeconds", "initialDelaySeconds",
-              "successThreshold"}
-HTTP_GET_KEYS = {"path", "port"}
-ENV_KEYS = {"name", "value", "valueFrom"}
-CONTAINER_SECURITY_KEYS = {"allowPrivilegeEscalation", "readOnlyRootFilesystem", "capabilities"}
-POD_SECURITY_KEYS = {"runAsNonRoot", "runAsUser", "runAsGroup", "fsGroup", "seccompProfile"}
-DEPLOYMENT_SPEC_KEYS = {"replicas", "strategy", "selector", "template"}
-JOB_SPEC_KEYS = {"backoffLimit", "ttlSecondsAfterFinished", "template", "activeDeadlineSeconds"}
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+PRIMITIVES: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "bool": (bool,), "float": (int, float),
+                                           "datetime": (str,)}
+
+
+def read_model(value: Any, type_name: str, where: str) -> Any:
+    """``value`` read as the Kubernetes type ``type_name``, strictly (see above)."""
+    if (inner := re.fullmatch(r"list\[(.+)\]", type_name)) is not None:
+        assert isinstance(value, list), f"{where}: a list expected"
+        return [read_model(item, inner.group(1), f"{where}[{i}]") for i, item in enumerate(value)]
+    if (inner := re.fullmatch(r"dict\(str, (.+)\)", type_name)) is not None:
+        assert isinstance(value, dict), f"{where}: a mapping expected"
+        return {key: read_model(item, inner.group(1), f"{where}.{key}") for key, item in value.items()}
+    if type_name == "object":  # IntOrString and the like
+        return value
+    if type_name in PRIMITIVES:
+        ok = isinstance(value, PRIMITIVES[type_name]) and (type_name == "bool" or not isinstance(value, bool))
+        assert ok, f"{where}: {type_name} expected, got {value!r}"
+        return value
+    model = getattr(k8s, type_name)
+    assert isinstance(value, dict), f"{where}: a {type_name} mapping expected"
+    fields = {json_name: name for name, json_name in model.attribute_map.items()}
+    unknown = set(value) - set(fields)
+    assert not unknown, f"{where}: {type_name} has no field {sorted(unknown)}"
+    arguments = {fields[key]: read_model(item, model.openapi_types[fields[key]], f"{where}.{key}")
+                 for key, item in value.items()}
+    try:
+        return model(**arguments)
+    except ValueError as exc:  # a required field missing, or a value the model refuses
+        pytest.fail(f"{where}: {exc}")
+
+
+def test_the_schema_check_refuses_what_kubernetes_would() -> None:
+    container = {"name": "gateway", "image": IMAGE, "readinessProbe": {"httpGet": {"path": "/readiness", "port": 1}}}
+    assert read_model(container, "V1Container", "ok").readiness_probe.http_get.path == "/readiness"
+    with pytest.raises(AssertionError, match="no field"):
+        read_model({**container, "readinessprobe": {}}, "V1Container", "typo")
+    with pytest.raises(AssertionError, match="int expected"):
+        read_model({"containerPort": "30000"}, "V1ContainerPort", "type")
+    with pytest.raises(pytest.fail.Exception, match="name"):
+        read_model({"image": IMAGE}, "V1Container", "required")
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
@@ -137,37 +170,31 @@ def one(kind: str, name: str | None = None) -> dict[str, Any]:
     return found[0]
 
 
-def _unknown(mapping: dict[str, Any], known: set[str], where: str) -> None:
-    extra = set(mapping) - known
-    assert not extra, f"{where}: keys the kit's schema does not know: {sorted(extra)}"
-
-
 def _check_pod_template(template: dict[str, Any], where: str) -> None:
-    _unknown(template["metadata"], METADATA_KEYS, f"{where} template metadata")
+    """What the kit holds every pod to beyond the schema: non-root, read-only, no privilege."""
     spec = template["spec"]
-    _unknown(spec, POD_SPEC_KEYS, f"{where} pod spec")
-    _unknown(spec["securityContext"], POD_SECURITY_KEYS, f"{where} pod securityContext")
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0, where
     volumes = {v["name"] for v in spec.get("volumes", [])}
-    assert spec["containers"], f"{where}: no containers"
     for container in spec.get("initContainers", []) + spec["containers"]:
-        cwhere = f"{where} container {container.get('name')}"
-        _unknown(container, CONTAINER_KEYS, cwhere)
+        cwhere = f"{where} container {container['name']}"
         assert DNS_LABEL.match(container["name"]) and container["image"], cwhere
-        _unknown(container["securityContext"], CONTAINER_SECURITY_KEYS, cwhere)
         assert container["securityContext"]["allowPrivilegeEscalation"] is False, cwhere
         assert container["securityContext"]["readOnlyRootFilesystem"] is True, cwhere
         assert container["securityContext"]["capabilities"]["drop"] == ["ALL"], cwhere
         for entry in container.get("env", []):
-            _unknown(entry, ENV_KEYS, f"{cwhere} env")
             assert ("value" in entry) != ("valueFrom" in entry), f"{cwhere} env {entry['name']}"
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            if probe in container:
-                _unknown(container[probe], PROBE_KEYS, f"{cwhere} {probe}")
-                _unknown(container[probe]["httpGet"], HTTP_GET_KEYS, f"{cwhere} {probe} httpGet")
         for mount in container.get("volumeMounts", []):
             assert mount["name"] in volumes, f"{cwhere}: mounts an undeclared volume {mount['name']}"
-            assert mount["mountPath"].startswith("/"), cwhere
+
+
+def _check_service_monitor(doc: dict[str, Any], where: str) -> None:
+    assert set(doc) <= SERVICE_MONITOR_KEYS[""] and set(doc["spec"]) <= SERVICE_MONITOR_KEYS["spec"], where
+    read_model(doc["metadata"], "V1ObjectMeta", f"{where}.metadata")
+    read_model(doc["spec"]["selector"], "V1LabelSelector", f"{where}.spec.selector")
+    assert doc["spec"]["endpoints"], where
+    for endpoint in doc["spec"]["endpoints"]:
+        assert set(endpoint) <= SERVICE_MONITOR_KEYS["endpoint"] and "port" in endpoint, where
+        assert re.fullmatch(r"\d+(ms|s|m)", endpoint.get("interval", "30s")), where
 
 
 def test_every_manifest_parses_and_passes_the_schema() -> None:
@@ -178,24 +205,21 @@ def test_every_manifest_parses_and_passes_the_schema() -> None:
         for doc in _documents(path):
             where = f"{path.relative_to(DEPLOY)}: {doc.get('kind')} {doc.get('metadata', {}).get('name')}"
             key = (doc.get("apiVersion"), doc.get("kind"))
-            assert key in KINDS, f"{where}: apiVersion/kind {key} is not one the kit uses"
-            _unknown(doc, TOP_KEYS, where)
-            for field in KINDS[key]:
-                assert field in doc, f"{where}: {field} missing"
-            _unknown(doc["metadata"], METADATA_KEYS, f"{where} metadata")
+            if key == SERVICE_MONITOR:
+                _check_service_monitor(doc, where)
+            else:
+                assert key in MODELS, f"{where}: apiVersion/kind {key} is not one the kit uses"
+                read_model(doc, MODELS[key], where)
             assert DNS_LABEL.match(doc["metadata"]["name"]), f"{where}: name is not a DNS label"
             seen.add(key)
             if doc["kind"] == "Deployment":
-                spec = doc["spec"]
-                _unknown(spec, DEPLOYMENT_SPEC_KEYS, where)
-                labels = spec["template"]["metadata"]["labels"]
-                assert spec["selector"]["matchLabels"].items() <= labels.items(), f"{where}: selector misses the pods"
-                _check_pod_template(spec["template"], where)
+                labels = doc["spec"]["template"]["metadata"]["labels"]
+                assert doc["spec"]["selector"]["matchLabels"].items() <= labels.items(), f"{where}: selector misses the pods"
+                _check_pod_template(doc["spec"]["template"], where)
             elif doc["kind"] == "Job":
-                _unknown(doc["spec"], JOB_SPEC_KEYS, where)
                 assert doc["spec"]["template"]["spec"]["restartPolicy"] in ("OnFailure", "Never"), where
                 _check_pod_template(doc["spec"]["template"], where)
-    assert seen == set(KINDS), f"kinds in the table but not in the kit: {set(KINDS) - seen}"
+    assert seen == set(MODELS) | {SERVICE_MONITOR}, f"kinds in the table but not in the kit: {set(MODELS) - seen}"
 
 
 def test_the_kustomizations_list_every_manifest_but_the_secret_example() -> None:
