@@ -240,6 +240,48 @@ def test_the_kustomizations_list_every_manifest_but_the_secret_example() -> None
                 assert container["image"] == IMAGE
 
 
+def _kustomize() -> list[str] | None:
+    """The command that renders a kustomization here (kubectl's built-in kustomize, or kustomize)."""
+    if (kubectl := shutil.which("kubectl")) is not None:
+        return [kubectl, "kustomize"]
+    if (kustomize := shutil.which("kustomize")) is not None:
+        return [kustomize, "build"]
+    return None
+
+
+def test_kustomize_renders_the_kit_as_it_will_be_applied() -> None:
+    """`kubectl kustomize` (no cluster needed) renders both kustomizations; what it renders is what
+    `kubectl apply -k` sends: every object in the namespace, labelled, the image retagged, the
+    RoleBinding's subject in the namespace, and each object still passes the schema."""
+    command = _kustomize()
+    if command is None:
+        pytest.skip("neither kubectl nor kustomize on this machine (the source manifests are checked above)")
+    rendered: list[dict[str, Any]] = []
+    for directory in (K8S, K8S / "monitoring"):
+        result = subprocess.run([*command, str(directory)], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        rendered.extend(doc for doc in yaml.safe_load_all(result.stdout) if doc is not None)
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in rendered) == sorted(
+        (d["kind"], d["metadata"]["name"]) for d in applied_documents())
+    (image,) = yaml.safe_load((K8S / "kustomization.yaml").read_text())["images"]
+    for doc in rendered:
+        where = f"rendered {doc['kind']} {doc['metadata']['name']}"
+        key = (doc["apiVersion"], doc["kind"])
+        if key == SERVICE_MONITOR:
+            _check_service_monitor(doc, where)
+        else:
+            read_model(doc, MODELS[key], where)
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == "inference-gateway", where
+        if doc["kind"] in ("Deployment", "Job"):
+            pod = doc["spec"]["template"]["spec"]
+            assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "inference-gateway", where
+            for container in pod.get("initContainers", []) + pod["containers"]:
+                assert container["image"] == f"{image['newName']}:{image['newTag']}", where
+        if doc["kind"] == "RoleBinding":
+            assert doc["subjects"][0]["namespace"] == "inference-gateway"
+
+
 # --- the gateway Deployment against the gateway ----------------------------------------------------
 
 
@@ -400,6 +442,8 @@ def test_the_celery_worker_runs_the_projects_app() -> None:
 def test_discovery_rbac_lets_the_gateway_watch_pods() -> None:
     account = one("ServiceAccount")["metadata"]["name"]
     assert gateway_deployment()["spec"]["template"]["spec"]["serviceAccountName"] == account
+    for other in (one("Deployment", "inference-gateway-celery-worker"), one("Job")):
+        assert other["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     role = one("Role")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     binding = one("RoleBinding")
