@@ -44,8 +44,6 @@ IMAGE = "inference-gateway"  # the image name the manifests use (kustomization.y
 # Variables that hold credentials: only ever from a Secret (manifests) or an ignored file (compose).
 SECRET_NAMES = {"DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "DJANGO_SECRET_KEY", "GW_API_KEY",
                 "GW_TENANT_API_KEYS", "GW_CONTROL_PLANE_API_KEYS"}
-PREFIXES_OF_DISCOVERY = ("--service-discovery", "--selector", "--discovery-", "--prefill-selector",
-                         "--decode-selector", "--model-id-from")
 
 
 # --- what the project reads ----------------------------------------------------------------------
@@ -328,14 +326,13 @@ def test_the_gateway_runs_the_readme_command_and_its_flags_parse(gateway_env: di
     parser = argparse.ArgumentParser()
     add_gateway_arguments(parser)
     known = {option for action in parser._actions for option in action.option_strings}
-    unknown = [a for a in args if a.startswith("--") and a not in known]
-    if unknown:
-        # Kubernetes discovery (issue 26 item 1) is another piece of work landing the reference
-        # gateway's flag names; any other unknown flag is the kit's mistake.
-        assert all(a.startswith(PREFIXES_OF_DISCOVERY) for a in unknown), f"not the gateway's flags: {unknown}"
-        pytest.skip(f"the discovery flags {unknown} are not in common/config.py yet (issue 26 item 1)")
+    assert not [a for a in args if a.startswith("--") and a not in known], "not the gateway's flags"
     config = parse_gateway_args(args)
     assert config.workers == 2 and config.port == _named_port(container, "http")
+    # Kubernetes discovery of the pods labelled as workers, in the namespace the Role covers.
+    assert config.service_discovery and config.service_discovery_namespace == "inference-gateway"
+    assert config.selector == (("app.kubernetes.io/component", "inference-worker"),)
+    assert config.service_discovery_port == 8000
 
 
 def test_the_config_map_parses_and_matches_the_ports(gateway_env: dict[str, str]) -> None:
