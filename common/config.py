@@ -13,8 +13,10 @@ apply.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 import orjson
@@ -290,12 +292,32 @@ _port = _number(int, "a port number", 1, 65535)
 _fraction = _number(float, "a number", -1e-12, 1.0)
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
+def usable_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may use, at least 1: its CPU affinity, narrowed by a cgroup CPU quota
+    (a container's CPU limit, which affinity does not show: a 2-CPU pod on a 64-core node is 2)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    quota = cgroup_cpu_quota(cgroup_root)
+    return max(1, min(cores, math.ceil(quota))) if quota is not None else cores
+
+
+def cgroup_cpu_quota(root: Path) -> float | None:
+    """CPUs allowed by the cgroup's quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), None without one."""
+    try:
+        fields = (root / "cpu.max").read_text().split()
+        if len(fields) == 2 and fields[0] != "max":
+            return int(fields[0]) / int(fields[1])
+        return None
+    except (OSError, ValueError, ZeroDivisionError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 def _workers(text: str) -> int:

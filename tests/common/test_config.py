@@ -134,3 +134,22 @@ def test_serving_processes_split_the_gateways_limits() -> None:
     assert tiny.max_concurrent_requests == 1  # every process can serve
     assert parse_gateway_args([]).share(0, 4, shared_rate_counts=False).max_concurrent_requests == 0  # off stays off
     assert config.share(0, 1, shared_rate_counts=False) is config
+
+
+def test_auto_workers_follow_a_cgroup_cpu_limit(tmp_path) -> None:
+    """A container's CPU quota narrows the cores affinity shows (cgroup v2 cpu.max, v1 cfs quota)."""
+    from common.config import cgroup_cpu_quota, usable_cores
+
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert cgroup_cpu_quota(v2) == 1.5 and usable_cores(v2) == min(2, usable_cores(tmp_path / "none"))
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_quota(v2) is None and usable_cores(v2) == usable_cores(tmp_path / "none")
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("100000")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000")
+    assert cgroup_cpu_quota(v1) == 1.0 and usable_cores(v1) == 1
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1")
+    assert cgroup_cpu_quota(v1) is None
