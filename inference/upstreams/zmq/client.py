@@ -108,18 +108,55 @@ STATS_SHARE_SECS = 1.0  # several serving processes: how often the stats receive
 class _Flight:
     """One generation in flight: its engine requests (one per choice) and what arrived for them.
     A deque and one waiter rather than an ``asyncio.Queue``: a put is an append, and the generator
-    is woken once however many of its outputs one engine step (or one drain) carried."""
+    is woken once however many of its outputs one engine step (or one drain) carried.
+
+    A request that is not streamed (``whole``) is answered once per choice, at its end: the reader
+    folds each plain step (tokens only: no finish, no logprobs) into ``early`` by itself, without
+    waking the generator, while nothing is queued before it; the generator takes a choice's folded
+    tokens just before that choice's next queued output (its finish, at the latest). The engine
+    core sends every step of every request, so this is one generator step per choice instead of
+    one per token."""
 
     rank: int
     choices: dict[str, int]  # engine request id → choice index
+    whole: bool = False
     items: deque[codec.EngineCoreOutput | UpstreamFailure] = field(default_factory=deque)
     waiter: asyncio.Future[None] | None = None
+    early: dict[str, codec.EngineCoreOutput] = field(default_factory=dict)  # engine request id → its folded steps
 
     def put(self, item: codec.EngineCoreOutput | UpstreamFailure) -> None:
         self.items.append(item)
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def take(self, output: codec.EngineCoreOutput) -> None:
+        """An engine output for this generation, from the reader: folded into ``early`` when the
+        generation is not streamed, the output is a plain step and nothing is queued (so folded
+        tokens always come before every queued output), else queued (and the generator woken)."""
+        if (
+            self.whole and not self.items and output.finish_reason is None and output.new_logprobs is None
+            and output.new_prompt_logprobs_tensors is None
+        ):  # fmt: skip
+            folded = self.early.get(output.request_id)
+            if folded is None:
+                self.early[output.request_id] = output
+            else:
+                folded.new_token_ids.extend(output.new_token_ids)
+                if output.num_cached_tokens > folded.num_cached_tokens:
+                    folded.num_cached_tokens = output.num_cached_tokens
+            return
+        self.put(output)
+
+    def next_queued(self, item: codec.EngineCoreOutput | UpstreamFailure) -> codec.EngineCoreOutput | UpstreamFailure:
+        """``item`` (just taken from the queue), or its choice's folded steps first (``item`` put
+        back at the head of the queue)."""
+        if self.early and not isinstance(item, UpstreamFailure):
+            folded = self.early.pop(item.request_id, None)
+            if folded is not None:
+                self.items.appendleft(item)
+                return folded
+        return item
 
     async def get(self) -> codec.EngineCoreOutput | UpstreamFailure:
         while not self.items:
@@ -585,12 +622,19 @@ class ZmqEngineClient(EngineClient):
         socket = self._output_plain
         if socket is None:
             return
+        recv = socket.recv
         try:
             for _ in range(OUTPUT_BATCH):
+                # A frame rather than recv_multipart: its ``more`` is read without a getsockopt
+                # (pyzmq's costs about a microsecond), and a multipart message is there whole.
                 try:
-                    frames = socket.recv_multipart(zmq.NOBLOCK, copy=True)
+                    frame = recv(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     return
+                frames = [frame.bytes]
+                while frame.more:  # aux frames (tensors) follow
+                    frame = recv(zmq.NOBLOCK, copy=False)
+                    frames.append(frame.bytes)
                 self._output_message(frames)
         except zmq.ZMQError as exc:  # closed meanwhile
             logger.warning("ZMQ worker %s: reading outputs failed: %s", self.url, exc)
@@ -676,7 +720,7 @@ class ZmqEngineClient(EngineClient):
                 if frames is not None and len(frames) > 1:  # tensors in aux frames: the generator decodes them
                     inline_aux_frames(output.new_logprobs, frames)
                     inline_aux_frames(output.new_prompt_logprobs_tensors, frames)
-                flight.put(output)
+                flight.take(output)
         utility = outputs.utility_output
         if utility is not None:
             future = self._utility.pop(utility.call_id, None)
@@ -759,7 +803,11 @@ class ZmqEngineClient(EngineClient):
             raise UpstreamFailure.refused(f"request id {request.request_id} is already running on {self.url}")
         rank = self._pick_rank(request)
         messages = [codec.encode(self.encode(request, engine_id, i)) for engine_id, i in ids.items()]
-        flight = _Flight(rank=rank, choices=dict(ids))
+        # Not streamed: the caller only folds the outputs into one answer, so each choice's are
+        # folded here (the plain steps by the reader itself) and given once, at its end, as a gRPC
+        # engine answers a non-streamed request (the engine core sends every step regardless).
+        whole = not request.stream
+        flight = _Flight(rank=rank, choices=dict(ids), whole=whole)
         for engine_id in ids:
             self._flights[engine_id] = flight
         self.ranks[rank].in_flight += 1
@@ -780,10 +828,6 @@ class ZmqEngineClient(EngineClient):
             # gRPC client merges the messages that arrived together): a burst of tokens costs the
             # pipeline one step and the client one write.
             prompt_tokens = len(request.input_ids)
-            # Not streamed (no stop strings either): the caller only folds the outputs into one
-            # answer, so each choice's are folded here and given once, at its end, as a gRPC engine
-            # answers a non-streamed request (the engine core sends every step regardless).
-            whole = not request.stream
             held: dict[int, _Run] = {}
             pending: _Run | None = None
             failure: UpstreamFailure | None = None
@@ -792,7 +836,7 @@ class ZmqEngineClient(EngineClient):
                     yielded = True
                     yield pending.output(prompt_tokens)
                     pending = None
-                item = flight.items.popleft() if flight.items else await flight.get()
+                item = flight.next_queued(flight.items.popleft() if flight.items else await flight.get())
                 if isinstance(item, UpstreamFailure):
                     open_ids.clear()  # the engine is gone: nothing to abort
                     failure = item
