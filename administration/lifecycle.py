@@ -19,6 +19,7 @@ from administration.metrics_server import MetricsListener, ProbeListener
 from administration.registry_sync import RegistrySync
 from administration.usage_flush import UsageFlusher, fit_ledger
 from common import telemetry
+from common import tls
 from common.config import current_config
 from common.http_clients import aclose_http_client
 from inference.api.routes import data_plane_paths
@@ -63,6 +64,7 @@ class GatewayLifecycle:
         self.probes: ProbeListener | None = None
         self.usage: UsageFlusher | None = None  # writes the data plane's usage ledger to the store
         self._sampler: asyncio.Task[None] | None = None
+        self._tls_watch: asyncio.Task[None] | None = None
         self._lock: asyncio.Lock | None = None
 
     async def astart(self) -> None:
@@ -94,6 +96,7 @@ class GatewayLifecycle:
                 self.metrics = MetricsListener(config.prometheus_host, config.prometheus_port)
                 self.metrics.start()
             self._sampler = asyncio.ensure_future(telemetry.run_sampler(sample_live_gauges))
+            self._tls_watch = asyncio.ensure_future(tls.watch())  # certificate files reloaded when they change (D75)
             log.info(
                 "gateway started: %d worker(s) registered, policy %s", len(snapshot.workers), config.policy
             )
@@ -108,6 +111,10 @@ class GatewayLifecycle:
             gc.set_threshold(*GC_THRESHOLDS)
 
     async def astop(self) -> None:
+        if self._tls_watch is not None:
+            self._tls_watch.cancel()
+            await asyncio.gather(self._tls_watch, return_exceptions=True)
+            self._tls_watch = None
         if self._sampler is not None:
             self._sampler.cancel()
             await asyncio.gather(self._sampler, return_exceptions=True)
