@@ -1,7 +1,11 @@
 """CPU per request of the data-plane handler alone, in-process: a steadier probe than the others on a
 shared machine, for comparing two builds of the request path.
 
-``taskset -c 0 .venv/bin/python bench/handler_cost.py [--requests 2000] [--stream]``
+``taskset -c 0 .venv/bin/python bench/handler_cost.py [--requests 2000] [--stream] [--grpc]``
+
+``--grpc``: the gRPC pipeline instead of the relay: the gRPC engine stand-in (sglang, the Qwen3
+fixture tokenizer, 3 tokens a message) in the same process, answering the gateway's chat turn
+(template, tokenize, generate, detokenize, parse).
 
 The gateway's ASGI application is called directly (no HTTP server, no client) with the project's
 mock worker running in the same process and event loop, so the figure includes the worker's share,
@@ -34,13 +38,17 @@ from common.config import GatewayConfig, install_config  # noqa: E402
 from gateway_project.asgi import application  # noqa: E402
 from inference.dataplane import reset_data_plane  # noqa: E402
 from inference.routing.registry import REGISTRY  # noqa: E402
-from inference.routing.workers import WorkerRecord, WorkerStatus  # noqa: E402
+from inference.pipeline.tokenizer_registry import TOKENIZERS  # noqa: E402
+from inference.routing.workers import EngineSpec, WorkerRecord, WorkerStatus  # noqa: E402
+from standins.fixtures import FIXTURE_MODELS  # noqa: E402
+from standins.grpc_engine import GrpcEngineServer  # noqa: E402
 from standins.mock_worker import MockWorkerConfig, build_app  # noqa: E402
+from standins.scripted_engine import GrpcEngineConfig  # noqa: E402
 
 _MESSAGES = b'"messages":[{"role":"user","content":"hello"}]'
 
 
-async def measure(requests: int, stream: bool) -> float:
+async def measure(requests: int, stream: bool, grpc: bool = False) -> float:
     runner = web.AppRunner(build_app(MockWorkerConfig(model="mock-model", tokens=1)))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -50,8 +58,17 @@ async def measure(requests: int, stream: bool) -> float:
     install_config(config, export=False)
     reset_data_plane(config)
     url = f"http://127.0.0.1:{port}"
-    REGISTRY.publish([WorkerRecord(id=str(uuid.uuid4()), url=url, model_id="mock-model", runtime_type="sglang",
-                                   status=WorkerStatus.READY)], {})
+    record = WorkerRecord(id=str(uuid.uuid4()), url=url, model_id="mock-model", runtime_type="sglang",
+                          status=WorkerStatus.READY)
+    engine: GrpcEngineServer | None = None
+    if grpc:
+        tokenizer = str(FIXTURE_MODELS / "qwen3")
+        engine = GrpcEngineServer(GrpcEngineConfig(runtime="sglang", tokenizer=tokenizer, model="mock-model"))
+        await engine.start()
+        record = WorkerRecord(id=str(uuid.uuid4()), url=engine.url, model_id="mock-model", runtime_type="sglang",
+                              status=WorkerStatus.READY, engine=EngineSpec(tokenizer=tokenizer))
+        TOKENIZERS.cache.get(tokenizer, None)
+    REGISTRY.publish([record], {})
     LIFECYCLE.started = True
     body = b'{"model":"mock-model",' + (b'"stream":true,' if stream else b"") + _MESSAGES + b"}"
     scope = {
@@ -91,6 +108,8 @@ async def measure(requests: int, stream: bool) -> float:
         best = min(best, (time.process_time() - before) / requests * 1e6)
     await reset_data_plane(config).aclose()
     await runner.cleanup()
+    if engine is not None:
+        await engine.stop()
     return best
 
 
@@ -98,9 +117,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--stream", action="store_true", help="one-token streams instead of chat")
+    parser.add_argument("--grpc", action="store_true", help="the gRPC pipeline (engine stand-in) instead of the relay")
     args = parser.parse_args()
-    best = asyncio.run(measure(args.requests, args.stream))
-    print(f"{'stream' if args.stream else 'chat'}: {best:.1f} us CPU per request (best of 5 x {args.requests})")
+    best = asyncio.run(measure(args.requests, args.stream, args.grpc))
+    kind = ("grpc " if args.grpc else "") + ("stream" if args.stream else "chat")
+    print(f"{kind}: {best:.1f} us CPU per request (best of 5 x {args.requests})")
     return 0
 
 

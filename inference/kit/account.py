@@ -86,9 +86,12 @@ class RequestAccount:
         usage = delivered.usage
         if usage is not None:
             if self.usage is None:
-                self.usage = TokenUsage(usage.prompt, usage.completion, usage.cached, usage.reasoning)
+                self.usage = usage  # each answer reports a usage of its own: kept, not copied
             else:
-                self.usage.add(usage)
+                self.usage = TokenUsage(
+                    self.usage.prompt + usage.prompt, self.usage.completion + usage.completion,
+                    self.usage.cached + usage.cached, self.usage.reasoning + usage.reasoning,
+                )
 
     def hand_on(self) -> None:
         """The request goes on in a background run, which closes it (``by_run``) when it ends;
