@@ -481,6 +481,51 @@ async def test_a_non_streamed_request_gets_one_output_per_choice_at_its_end(work
         assert output.prompt_logprobs == steps[0].prompt_logprobs and output.prompt_logprobs is not None
 
 
+async def test_a_non_streamed_request_without_logprobs_is_folded_by_the_reader(ipc_dir: Path) -> None:
+    # Plain steps (tokens only) of a request that is not streamed are folded as they arrive, before
+    # the generator sees them: still one output per choice, with every token, count and cached count.
+    worker = await _worker(ipc_dir, chunk_tokens=1)
+    try:
+        sampling = SamplingParams(n=2, max_new_tokens=6)
+        ids = worker.prompt()
+        streamed = await worker.collect(EngineRequest("s", ids, sampling))
+        sent = worker.engine.state.outputs_sent
+        whole = await worker.collect(EngineRequest("w", ids, sampling, stream=False))
+        assert worker.engine.state.outputs_sent - sent == 2 * 6  # the engine sent a step per token and choice
+        assert sorted(o.index for o in whole) == [0, 1]
+        for output in whole:
+            steps = [o for o in streamed if o.index == output.index]
+            assert output.token_ids == tuple(t for o in steps for t in o.token_ids) and len(output.token_ids) == 6
+            assert output.completion_tokens == 6 and output.prompt_tokens == len(ids)
+            assert output.cached_tokens > 0  # the same prompt again: the engine reported a cached prefix
+            assert output.finish is not None and output.finish.reason is FinishReason.LENGTH
+            assert output.logprobs is None and output.prompt_logprobs is None
+        assert not worker.client._flights
+    finally:
+        await worker.group.stop()
+        await worker.client.close()
+
+
+async def test_aborting_a_non_streamed_request_gives_the_tokens_folded_so_far(slow_worker: Worker) -> None:
+    reply = slow_worker.reply()
+    stream = slow_worker.client.generate(EngineRequest("w-stop", slow_worker.prompt(), stream=False))
+    async with aclosing(stream):
+        waiting = asyncio.ensure_future(anext(stream))
+        flights = slow_worker.client._flights
+
+        def folded() -> int:
+            return sum(len(o.new_token_ids) for flight in flights.values() for o in flight.early.values())
+
+        await _until(lambda: folded() >= 3)  # three steps folded by the reader, none given
+        assert not waiting.done()
+        await slow_worker.client.abort("w-stop")
+        output = await waiting
+        assert [o async for o in stream] == []
+    assert output.finish is not None and output.finish.reason is FinishReason.ABORT
+    assert 3 <= len(output.token_ids) < len(reply) and output.token_ids == tuple(reply[: len(output.token_ids)])
+    assert output.completion_tokens == len(output.token_ids)
+
+
 async def test_a_malformed_tensor_is_an_upstream_failure(worker: Worker) -> None:
     worker.engine.state.malformed_logprobs = True
     with pytest.raises(UpstreamFailure) as failed:
