@@ -14,7 +14,16 @@ as its parent: :func:`outgoing`, :func:`carrier`, :func:`trace_headers`.
 
 Off by default, and then free: the request path checks :data:`ENABLED` once per hook and makes no
 span object. On: spans go to an OTLP/gRPC exporter through the SDK's BatchSpanProcessor, whose
-thread exports in batches off the request path. The standard environment variables apply:
+thread exports in batches off the request path.
+
+Cheap when on (D74): the SDK's own spans cost ~35 us each to make and ~45 us each to encode on this
+machine, several times a relayed request's whole cost. The spans here are the SDK's
+:class:`ReadableSpan` made lightly (:class:`_Span`: ids from ``random.getrandbits`` as the SDK's
+generator, attributes in a plain dict, the span context built only when asked), handed to the
+processor when they end, and the OTLP exporter (:class:`_OtlpExporter`, the SDK's with its
+``Export`` call given bytes) writes their protobuf wire form directly (:func:`encode_request`); the
+resource and scope once per batch. The sampler (``OTEL_TRACES_SAMPLER``) decides per request
+span; its children follow it, as parent-based sampling does. The standard environment variables apply:
 ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``
 (default: parent-based always-on), ``OTEL_EXPORTER_OTLP_*`` (endpoint when ``--otlp-traces-endpoint``
 is not given, headers, certificate, compression, timeout), ``OTEL_BSP_*`` and ``OTEL_PROPAGATORS``.
@@ -25,15 +34,22 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Iterable, Mapping, Sequence
+import random
+import struct
+from time import time_ns
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, Sequence, cast
 
-from opentelemetry import context as otel_context
+from contextvars import ContextVar, Token
+
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.sdk.resources import Resource as _Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, sampling
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
 
 __all__ = [
     "ENABLED",
@@ -54,6 +70,7 @@ __all__ = [
     "carrier",
     "trace_headers",
     "operation_of",
+    "encode_request",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,10 +82,17 @@ DEFAULT_ENDPOINT = "localhost:4317"
 DEFAULT_SERVICE_NAME = "llm-gateway"
 INSTRUMENTATION = "llm-gateway"
 
-_tracer: trace.Tracer = trace.NoOpTracer()
-_provider: TracerProvider | None = None
+_processor: SpanProcessor | None = None
+_sampler: sampling.Sampler = sampling.DEFAULT_ON
+_resource: _Resource = _Resource.get_empty()
+_scope = InstrumentationScope(INSTRUMENTATION)
+_getrandbits = random.getrandbits
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_UNSET = Status(StatusCode.UNSET)
 # The headers a propagator reads and writes: W3C traceparent/tracestate (and baggage by default).
 _FIELDS: frozenset[str] = frozenset(("traceparent", "tracestate"))
+_W3C_ONLY = True  # the default propagators: carrier() writes the W3C headers itself
 
 # GenAI semantic conventions: gen_ai.operation.name per route.
 _OPERATIONS = {
@@ -84,15 +108,6 @@ _OPERATIONS = {
 def operation_of(path: str) -> str:
     """The GenAI operation name of a route (its last segment where none applies: rerank, ...)."""
     return _OPERATIONS.get(path) or path.rstrip("/").rsplit("/", 1)[-1]
-
-
-class _Level1Ids(RandomIdGenerator):
-    """Random ids whose traces are not flagged random-trace-id (W3C Trace Context level 2's 0x02):
-    what a worker receives is ``traceparent: 00-<trace id>-<span id>-01``, as from the reference
-    gateway, for parsers that know level 1 only."""
-
-    def is_trace_id_random(self) -> bool:
-        return False
 
 
 def _endpoint_args(endpoint: str | None) -> dict[str, Any]:
@@ -114,60 +129,179 @@ def configure(enabled: bool, endpoint: str | None = None) -> None:
         return
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-    exporter = OTLPSpanExporter(**_endpoint_args(endpoint))
+    exporter = _otlp_exporter(OTLPSpanExporter, **_endpoint_args(endpoint))
     install(BatchSpanProcessor(exporter))
     log.info("tracing on: spans exported over OTLP/gRPC to %s", endpoint or os.environ.get(
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or DEFAULT_ENDPOINT)
 
 
-def install(processor: SpanProcessor, sampler: Any = None) -> TracerProvider:
+def install(processor: SpanProcessor, sampler: sampling.Sampler | None = None) -> None:
     """Turn tracing on with ``processor`` (the exporter's batch processor; tests: a simple processor
     over the SDK's in-memory exporter). ``sampler`` None: OTEL_TRACES_SAMPLER's (parent-based
-    always-on by default). Replaces any provider installed before (which is shut down)."""
-    global ENABLED, _tracer, _provider, _FIELDS
+    always-on by default). Replaces any processor installed before (which is shut down)."""
+    global ENABLED, _processor, _sampler, _resource, _FIELDS, _W3C_ONLY
     shutdown()
-    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME})
-    provider = TracerProvider(resource=resource, sampler=sampler, id_generator=_Level1Ids())
-    provider.add_span_processor(processor)
-    _provider = provider
-    _tracer = provider.get_tracer(INSTRUMENTATION)
-    _FIELDS = frozenset(propagate.get_global_textmap().fields) | {"traceparent", "tracestate"}
+    _resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME})
+    _sampler = sampler if sampler is not None else sampling._get_from_env_or_default()
+    _processor = processor
+    textmap = propagate.get_global_textmap()
+    _FIELDS = frozenset(textmap.fields) | {"traceparent", "tracestate"}
+    _W3C_ONLY = _is_w3c(textmap)
     ENABLED = True
-    return provider
+
+
+def _is_w3c(textmap: Any) -> bool:
+    """Whether ``textmap`` is the W3C trace context propagator, alone or with W3C baggage (the default)."""
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    parts = textmap._propagators if type(textmap) is CompositePropagator else [textmap]
+    kinds = [type(part) for part in parts]
+    return TraceContextTextMapPropagator in kinds and all(
+        kind in (TraceContextTextMapPropagator, W3CBaggagePropagator) for kind in kinds
+    )
 
 
 def shutdown() -> None:
-    """Export what is pending and stop (the lifecycle's stop; interpreter exit does it too)."""
-    global ENABLED, _tracer, _provider
-    provider = _provider
+    """Export what is pending and stop (the lifecycle's stop)."""
+    global ENABLED, _processor
+    processor = _processor
     ENABLED = False
-    _tracer = trace.NoOpTracer()
-    _provider = None
-    if provider is not None:
-        provider.shutdown()
+    _processor = None
+    if processor is not None:
+        processor.shutdown()
 
 
 # -- spans -------------------------------------------------------------------------------------------
 
 
+class _Span(Span, ReadableSpan):
+    """A span made without the SDK's per-span machinery (see the module's docstring): what the SDK's
+    processors and exporters read of a :class:`ReadableSpan` is here, the span context made when
+    first asked. Not sampled: nothing is recorded or exported, the context still propagates."""
+
+    def __init__(
+        self, name: str, trace_id: int, parent_id: int, parent_remote: bool, sampled: bool, trace_state: TraceState | None,
+        kind: SpanKind, attributes: dict[str, Any],
+    ) -> None:  # fmt: skip
+        # ReadableSpan's fields, set here instead of by its constructor (which builds a Resource).
+        self._name = name
+        self._kind = kind
+        self._start_time = time_ns()
+        self._end_time: int | None = None
+        self._attributes = attributes
+        self._status = _UNSET
+        self._events = ()
+        self._links = ()
+        self._resource = _resource
+        self._instrumentation_scope = _scope
+        self._instrumentation_info = None
+        self.trace_id = trace_id
+        self.span_id = _getrandbits(64) or 1
+        self.parent_id = parent_id  # 0: none
+        self.parent_remote = parent_remote
+        self.sampled = sampled
+        self.trace_state = trace_state
+        self._built: SpanContext | None = None
+
+    # -- what the SDK reads --
+
+    @property
+    def _context(self) -> SpanContext:  # type: ignore[override]
+        built = self._built
+        if built is None:
+            built = self._built = SpanContext(
+                self.trace_id, self.span_id, False, _SAMPLED if self.sampled else _UNSAMPLED, self.trace_state
+            )
+        return built
+
+    @property
+    def _parent(self) -> SpanContext | None:  # type: ignore[override]
+        if not self.parent_id:
+            return None
+        return SpanContext(self.trace_id, self.parent_id, self.parent_remote, _SAMPLED if self.sampled else _UNSAMPLED,
+                           self.trace_state)
+
+    @property
+    def attributes(self) -> Mapping[str, Any]:
+        return MappingProxyType(self._attributes)  # type: ignore[arg-type]
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    # -- the API --
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self._attributes[key] = value  # type: ignore[index]
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        self._attributes.update(attributes)  # type: ignore[union-attr]
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
+        return None
+
+    def add_link(self, context: SpanContext, attributes: Any = None) -> None:
+        return None
+
+    def update_name(self, name: str) -> None:
+        self._name = name
+
+    def is_recording(self) -> bool:
+        return self.sampled and self._end_time is None
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        self._status = status if isinstance(status, Status) else Status(status, description)
+
+    def record_exception(self, exception: BaseException, attributes: Any = None, timestamp: int | None = None,
+                         escaped: bool = False) -> None:
+        return None
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._end_time is not None:
+            return
+        self._end_time = end_time or time_ns()
+        processor = _processor
+        if self.sampled and processor is not None:
+            processor.on_end(self)
+
+
 def request_span(method: str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> Span:
-    """The request's SERVER span, a child of the client's ``traceparent`` when it sent one."""
+    """The request's SERVER span, a child of the client's ``traceparent`` when it sent one; sampled
+    as the sampler says (by default: as the client's, else always)."""
     found: dict[str, str] = {}
     for key, value in headers:
         name = key.decode("latin-1")
         if name in _FIELDS:
             found[name] = value.decode("latin-1")
-    parent = propagate.extract(found) if found else None
+    context = propagate.extract(found) if found else None
+    parent = trace.get_current_span(context).get_span_context() if context is not None else None
     operation = operation_of(path)
-    return _tracer.start_span(
-        f"{method} {path}", context=parent, kind=SpanKind.SERVER,
-        attributes={"gen_ai.operation.name": operation, "http.request.method": method, "http.route": path},
-    )  # fmt: skip
+    attributes = {"gen_ai.operation.name": operation, "http.request.method": method, "http.route": path}
+    name = f"{method} {path}"
+    if parent is not None and parent.is_valid:
+        trace_id, parent_id, remote, state = parent.trace_id, parent.span_id, parent.is_remote, parent.trace_state
+    else:
+        trace_id, parent_id, remote, state, context = _getrandbits(128) or 1, 0, False, None, None
+    decision = _sampler.should_sample(context, trace_id, name, SpanKind.SERVER, attributes, None)
+    if decision.trace_state is not None and len(decision.trace_state):
+        state = decision.trace_state
+    return _Span(name, trace_id, parent_id, remote, decision.decision.is_sampled(), state, SpanKind.SERVER, attributes)
 
 
 def child(name: str, attributes: Mapping[str, Any] | None = None, kind: SpanKind = SpanKind.INTERNAL) -> Span:
-    """A span under the current one (see :func:`enter`)."""
-    return _tracer.start_span(name, attributes=attributes, kind=kind)
+    """A span under the current one (see :func:`enter`), in its trace and sampled as it is."""
+    current = _CURRENT.get()
+    if current is not None:
+        return _Span(name, current.trace_id, current.span_id, False, current.sampled, current.trace_state, kind,
+                     dict(attributes) if attributes else {})
+    parent = trace.get_current_span().get_span_context()  # another instrumentation's span, or none
+    if not parent.is_valid:  # outside any request: a trace of its own, as the sampler says
+        trace_id = _getrandbits(128) or 1
+        sampled = _sampler.should_sample(None, trace_id, name, kind, attributes, None).decision.is_sampled()
+        return _Span(name, trace_id, 0, False, sampled, None, kind, dict(attributes) if attributes else {})
+    return _Span(name, parent.trace_id, parent.span_id, parent.is_remote, parent.trace_flags.sampled, parent.trace_state,
+                 kind, dict(attributes) if attributes else {})
 
 
 def attempt_span(worker_url: str, worker_id: str, transport: str, model: str | None, number: int) -> Span:
@@ -181,10 +315,22 @@ def attempt_span(worker_url: str, worker_id: str, transport: str, model: str | N
         attributes["server.port"] = port
     if model:
         attributes["gen_ai.request.model"] = model
-    return _tracer.start_span(f"attempt {host}", attributes=attributes, kind=SpanKind.CLIENT)
+    return child(f"attempt {host}", attributes, SpanKind.CLIENT)
+
+
+_ADDRESSES: dict[str, tuple[str, int]] = {}
 
 
 def _address(url: str) -> tuple[str, int]:
+    found = _ADDRESSES.get(url)
+    if found is None:
+        found = _parse_address(url)
+        if len(_ADDRESSES) < 65536:
+            _ADDRESSES[url] = found
+    return found
+
+
+def _parse_address(url: str) -> tuple[str, int]:
     rest = url.split("://", 1)[-1]
     if url.startswith("ipc://"):
         return rest, 0
@@ -196,14 +342,19 @@ def _address(url: str) -> tuple[str, int]:
     return host, int(port) if port.isdigit() else 0
 
 
-def enter(span: Span) -> object:
+_CURRENT: ContextVar[_Span | None] = ContextVar("gateway_span", default=None)
+"""The current span of this module's (a context variable of its own: cheaper than the OpenTelemetry
+context's, which is copied whole on every attach)."""
+
+
+def enter(span: Span) -> Token[_Span | None]:
     """Make ``span`` the current one (what children and outgoing headers take); :func:`leave` with
     the token it returns, in the same task."""
-    return otel_context.attach(trace.set_span_in_context(span))
+    return _CURRENT.set(cast(_Span, span))
 
 
-def leave(token: object) -> None:
-    otel_context.detach(token)  # type: ignore[arg-type]
+def leave(token: Token[_Span | None]) -> None:
+    _CURRENT.reset(token)
 
 
 def fail(span: Span, error_type: str, description: str | None = None) -> None:
@@ -225,9 +376,22 @@ def end(span: Span, status: int | None = None) -> None:
 
 
 def carrier() -> tuple[tuple[str, str], ...]:
-    """The current span's trace context as headers (traceparent, tracestate): gRPC metadata."""
-    found: dict[str, str] = {}
-    propagate.inject(found)
+    """The current span's trace context as headers (traceparent, tracestate): gRPC metadata. With
+    the default propagators (W3C trace context and baggage; the gateway attaches no baggage) written
+    here as the W3C propagator writes them; any other OTEL_PROPAGATORS: by the propagator."""
+    current = _CURRENT.get()
+    if current is None:
+        found: dict[str, str] = {}
+        propagate.inject(found)  # another instrumentation's span, or none
+        return tuple(found.items())
+    if _W3C_ONLY:
+        parent = f"00-{current.trace_id:032x}-{current.span_id:016x}-{'01' if current.sampled else '00'}"
+        state = current.trace_state
+        if state:
+            return (("traceparent", parent), ("tracestate", state.to_header()))
+        return (("traceparent", parent),)
+    found = {}
+    propagate.inject(found, trace.set_span_in_context(current))
     return tuple(found.items())
 
 
@@ -241,6 +405,167 @@ def trace_headers() -> dict[str, str] | None:
     """The current span's trace context for vLLM's EngineCoreRequest ``trace_headers`` (None: off)."""
     if not ENABLED:
         return None
-    found: dict[str, str] = {}
-    propagate.inject(found)
-    return found or None
+    return dict(carrier()) or None
+
+
+# -- the OTLP wire form ----------------------------------------------------------------------------------
+# opentelemetry/proto/collector/trace/v1: ExportTraceServiceRequest{1: ResourceSpans*};
+# ResourceSpans{1: Resource, 2: ScopeSpans*}; ScopeSpans{1: InstrumentationScope, 2: Span*};
+# Span{1 trace_id, 2 span_id, 3 trace_state, 4 parent_span_id, 5 name, 6 kind, 7/8 start/end (fixed64),
+# 9 KeyValue*, 15 Status{2 message, 3 code}, 16 flags (fixed32)}; KeyValue{1 key, 2 AnyValue};
+# AnyValue{1 string, 2 bool, 3 int, 4 double, 5 ArrayValue{1 AnyValue*}}.
+
+_HAS_IS_REMOTE = 0x100  # SpanFlags: the parent's remoteness is known ...
+_IS_REMOTE = 0x200  # ... and it is remote
+_pack_fixed64 = struct.Struct("<Q").pack
+_pack_double = struct.Struct("<d").pack
+_pack_fixed32 = struct.Struct("<I").pack
+
+
+_SMALL = [bytes((n,)) for n in range(0x80)]
+
+
+def _varint(value: int) -> bytes:
+    if 0 <= value < 0x80:
+        return _SMALL[value]
+    if value < 0:
+        value &= (1 << 64) - 1
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(tag: int, payload: bytes) -> bytes:
+    """A length-delimited field (``tag`` is the field number)."""
+    return _varint(tag << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _any_value(value: Any) -> bytes:
+    if isinstance(value, str):
+        return _field(1, value.encode())
+    if isinstance(value, bool):
+        return b"\x10" + (b"\x01" if value else b"\x00")
+    if isinstance(value, int):
+        return b"\x18" + _varint(value)
+    if isinstance(value, float):
+        return b"\x21" + _pack_double(value)
+    if isinstance(value, (list, tuple)):
+        return _field(5, b"".join(_field(1, _any_value(item)) for item in value))
+    return _field(1, str(value).encode())
+
+
+_ATTRIBUTES: dict[tuple[str, Any], bytes] = {}  # an attribute's KeyValue field, for repeating values
+_KEYS: dict[str, bytes] = {}  # an attribute key's field
+
+
+def _attribute(key: str, value: Any) -> bytes:
+    """Attribute ``key``'s KeyValue field (span field 9); strings and flags memoized (bounded)."""
+    kind = type(value)
+    if kind is str or kind is bool:
+        found = _ATTRIBUTES.get((key, value))
+        if found is None:
+            found = _field(9, _field(1, key.encode()) + _field(2, _any_value(value)))
+            if len(_ATTRIBUTES) < 8192:
+                _ATTRIBUTES[(key, value)] = found
+        return found
+    prefix = _KEYS.get(key)
+    if prefix is None:
+        prefix = _KEYS[key] = _field(1, key.encode())
+    return _field(9, prefix + _field(2, _any_value(value)))
+
+
+def _encode_span(span: _Span) -> bytes:
+    parts = [
+        b"\x0a\x10", span.trace_id.to_bytes(16, "big"), b"\x12\x08", span.span_id.to_bytes(8, "big"),
+    ]  # fmt: skip
+    state = span.trace_state
+    if state:
+        parts.append(_field(3, ",".join(f"{key}={value}" for key, value in state.items()).encode()))
+    if span.parent_id:
+        parts += (b"\x22\x08", span.parent_id.to_bytes(8, "big"))
+    parts += (_name_and_kind(span._name, span._kind), )
+    parts += (b"\x39", _pack_fixed64(span._start_time or 0), b"\x41", _pack_fixed64(span._end_time or 0))
+    for key, value in span._attributes.items():  # type: ignore[union-attr]
+        if value is not None:
+            parts.append(_attribute(key, value))
+    status = span._status
+    if status is _UNSET:
+        parts.append(_UNSET_STATUS)
+    else:
+        code = status.status_code.value
+        parts.append(_field(15, (_field(2, status.description.encode()) if status.description else b"") + (
+            b"\x18" + _varint(code) if code else b"")))
+    parts.append(_REMOTE_FLAGS if span.parent_id and span.parent_remote else _LOCAL_FLAGS)
+    return b"".join(parts)
+
+
+_UNSET_STATUS = _field(15, b"")
+_LOCAL_FLAGS = b"\x85\x01" + _pack_fixed32(_HAS_IS_REMOTE)
+_REMOTE_FLAGS = b"\x85\x01" + _pack_fixed32(_HAS_IS_REMOTE | _IS_REMOTE)
+_NAMES: dict[tuple[str, SpanKind], bytes] = {}
+
+
+def _name_and_kind(name: str, kind: SpanKind) -> bytes:
+    found = _NAMES.get((name, kind))
+    if found is None:
+        found = _field(5, name.encode()) + b"\x30" + _varint(kind.value + 1)
+        if len(_NAMES) < 4096:
+            _NAMES[(name, kind)] = found
+    return found
+
+
+def encode_request(spans: Sequence[ReadableSpan]) -> bytes:
+    """The ExportTraceServiceRequest of ``spans`` in protobuf wire form (this module's spans: one
+    resource and scope, encoded once; any other span: the SDK's encoder)."""
+    from opentelemetry.exporter.otlp.proto.common._internal import _encode_instrumentation_scope, _encode_resource
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    if not spans or any(type(span) is not _Span for span in spans):
+        return encode_spans(spans).SerializeToString()
+    groups: dict[tuple[int, int], list[_Span]] = {}
+    for span in cast("Sequence[_Span]", spans):
+        groups.setdefault((id(span._resource), id(span._instrumentation_scope)), []).append(span)
+    out = []
+    for group in groups.values():
+        first = group[0]
+        resource = _encode_resource(first._resource).SerializeToString()
+        scope = _encode_instrumentation_scope(cast(InstrumentationScope, first._instrumentation_scope)).SerializeToString()
+        scope_spans = _field(1, scope) + b"".join(_field(2, _encode_span(span)) for span in group)
+        body = _field(1, resource) + _field(2, scope_spans)
+        if first._resource.schema_url:
+            body += _field(3, first._resource.schema_url.encode())
+        out.append(_field(1, body))
+    return b"".join(out)
+
+
+_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+class _RawTraceService:
+    """The TraceService stub with its Export taking the request's bytes (:func:`encode_request`)."""
+
+    def __init__(self, channel: Any) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+        self.Export = channel.unary_unary(
+            _EXPORT, request_serializer=bytes, response_deserializer=ExportTraceServiceResponse.FromString
+        )
+
+
+def _otlp_exporter(base: type[SpanExporter], **arguments: Any) -> SpanExporter:
+    """The SDK's OTLP/gRPC span exporter (its endpoint, credentials, headers, compression, timeout,
+    retries and reconnection) sending :func:`encode_request`'s bytes."""
+
+    class OtlpExporter(base):  # type: ignore[misc,valid-type]
+        def __init__(self, **given: Any) -> None:
+            super().__init__(**given)
+            self._stub = _RawTraceService
+            self._client = _RawTraceService(self._channel)
+
+        def _translate_data(self, data: Sequence[ReadableSpan]) -> bytes:
+            return encode_request(data)
+
+    return cast(SpanExporter, OtlpExporter(**arguments))

@@ -121,3 +121,29 @@ class OtlpReceiver:
                     raise AssertionError(f"spans not received in {timeout} s: {[s.name for s in self._spans]}")
                 self._lock.wait(left)
             return list(self._spans)
+
+
+def main() -> None:
+    """``python -m standins.otlp_receiver --port N``: serve until stopped, printing a count of the
+    spans received every few seconds (a collector for the benches, in a process of its own)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="stand-in OTLP/gRPC trace collector")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=4317)
+    args = parser.parse_args()
+    receiver = OtlpReceiver(args.host, args.port)
+    receiver.start()
+    print(f"otlp receiver on {receiver.endpoint}", flush=True)
+    try:
+        while True:
+            time.sleep(5)
+            print(f"{len(receiver.spans)} spans in {receiver.exports} exports", flush=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        receiver.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -149,7 +149,10 @@ class SurfaceRoute:
         try:
             try:
                 admission = Admission(dp.permits, dp.media, passed.media_bytes)
-                async with admission if span is None else TracedAdmission(admission):
+                # Its span when there is an admission step (a limit on): otherwise nothing waits.
+                if span is not None and (dp.permits is not None or (dp.media is not None and passed.media_bytes)):
+                    admission = TracedAdmission(admission)  # type: ignore[assignment]
+                async with admission:
                     await self._route(dp, scope, passed, route, writer, account)
                 route.finished()
                 account.finish()

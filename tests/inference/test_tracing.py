@@ -236,3 +236,27 @@ def test_configure_exports_over_otlp_grpc_in_batches_with_the_service_name(monke
     finally:
         tracing.shutdown()
         receiver.stop()
+
+
+def test_the_wire_encoding_is_the_sdk_encoders(spans: InMemorySpanExporter) -> None:
+    """encode_request writes what the SDK's OTLP encoder writes for the same spans (every field and
+    attribute type the gateway sets: strings, ints, floats, lists, a remote parent, tracestate, an
+    error status), parsed back by the proto."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    headers = [(b"traceparent", TRACEPARENT["traceparent"].encode()), (b"tracestate", b"rojo=1,congo=2")]
+    for remote in (True, False):
+        request = tracing.request_span("POST", "/v1/chat/completions", headers if remote else [])
+        token = tracing.enter(request)
+        attempt = tracing.attempt_span("http://[::1]:8000/v1", "w-1", "http", "m", 1)
+        tracing.fail(attempt, "timeout", "no answer in 30 s")
+        tracing.end(attempt, 504)
+        tracing.leave(token)
+        request.set_attribute("gen_ai.response.finish_reasons", ["stop", "length"])
+        request.set_attribute("gateway.ratio", 0.5)
+        request.set_attribute("gateway.flag", True)
+        tracing.end(request, 200)
+    finished = spans.get_finished_spans()
+    assert len(finished) == 4
+    assert ExportTraceServiceRequest.FromString(tracing.encode_request(finished)) == encode_spans(finished)
