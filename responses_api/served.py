@@ -338,6 +338,7 @@ class ServedResponses(ServedSurface):
             seal_reasoning=INCLUDE_ENCRYPTED_REASONING in (self.responses.body.get("include") or ()),
         )  # fmt: skip
         usages: list[Callable[[], Usage]] = []
+        writer.usage_so_far = lambda: token_usage(Usage.sum(each() for each in usages))
 
         async def consume(
             turn_batches: AsyncIterator[Sequence[TurnEvent]], turn_usage: Callable[[], Usage], _: ResponseWriter

@@ -131,7 +131,10 @@ class RequestAccount:
                 outcome = Outcome.CLIENT_ERROR
             else:
                 outcome = Outcome.SUCCESS
-        usage = self.usage or TokenUsage()
+        usage = self.usage
+        if usage is None:
+            so_far = self.writer.usage_so_far if cancelled else None  # the client left mid-answer
+            usage = so_far() if so_far is not None else TokenUsage()
         first_at = 0.0 if self.handed_on else self.writer.first_at
         entry = AccountingEntry(
             at=self.at,

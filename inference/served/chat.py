@@ -68,6 +68,7 @@ class ServedChat(ServedSurface):
         choices = run.choices()
         events: list[list[Event]] = [[] for _ in choices]
         tally = UsageTally(run.prompt_tokens)
+        writer.usage_so_far = lambda: token_usage(tally.usage())
         async for choice, added in turn_events(outputs, choices, tally.add):
             events[choice.index].extend(added)
         usage = tally.usage()
@@ -126,6 +127,7 @@ class ServedChat(ServedSurface):
         choices = run.choices()
         logprobs_sent = [0] * len(choices)
         tally = UsageTally(run.prompt_tokens)
+        writer.usage_so_far = lambda: token_usage(tally.usage())
         await writer.open_stream()
         out = bytearray()
         running = self.continuous_usage

@@ -146,6 +146,7 @@ class ServedCompletion(ServedSurface):
         choices = self._choices(target, options)
         events: list[list[Event]] = [[] for _ in choices]
         tallies = [UsageTally(len(prompt.ids)) for prompt in prompts]
+        writer.usage_so_far = lambda: token_usage(UsageTally.combined(tallies))
         async for choice, added in turn_events(outputs, choices, partial(self._tally, tallies)):
             events[choice.index].extend(added)
         rendered = []
@@ -200,6 +201,7 @@ class ServedCompletion(ServedSurface):
     ) -> Delivered:  # fmt: skip
         choices = self._choices(target, options)
         tallies = [UsageTally(len(prompt.ids)) for prompt in prompts]
+        writer.usage_so_far = lambda: token_usage(UsageTally.combined(tallies))
         logprobs_sent = [0] * len(choices)
         offsets = [0] * len(choices)
         await writer.open_stream()

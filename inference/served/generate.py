@@ -195,6 +195,7 @@ class ServedGenerate(ServedSurface):
         count = len(prompts) * self.n
         choices = [ChoiceOutput(index, target.tokenizer, options[index // self.n]) for index in range(count)]
         tallies = [UsageTally(len(prompt.ids)) for prompt in prompts]
+        writer.usage_so_far = lambda: token_usage(UsageTally.combined(tallies))
         texts = [""] * count
         ids: list[list[int]] = [[] for _ in range(count)]
         finishes: list[Finished | None] = [None] * count

@@ -168,6 +168,7 @@ class ServedMessages(ServedSurface):
         (choice,) = run.choices()
         events: list[Event] = []
         tally = UsageTally(run.prompt_tokens)
+        writer.usage_so_far = lambda: token_usage(tally.usage())
         async for _, added in turn_events(outputs, [choice], tally.add):
             events.extend(added)
         text, thinking, deltas = joined(events)
@@ -198,6 +199,7 @@ class ServedMessages(ServedSurface):
     async def _stream(self, run: TurnRun, outputs: AsyncIterator[EngineOutput], writer: ResponseWriter) -> Delivered:
         (choice,) = run.choices()
         tally = UsageTally(run.prompt_tokens)
+        writer.usage_so_far = lambda: token_usage(tally.usage())
         await writer.open_stream()
         start = {"type": "message_start", "message": self._message([], None, None, _usage(0, 0))}
         await writer.chunk(_event(b"message_start", start))

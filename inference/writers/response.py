@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 from time import perf_counter
-from typing import NoReturn, Protocol
+from typing import Callable, NoReturn, Protocol
 
+from inference.accounting import TokenUsage
 from inference.asgi_io import SSE_HEADERS, DisconnectWatch, Receive, ResponseAborted, Send, send_error
 from inference.errors import GatewayError
 from inference.writers.framing import Framing
@@ -59,7 +60,7 @@ class ResponseWriter:
     """One response: a whole body, or a stream of chunks in the surface's framing, or an error."""
 
     __slots__ = ("_send", "request_id", "clock", "framing", "observer", "started", "_watch", "_first_at",
-                 "_events", "_tail")
+                 "_events", "_tail", "usage_so_far")
 
     def __init__(self, send: Send, request_id: bytes, clock: ResponseClock, framing: Framing) -> None:
         self._send = send
@@ -72,6 +73,9 @@ class ResponseWriter:
         self._first_at = 0.0
         self._events = 0
         self._tail = b""
+        # What the answer being written used so far, for a request the client leaves before its end
+        # (its accounting, D66): set by a surface that tallies as it writes.
+        self.usage_so_far: Callable[[], TokenUsage] | None = None
 
     @property
     def first_at(self) -> float:

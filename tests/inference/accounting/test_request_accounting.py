@@ -201,7 +201,7 @@ async def test_messages_on_the_grpc_pipeline_are_accounted(start_engine_gateway:
     assert entry.usage.completion == len(gw.engine.state.requests[-1].outputs[0])
 
 
-async def test_a_cancelled_stream_is_accounted_as_cancelled(start_engine_gateway: Start, asgi_app: object) -> None:
+async def test_a_cancelled_stream_is_accounted_as_cancelled_with_what_it_used(start_engine_gateway: Start, asgi_app: object) -> None:
     gw = await start_engine_gateway(chunk_tokens=1, delay_ms=20)
     body = httpx.Request("POST", "http://gateway", json={"model": QWEN_MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}).content
     first_chunk = asyncio.Event()
@@ -227,6 +227,9 @@ async def test_a_cancelled_stream_is_accounted_as_cancelled(start_engine_gateway
     [entry] = entries()
     assert (entry.outcome, entry.status, entry.worker) == (Outcome.CANCELLED, 499, gw.record.url)
     assert entry.ttft_secs is not None
+    served = gw.engine.state.requests[-1]
+    # What it used until the client left: the whole prompt, the tokens streamed so far.
+    assert entry.usage.prompt == len(served.input_ids) and 0 < entry.usage.completion < 40
 
 
 # --- Responses: tool rounds and background runs ------------------------------------------------------
