@@ -283,10 +283,14 @@ def request_span(method: str, path: str, headers: Iterable[tuple[bytes, bytes]])
         trace_id, parent_id, remote, state = parent.trace_id, parent.span_id, parent.is_remote, parent.trace_state
     else:
         trace_id, parent_id, remote, state, context = _getrandbits(128) or 1, 0, False, None, None
-    decision = _sampler.should_sample(context, trace_id, name, SpanKind.SERVER, attributes, None)
-    if decision.trace_state is not None and len(decision.trace_state):
-        state = decision.trace_state
-    return _Span(name, trace_id, parent_id, remote, decision.decision.is_sampled(), state, SpanKind.SERVER, attributes)
+    if _sampler is sampling.DEFAULT_ON:  # parent-based always-on, decided here as it decides
+        sampled = parent.trace_flags.sampled if parent_id and parent is not None else True
+    else:
+        decision = _sampler.should_sample(context, trace_id, name, SpanKind.SERVER, attributes, None)
+        if decision.trace_state is not None and len(decision.trace_state):
+            state = decision.trace_state
+        sampled = decision.decision.is_sampled()
+    return _Span(name, trace_id, parent_id, remote, sampled, state, SpanKind.SERVER, attributes)
 
 
 def child(name: str, attributes: Mapping[str, Any] | None = None, kind: SpanKind = SpanKind.INTERNAL) -> Span:

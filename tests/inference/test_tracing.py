@@ -260,3 +260,23 @@ def test_the_wire_encoding_is_the_sdk_encoders(spans: InMemorySpanExporter) -> N
     finished = spans.get_finished_spans()
     assert len(finished) == 4
     assert ExportTraceServiceRequest.FromString(tracing.encode_request(finished)) == encode_spans(finished)
+
+
+def test_the_default_sampler_follows_the_clients_sampled_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parent-based always-on (no OTEL_TRACES_SAMPLER): a client's unsampled trace is not recorded
+    (its context still propagated, flags 00), a sampled one or none is."""
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    exporter = InMemorySpanExporter()
+    tracing.install(SimpleSpanProcessor(exporter))
+    try:
+        unsampled = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00".encode()
+        span = tracing.request_span("POST", "/v1/chat/completions", [(b"traceparent", unsampled)])
+        token = tracing.enter(span)
+        assert dict(tracing.carrier())["traceparent"].endswith("-00") and not span.is_recording()
+        tracing.leave(token)
+        span.end()
+        for headers in ([(b"traceparent", TRACEPARENT["traceparent"].encode())], []):
+            tracing.request_span("POST", "/v1/chat/completions", headers).end()
+        assert len(exporter.get_finished_spans()) == 2
+    finally:
+        tracing.shutdown()
