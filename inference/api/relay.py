@@ -249,6 +249,7 @@ class SurfaceRoute:
         # (its usage-only event is then not passed on): D66.
         relayed_body = body
         added_usage = False
+        rewritten: list[bytes] = []  # relayed_body's bytes, written at the first relayed attempt
         if checked.stream and path_takes_usage_option(self.upstream_path):
             options = body.get("stream_options")
             if not isinstance(options, dict) or (
@@ -320,7 +321,9 @@ class SurfaceRoute:
                 if target.dp_rank is not None:
                     sent = ranked_body(relayed_body, target.dp_rank)
                 elif added_usage:
-                    sent = orjson.dumps(relayed_body)
+                    if not rewritten:
+                        rewritten.append(orjson.dumps(relayed_body))
+                    sent = rewritten[0]
                 else:
                     sent = payload
                 return relay.open(RelayRequest(
