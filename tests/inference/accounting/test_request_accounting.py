@@ -107,6 +107,17 @@ async def test_completions_and_generate_streams_are_accounted(gateway: httpx.Asy
     assert (native.surface, native.usage.prompt, native.usage.completion) == ("generate", 3, 4)
 
 
+async def test_relayed_messages_whole_and_streamed_are_accounted(gateway: httpx.AsyncClient) -> None:
+    body = {"model": "mock-model", "max_tokens": 64, "messages": [{"role": "user", "content": "one two three"}]}
+    whole = (await gateway.post("/v1/messages", json=body)).json()
+    async with gateway.stream("POST", "/v1/messages", json={**body, "stream": True}) as response:
+        [line async for line in response.aiter_lines()]
+    plain, streamed = entries()
+    usage = whole["usage"]
+    assert (plain.surface, plain.usage.prompt, plain.usage.completion) == ("messages", usage["input_tokens"], usage["output_tokens"])
+    assert (streamed.usage.prompt, streamed.usage.completion) == (plain.usage.prompt, plain.usage.completion) == (3, TOKENS)
+
+
 async def test_an_upstream_error_and_a_broken_stream_are_upstream_errors(gateway: httpx.AsyncClient) -> None:
     assert (await gateway.post("/v1/chat/completions", json={**CHAT, "mock": {"status": 500}})).status_code == 500
     body = {**CHAT, "stream": True, "mock": {"fail_after": 2, "tokens": 10}}
