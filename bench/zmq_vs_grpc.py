@@ -14,6 +14,14 @@ pipeline mode):
 2. streamed answers, 256 tokens: ``--stream-rounds`` rounds of 32 concurrent streams, the target's
    CPU per output token and per SSE event.
 
+``--client`` instead measures the engine clients alone, in this process (no HTTP, no pipeline: what
+differs between the paths): the ZMQ client and the gRPC client (SGLang's) each drive their lean
+engine with non-streamed requests (``max_tokens`` 16, ``--client-concurrency`` at once, the same
+prompt ids), rounds alternated; per whole answer the process's CPU (every thread: libzmq's I/O
+thread too), and with ``--client-strace`` its system calls (strace attached per batch), with
+``--client-callgrind`` (the bench itself run under ``valgrind --tool=callgrind
+--instr-atstart=no``) its instructions, which a loaded machine does not change.
+
 Every target runs at once on ``--target-core`` (those not measured are idle; an ``ipc://`` worker
 has one engine per target, as only one process can bind its sockets); the engines, wrk and the
 stream client on ``--load-core``. ``--rounds`` rounds each measure every case once, the order
@@ -147,6 +155,113 @@ def run(args: argparse.Namespace, group: ProcessGroup, work: Path) -> tuple[list
     return cases, failures
 
 
+def client_cost(args: argparse.Namespace, group: ProcessGroup, work: Path) -> str:
+    """``--client``: the two engine clients alone, in this process, on non-streamed requests."""
+    import asyncio
+    import os
+    import resource
+    import statistics
+
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
+    django.setup()
+    from tokenizers import Tokenizer
+
+    from inference.upstreams.engine import EngineClient, EngineRequest, SamplingParams
+    from inference.upstreams.grpc.sglang import SglangClient
+    from inference.upstreams.zmq.client import ZmqEngineClient
+
+    model: Model = MODELS[args.tokenizer]
+    prompt = prompt_text(model.folder / "tokenizer.json", SIZES[args.size] - _TEMPLATE_TOKENS)
+    ids = tuple(Tokenizer.from_file(str(model.folder / "tokenizer.json")).encode(prompt).ids)
+    config = model.folder / "generation_config.json"
+    named = json.loads(config.read_text()).get("eos_token_id") if config.exists() else None
+    eos = tuple(named) if isinstance(named, list) else (named,) if isinstance(named, int) else ()
+
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    async def measure() -> str:
+        clients: dict[str, EngineClient] = {}
+        if "grpc" in args.paths:
+            engine_port = free_port()
+            start_grpc_engine(group, port=engine_port, tokenizer=model.folder, core=args.load_core, lean=True,
+                              to_max_tokens=True, delay_ms=args.delay_ms)  # fmt: skip
+            clients["grpc"] = SglangClient(f"grpc://{LOOPBACK}:{engine_port}")
+        if "zmq" in args.paths:
+            url = f"ipc://{work}/zmq-client"
+            zmq_client = ZmqEngineClient(url, model_id="bench", tokenizer_path=str(model.folder), eos_token_ids=eos)
+            await zmq_client.open(0.0, handshake=True)
+            start_zmq_engine(group, url, model, args.load_core, args.delay_ms)
+            await zmq_client.wait_ready(60)
+            clients["zmq"] = zmq_client
+        counter = 0
+
+        async def batch(client: EngineClient, path: str, record: bool) -> dict[str, float]:
+            nonlocal counter
+            per_task = max(1, args.client_requests // args.client_concurrency)
+            answers = per_task * args.client_concurrency
+
+            async def task() -> None:
+                nonlocal counter
+                for _ in range(per_task):
+                    counter += 1
+                    request = EngineRequest(f"b{counter}", ids, SamplingParams(max_new_tokens=16), stream=False)
+                    async for _output in client.generate(request):
+                        pass
+
+            tracer = None
+            trace_file = work / f"strace-{path}-{counter}.txt"
+            if record and args.client_strace:
+                tracer = subprocess.Popen(["strace", "-f", "-c", "-o", str(trace_file), "-p", str(os.getpid())])
+                await asyncio.sleep(1.0)  # attached to every thread
+            if record and args.client_callgrind:
+                subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], capture_output=True, check=False)
+            start = cpu()
+            await asyncio.gather(*(task() for _ in range(args.client_concurrency)))
+            used = cpu() - start
+            if record and args.client_callgrind:
+                subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], capture_output=True, check=False)
+                # one dump per batch, its trigger naming the path (the instructions per answer: its
+                # "totals" over the answers printed here)
+                subprocess.run(["callgrind_control", f"--dump={path}-{answers}-answers", str(os.getpid())],
+                               capture_output=True, check=False)  # fmt: skip
+            entry = {"cpu_us_per_answer": used / answers * 1e6}
+            if tracer is not None:
+                tracer.send_signal(signal.SIGINT)
+                tracer.wait(30)
+                total = [line.split() for line in trace_file.read_text().splitlines() if line.rstrip().endswith("total")]
+                if total:
+                    entry["syscalls_per_answer"] = int(total[-1][3]) / answers
+            return entry
+
+        for path, client in clients.items():
+            await batch(client, path, record=False)  # warm-up
+        results: dict[str, list[dict[str, float]]] = {path: [] for path in clients}
+        for number in range(args.rounds):
+            order = list(clients) if number % 2 == 0 else list(clients)[::-1]
+            for path in order:
+                results[path].append(await batch(clients[path], path, record=True))
+            print(f"  round {number + 1}: " + ", ".join(f"{p} {r[-1]}" for p, r in results.items()), flush=True)
+        for client in clients.values():
+            await client.close()
+        lines = [f"== engine clients alone: {args.client_concurrency} at once, non-streamed, max_tokens 16, "
+                 f"delay {args.delay_ms:g} ms; medians over {args.rounds} rounds (min..max)"]  # fmt: skip
+        for path, entries in results.items():
+            for key in entries[0]:
+                values = [entry[key] for entry in entries]
+                lines.append(f"{path:5} {key:20} {statistics.median(values):9.1f} ({min(values):.1f}..{max(values):.1f})")
+        if len(results) == 2:
+            ratios = [z["cpu_us_per_answer"] / g["cpu_us_per_answer"] for z, g in zip(results["zmq"], results["grpc"])]
+            lines.append(f"ZMQ / gRPC CPU per answer: x{statistics.median(ratios):.2f} "
+                         f"(rounds {min(ratios):.2f}..{max(ratios):.2f})")  # fmt: skip
+        return "\n".join(lines)
+
+    return asyncio.run(measure())
+
+
 def profile(args: argparse.Namespace, group: ProcessGroup, work: Path) -> str:
     """The gateway under cProfile on each path: wrk c=64 whole answers for ``--duration`` seconds, then
     ``--stream-rounds`` rounds of 32 streams; the top functions by own time, and the functions whose
@@ -215,6 +330,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--profile", action="store_true",
         help="instead: the gateway under cProfile on each path, and where their own times differ")
     add("--top", type=int, default=30, help="functions to list with --profile (default 30)")
+    add("--client", action="store_true",
+        help="instead: the engine clients alone in this process (CPU, system calls, instructions per answer)")
+    add("--client-requests", type=int, default=320, help="--client: whole answers per path and round (default 320)")
+    add("--client-concurrency", type=int, default=16, help="--client: requests at once (default 16)")
+    add("--client-strace", action="store_true", help="--client: count system calls per answer (strace)")
+    add("--client-callgrind", action="store_true",
+        help="--client under valgrind --tool=callgrind --instr-atstart=no: count only the measured batches")
     add("--output", type=Path, default=RESULTS / "zmq-vs-grpc.json")
     args = parser.parse_args(argv)
     args.paths, args.targets = split(args.paths), split(args.targets)
@@ -232,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     def body(group: ProcessGroup, work: Path) -> tuple[list[Case], dict[str, str], str]:
         if args.profile:
             return [], {}, profile(args, group, work)
+        if args.client:
+            return [], {}, client_cost(args, group, work)
         return (*run(args, group, work), "")
 
     # A short prefix: an ipc:// path must fit a Unix socket address (about 100 bytes) with its suffixes.
@@ -239,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     if done is None:
         return 130
     cases, failures, profiled = done
-    if args.profile:
+    if args.profile or args.client:
         print(profiled)
         return 0
     summary = summarize(cases)
