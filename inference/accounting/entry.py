@@ -48,9 +48,11 @@ class TokenUsage:
         return self.prompt + self.completion
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AccountingEntry:
-    """One inference request, as accounted: never its body, headers or keys."""
+    """One inference request, as accounted: never its body, headers or keys. Not frozen: a frozen
+    dataclass's ``__init__`` sets each field through ``object.__setattr__``, a third of an account's
+    cost per request; nothing changes an entry once built."""
 
     at: float  # Unix seconds when it arrived
     request_id: str
