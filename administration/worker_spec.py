@@ -419,8 +419,9 @@ _FIELDS: dict[str, Reader] = {
     "http_pool": _block(HTTP_POOL_FIELDS),
     "resilience": _block(RESILIENCE_FIELDS),
 }
-# What a PATCH body may name: every field but the overload block, which PATCH refuses.
-PATCH_FIELDS = tuple(name for name in _FIELDS if name != "overload")
+# What a PATCH changes (spec 3): any other field of its body (url, overload, http_pool, resilience,
+# models, ...) is ignored, neither typed nor applied; PUT replaces those.
+PATCH_FIELDS = ("priority", "cost", "labels", "api_key", "health")
 
 
 def spec_schema(fields: tuple[str, ...] | None = None, required: tuple[str, ...] = ("url",)) -> dict[str, Any]:
@@ -529,15 +530,11 @@ def parse_worker_spec(body: Any) -> WorkerSpec:
 
 
 def parse_worker_patch(body: Any) -> dict[str, Any]:
-    """The fields a PATCH names, typed like a spec. url may be given only unchanged (checked by the
-    caller); overload cannot be changed by PATCH. The named fields' rules are a spec's."""
+    """The fields a PATCH changes (PATCH_FIELDS), typed and checked like a spec's (422, 400); every
+    other field of the body is ignored, as spec 3 says (use PUT to change those)."""
+    if isinstance(body, dict):
+        body = {name: raw for name, raw in body.items() if name in PATCH_FIELDS}
     values = _read_fields(body)
-    if "url" in values:
-        values["url"] = check_url(values["url"])
     _check_rules(values)
-    if "overload" in values:
-        raise SpecRuleError("PATCH cannot change the overload block; replace the worker with PUT")
-    if "models" in values:
-        values["models"] = tuple(values["models"])
     return values
 

@@ -185,12 +185,9 @@ def _start_job(worker: Worker, job_type: str, **fields: Any) -> Worker:
 
 
 def update_worker(worker_id: uuid.UUID, changes: dict[str, Any]) -> Worker:
-    """PATCH: queue an in-place update of the named fields. The URL cannot change."""
+    """PATCH: queue an in-place update of the fields parse_worker_patch kept (PATCH_FIELDS)."""
     with transaction.atomic():
         worker = _locked(worker_id)
-        if "url" in changes and changes["url"] != worker.url:
-            raise SpecRuleError("the url of a worker cannot change; register a new worker")
-        changes = {key: value for key, value in changes.items() if key != "url"}
         worker = _start_job(worker, JobType.UPDATE)
         _queue("update", worker, changes)
     return worker

@@ -83,8 +83,8 @@ def test_the_worker_spec_is_described_from_its_readers(document: dict[str, Any])
         "status", "worker_id", "url", "location", "message"
     ]
     patch = document["paths"]["/workers/{worker_id}"]["patch"]["requestBody"]["content"]["application/json"]["schema"]
-    assert "overload" not in patch["properties"] and "required" not in patch
-    assert {"url", "priority", "cost", "labels", "api_key", "health"} <= set(patch["properties"])
+    assert "required" not in patch  # PATCH changes these fields only; it ignores every other (spec 3)
+    assert set(patch["properties"]) == {"priority", "cost", "labels", "api_key", "health"}
     profile = document["paths"]["/start_profile"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert {"url", "output_dir", "num_steps"} <= set(profile["properties"])
 
@@ -120,13 +120,15 @@ def test_required_bodies_url_rules_and_parser_names_are_marked(document: dict[st
 
     for method, path in (("post", "/workers"), ("put", "/workers/{worker_id}"), ("patch", "/workers/{worker_id}")):
         spec = paths[path][method]["requestBody"]["content"]["application/json"]["schema"]["properties"]
-        assert spec["url"]["pattern"] == URL_PATTERN and spec["url"]["maxLength"] == WORKER_URL_MAX_LENGTH
         assert spec["api_key"]["pattern"] == "^[!-~]*$"
+        assert spec["labels"]["properties"]["tool_parser"]["enum"] == list(TOOL_PARSERS.names())
+        assert spec["labels"]["additionalProperties"] == {"type": "string"}
+    for method, path in (("post", "/workers"), ("put", "/workers/{worker_id}")):  # PATCH has no url nor models
+        spec = paths[path][method]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+        assert spec["url"]["pattern"] == URL_PATTERN and spec["url"]["maxLength"] == WORKER_URL_MAX_LENGTH
         card = spec["models"]["items"]["properties"]
         assert card["tool_parser"]["enum"] == [*TOOL_PARSERS.names(), None]  # a card's null is "not given"
         assert card["reasoning_parser"]["enum"] == [*REASONING_PARSERS.names(), None]
-        assert spec["labels"]["properties"]["tool_parser"]["enum"] == list(TOOL_PARSERS.names())
-        assert spec["labels"]["additionalProperties"] == {"type": "string"}
     overload = paths["/workers"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]["overload"]
     assert overload["properties"]["waiting_requests"]["minimum"] == 1
     assert overload["properties"]["token_usage"] | {"nullable": True} == {

@@ -242,14 +242,6 @@ async def test_patch_with_an_unknown_parser_name_is_400_and_changes_nothing(api,
     assert "tool_parser" not in after["labels"] and after["priority"] == 50
 
 
-async def test_patch_cannot_change_url_or_overload(api, fleet, worker) -> None:
-    got = await register(api, {"url": worker.url})
-    url_change = await api.patch(f"/workers/{got['id']}", {"url": "http://elsewhere:1"}, content_type="application/json")
-    assert url_change.status_code == 400 and url_change.json()["code"] == "BAD_REQUEST"
-    overload = await api.patch(f"/workers/{got['id']}", {"overload": {"waiting_requests": 5}}, content_type="application/json")
-    assert overload.status_code == 400
-
-
 async def test_put_replaces_the_spec_with_defaults(api, fleet, worker) -> None:
     got = await register(api, {"url": worker.url, "priority": 7, "labels": {"zone": "a"}})
     response = await api.put(f"/workers/{got['id']}", {"url": worker.url, "cost": 3.0}, content_type="application/json")
