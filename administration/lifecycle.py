@@ -18,7 +18,7 @@ from administration.host import host_peers
 from administration.metrics_server import MetricsListener, ProbeListener
 from administration.registry_sync import RegistrySync
 from administration.usage_flush import UsageFlusher, fit_ledger
-from common import telemetry
+from common import telemetry, tracing
 from common import tls
 from common.config import current_config
 from common.http_clients import aclose_http_client
@@ -82,6 +82,7 @@ class GatewayLifecycle:
             shares = config.share(peers.index, peers.count, bool(settings.REDIS_URL)) if peers else config
             reset_data_plane(shares)
             telemetry.configure(config.prometheus_duration_buckets)
+            tracing.configure(config.enable_trace, config.otlp_traces_endpoint)  # this process's exporter (D74)
             if config.health_check_port > 0:
                 probes = ProbeListener(config.host, config.health_check_port, shared=peers is not None)
                 await probes.astart()
@@ -135,6 +136,7 @@ class GatewayLifecycle:
             await self.fleet.astop()
         await data_plane().aclose()
         await aclose_http_client()
+        await asyncio.to_thread(tracing.shutdown)  # the spans still batched are exported
         self.started = False
         log.info("gateway stopped")
 
