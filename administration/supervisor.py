@@ -13,10 +13,16 @@ signal on; each serving process closes its own and drains (requests in flight ma
 ``--shutdown-grace-period-secs``), so the socket is gone, and new connections are refused, as soon
 as every process stopped accepting. A second signal kills what is left. Nothing is lost or left
 hanging: a connection is either accepted and served, or refused.
+
+A serving process does not outlive its supervisor, however the supervisor ends (a SIGKILL, an
+out-of-memory kill): each asks the kernel for SIGTERM on its parent's death (Linux
+``PR_SET_PDEATHSIG``) as it starts, then checks its parent is still the supervisor that started it
+(one that died before the request was made is seen there), so it drains and exits as on a stop.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import shutil
@@ -32,11 +38,13 @@ from types import FrameType
 from common.config import GatewayConfig
 from administration.host import HostPeers
 
-__all__ = ["Supervisor", "LISTEN_FD_ENV", "inherited_socket"]
+__all__ = ["Supervisor", "LISTEN_FD_ENV", "SUPERVISOR_PID_ENV", "inherited_socket", "end_with_supervisor"]
 
 log = logging.getLogger("administration.lifecycle")
 
 LISTEN_FD_ENV = "GW_LISTEN_FD"
+SUPERVISOR_PID_ENV = "GW_SUPERVISOR_PID"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _BACKLOG = 2048
 _POLL_SECS = 0.1
 _YOUNG_SECS = 10.0  # a process that dies younger than this is restarted after a growing pause
@@ -48,6 +56,21 @@ def inherited_socket() -> socket.socket | None:
     """The listening socket a supervisor handed to this serving process, if any."""
     fd = os.environ.get(LISTEN_FD_ENV)
     return socket.socket(fileno=int(fd)) if fd else None
+
+
+def end_with_supervisor() -> None:
+    """In a serving process, first thing: SIGTERM from the kernel when the supervisor dies (so it
+    drains and exits as on a stop), and an exit now if the supervisor already died before that was
+    asked (this process was handed to another parent). Off Linux only the parent check applies."""
+    expected = os.environ.get(SUPERVISOR_PID_ENV)
+    if not expected:
+        return
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            log.warning("PR_SET_PDEATHSIG failed (errno %d): this process may outlive its supervisor", ctypes.get_errno())
+    if os.getppid() != int(expected):
+        raise SystemExit(f"the supervisor (pid {expected}) is gone; this serving process exits")
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -112,7 +135,7 @@ class Supervisor:
         assert self._socket is not None
         fd = self._socket.fileno()
         peers = HostPeers(self.run_dir, slot.index, len(self.slots))
-        env = {**os.environ, **peers.environment(), LISTEN_FD_ENV: str(fd)}
+        env = {**os.environ, **peers.environment(), LISTEN_FD_ENV: str(fd), SUPERVISOR_PID_ENV: str(os.getpid())}
         # Its own process group: a Ctrl-C at the terminal reaches the supervisor alone, which passes on
         # exactly one SIGTERM (a second signal would make uvicorn give up draining).
         slot.process = subprocess.Popen(

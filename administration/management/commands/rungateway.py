@@ -15,7 +15,7 @@ from django.db.migrations.executor import MigrationExecutor
 
 from administration.lifecycle import apply_log_level
 from administration.servers import run_daphne, run_uvicorn
-from administration.supervisor import Supervisor, inherited_socket
+from administration.supervisor import Supervisor, end_with_supervisor, inherited_socket
 from inference.mcp import McpConfigError, mcp_config_of
 from inference.pipeline.parsers import UnknownParser, check_parser_names
 from common.tls import check_files
@@ -34,6 +34,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         sock = inherited_socket()
         if sock is not None:  # a serving process of a supervised gateway: its config comes from GW_CONFIG
+            end_with_supervisor()
             config = current_config()
             apply_log_level(config.log_level)
             self._serve(config, sock)
