@@ -14,6 +14,7 @@ from typing import Protocol
 
 from django.conf import settings
 
+from administration.discovery_reconcile import DiscoveryRunner, discovery_provider_for
 from administration.host import host_peers
 from administration.metrics_server import MetricsListener, ProbeListener
 from administration.registry_sync import RegistrySync
@@ -63,6 +64,7 @@ class GatewayLifecycle:
         self.metrics: MetricsListener | None = None
         self.probes: ProbeListener | None = None
         self.usage: UsageFlusher | None = None  # writes the data plane's usage ledger to the store
+        self.discovery: DiscoveryRunner | None = None  # worker discovery, run by the host's leader (D73)
         self._sampler: asyncio.Task[None] | None = None
         self._tls_watch: asyncio.Task[None] | None = None
         self._lock: asyncio.Lock | None = None
@@ -93,6 +95,10 @@ class GatewayLifecycle:
             fleet = self.fleet
             self.usage = UsageFlusher(config, lambda: data_plane().ledger, lambda: fleet.leading)
             self.usage.start()
+            provider = discovery_provider_for(config)
+            if provider is not None:
+                self.discovery = DiscoveryRunner(provider, lambda: fleet.leading)
+                self.discovery.start()
             if config.prometheus_port > 0:
                 self.metrics = MetricsListener(config.prometheus_host, config.prometheus_port)
                 self.metrics.start()
@@ -127,6 +133,9 @@ class GatewayLifecycle:
             await self.probes.astop()
             self.probes = None
         telemetry.mark_process_dead()
+        if self.discovery is not None:
+            await self.discovery.astop()
+            self.discovery = None
         for work in self.background:  # before the engines' channels close under it
             await work.aclose()
         if self.usage is not None:  # the last flush: after every request and background run ended

@@ -6,6 +6,8 @@ kept; the file may appear after start-up."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import gc
 import os
 from pathlib import Path
 from typing import Any
@@ -16,8 +18,10 @@ import pytest
 from administration.discovery_reconcile import ID_LABEL, PROVIDER_LABEL, DiscoveredWorker, DiscoveryRunner
 from administration.file_discovery import FileDiscovery, ManifestRefused, parse_manifest
 from administration.jobs import wait_for_local_jobs
+from administration.lifecycle import GatewayLifecycle
 from administration.models import Worker
-from common.config import GatewayConfig
+from common.config import GatewayConfig, install_config, parse_gateway_args
+from inference.dataplane import reset_data_plane
 from inference.routing.registry import REGISTRY
 from tests.administration.fleet import running_fleet
 from tests.conftest import WorkerFactory, until
@@ -118,3 +122,33 @@ async def test_manifest_lines_added_changed_and_removed(tmp_path: Path, start_wo
         finally:
             await runner.astop()
             await asyncio.to_thread(wait_for_local_jobs)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_gateway_runs_discovery_from_its_flags(tmp_path: Path, start_worker: WorkerFactory) -> None:
+    """A gateway started with --discovery-provider file runs discovery in the process that leads
+    (here the only one) and stops it with the gateway."""
+    worker = await start_worker()
+    path = tmp_path / "workers.json"
+    write(path, manifest({"url": worker.url}))
+    config = parse_gateway_args([
+        "--discovery-provider", "file", "--discovery-file", str(path), "--health-check-interval-secs", "0.2",
+        "--health-success-threshold", "1",
+    ])
+    config = dataclasses.replace(config, prometheus_port=0)
+    install_config(config, export=False)
+    lifecycle = GatewayLifecycle()
+    thresholds = gc.get_threshold()
+    try:
+        await lifecycle.astart()
+        assert lifecycle.discovery is not None and lifecycle.discovery.provider.name == "file"
+        await until(lambda: asyncio.sleep(0, worker.url in {h.record.url for h in REGISTRY.snapshot.routable}))
+        await lifecycle.astop()
+        assert lifecycle.discovery is None
+    finally:
+        gc.unfreeze()  # what a serving process does once, undone for the rest of the suite
+        gc.set_threshold(*thresholds)
+        await asyncio.to_thread(wait_for_local_jobs)
+        REGISTRY.publish([], {})
+        install_config(GatewayConfig(), export=False)
+        reset_data_plane(GatewayConfig())
