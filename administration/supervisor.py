@@ -5,7 +5,11 @@ kernel hands each new connection to one of them); a process that leaves does not
 its queued connections with it. Each serving process is ``manage.py rungateway`` again, told its
 place through the environment (the socket's descriptor, its index, the run directory shared by the
 processes: the leader lock, the leader's load reports, and the metrics directory when
-``PROMETHEUS_MULTIPROC_DIR`` is not set) and its configuration through ``GW_CONFIG``.
+``PROMETHEUS_MULTIPROC_DIR`` is not set). Its configuration, API keys included, comes over an
+owner-only (0600) file in the run directory that has no name (unlinked as it is made) and that the
+process reads and closes as it starts (its descriptor's number in ``GW_CONFIG_FD``), never through
+the environment, which any process of the same user reads in ``/proc/<pid>/environ``: the serving
+processes' environment has neither ``GW_CONFIG`` nor a flag's variable.
 
 A serving process that dies is replaced (after a pause that grows while replacements keep dying
 young). On SIGTERM or SIGINT the supervisor closes its copy of the socket at once and passes the
@@ -30,20 +34,26 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from common.config import GatewayConfig
+from common.config import FLAGS, GatewayConfig, install_config
 from administration.host import HostPeers
 
-__all__ = ["Supervisor", "LISTEN_FD_ENV", "SUPERVISOR_PID_ENV", "inherited_socket", "end_with_supervisor"]
+__all__ = ["Supervisor", "LISTEN_FD_ENV", "SUPERVISOR_PID_ENV", "inherited_socket", "end_with_supervisor",
+           "received_config"]
 
 log = logging.getLogger("administration.lifecycle")
 
 LISTEN_FD_ENV = "GW_LISTEN_FD"
 SUPERVISOR_PID_ENV = "GW_SUPERVISOR_PID"
+CONFIG_FD_ENV = "GW_CONFIG_FD"
+# Not handed to a serving process: its configuration comes over the handover file. GW_LOG_LEVEL
+# stays (no secret; Django's settings read it as the process starts).
+_NOT_INHERITED = frozenset({"GW_CONFIG", *(flag.env_name for flag in FLAGS)}) - {"GW_LOG_LEVEL"}
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _BACKLOG = 2048
 _POLL_SECS = 0.1
@@ -71,6 +81,21 @@ def end_with_supervisor() -> None:
             log.warning("PR_SET_PDEATHSIG failed (errno %d): this process may outlive its supervisor", ctypes.get_errno())
     if os.getppid() != int(expected):
         raise SystemExit(f"the supervisor (pid {expected}) is gone; this serving process exits")
+
+
+def received_config() -> GatewayConfig:
+    """In a serving process: the configuration its supervisor handed over (read, then closed, so no
+    descriptor to it stays open), installed as this process's."""
+    fd = int(os.environ[CONFIG_FD_ENV])
+    chunks: list[bytes] = []
+    try:
+        while chunk := os.pread(fd, 1 << 16, sum(map(len, chunks))):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    config = GatewayConfig.from_json(b"".join(chunks).decode())
+    install_config(config, export=False)
+    return config
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -135,12 +160,20 @@ class Supervisor:
         assert self._socket is not None
         fd = self._socket.fileno()
         peers = HostPeers(self.run_dir, slot.index, len(self.slots))
-        env = {**os.environ, **peers.environment(), LISTEN_FD_ENV: str(fd), SUPERVISOR_PID_ENV: str(os.getpid())}
-        # Its own process group: a Ctrl-C at the terminal reaches the supervisor alone, which passes on
-        # exactly one SIGTERM (a second signal would make uvicorn give up draining).
-        slot.process = subprocess.Popen(
-            [sys.executable, str(self.manage_py), "rungateway"], env=env, pass_fds=(fd,), process_group=0
-        )
+        inherited = {name: value for name, value in os.environ.items() if name not in _NOT_INHERITED}
+        # mkstemp's 0600 file, unlinked at once: it has no name for anyone to open; the serving process
+        # reads it through the descriptor it inherits, and it is gone when both have closed it.
+        with tempfile.TemporaryFile(dir=self.run_dir) as handover:
+            handover.write(self.config.to_json().encode())
+            handover.flush()
+            env = {**inherited, **peers.environment(), LISTEN_FD_ENV: str(fd), SUPERVISOR_PID_ENV: str(os.getpid()),
+                   CONFIG_FD_ENV: str(handover.fileno())}
+            # Its own process group: a Ctrl-C at the terminal reaches the supervisor alone, which passes
+            # on exactly one SIGTERM (a second signal would make uvicorn give up draining).
+            slot.process = subprocess.Popen(
+                [sys.executable, str(self.manage_py), "rungateway"], env=env, pass_fds=(fd, handover.fileno()),
+                process_group=0,
+            )
         slot.started_at = time.monotonic()
         log.info("serving process %d started (pid %d)", slot.index, slot.process.pid)
 

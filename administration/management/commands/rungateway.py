@@ -15,11 +15,11 @@ from django.db.migrations.executor import MigrationExecutor
 
 from administration.lifecycle import apply_log_level
 from administration.servers import run_daphne, run_uvicorn
-from administration.supervisor import Supervisor, end_with_supervisor, inherited_socket
+from administration.supervisor import Supervisor, end_with_supervisor, inherited_socket, received_config
 from inference.mcp import McpConfigError, mcp_config_of
 from inference.pipeline.parsers import UnknownParser, check_parser_names
 from common.tls import check_files
-from common.config import ConfigError, GatewayConfig, add_gateway_arguments, config_from_namespace, current_config, install_config
+from common.config import ConfigError, GatewayConfig, add_gateway_arguments, config_from_namespace, install_config
 
 _DJANGO_OPTIONS = {"verbosity", "settings", "pythonpath", "traceback", "no_color", "force_color", "skip_checks"}
 
@@ -33,9 +33,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         sock = inherited_socket()
-        if sock is not None:  # a serving process of a supervised gateway: its config comes from GW_CONFIG
+        if sock is not None:  # a serving process of a supervised gateway: its config comes from the supervisor
             end_with_supervisor()
-            config = current_config()
+            config = received_config()
             apply_log_level(config.log_level)
             self._serve(config, sock)
             return
