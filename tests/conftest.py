@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 import httpx
 import pytest
 from aiohttp import web
+from django.db import connections
 
 from gateway_project.asgi import application
 from administration.lifecycle import LIFECYCLE
@@ -38,6 +39,28 @@ def _no_unhandled_exceptions(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     if watch.records:
         pytest.fail(f"unhandled exception logged during the test:\n{describe(watch.records)}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _threads_give_back_their_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test's ``asyncio.to_thread`` call closes the Django connections its thread opened, as the
+    product's :func:`administration.db.arun_db` does. A thread's connection goes back to the Postgres
+    pool only when closed: each test's event loop brings new executor threads, so ORM calls left
+    open there held pooled connections past their test until the pool ran dry (PoolTimeout, the store
+    marked down, every later test failing)."""
+    original = asyncio.to_thread
+
+    async def to_thread(func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        def closing() -> Any:
+            try:
+                return func(*args, **kwargs)
+            finally:
+                if connections["default"].vendor != "sqlite":
+                    connections.close_all()
+
+        return await original(closing)
+
+    monkeypatch.setattr(asyncio, "to_thread", to_thread)
 
 
 def free_port() -> int:
