@@ -17,17 +17,54 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 from gateway_project.static_files import StaticFiles  # noqa: E402
 
 # The admin console's CSS and JS are served from the installed apps (no collectstatic step), by a
-# handler that refuses any path climbing out of them with a 404.
-django_app = StaticFiles(cast(Any, get_asgi_application()))
+# handler that refuses any path climbing out of them with a 404. Bodies are bounded in front of it.
+django_asgi = StaticFiles(cast(Any, get_asgi_application()))
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from administration.lifecycle import LIFECYCLE  # noqa: E402
 from inference.api.routes import data_plane_routes  # noqa: E402
-from inference.asgi_io import Receive, Scope, Send  # noqa: E402
+from inference.asgi_io import ClientDisconnected, Message, Receive, Scope, Send, read_body, request_id_for, send_error  # noqa: E402
+from inference.errors import GatewayError  # noqa: E402
 from responses_api.background import BACKGROUND  # noqa: E402
 from responses_api.routes import responses_routes  # noqa: E402
+
+
+class BoundedBody:
+    """Django's ASGI handler reads a whole request body (spooled to a temporary file past 2.5 MB)
+    before anything compares it with ``DATA_UPLOAD_MAX_MEMORY_SIZE``. In front of it, the body is read
+    here and refused at the limit while it arrives: a larger Content-Length is 413 payload_too_large
+    (the control plane's envelope) before any of it is read, and a body with no length (chunked) is
+    413 as soon as it passes the limit, the rest left unread. What fits goes to Django whole."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit: int | None = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if scope["type"] != "http" or limit is None:
+            return await self.app(scope, receive, send)
+        try:
+            body = await read_body(scope, receive, limit)
+        except GatewayError as error:
+            return await send_error(send, error, request_id_for(scope))
+        except ClientDisconnected:
+            return None
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if delivered:
+                return await receive()  # what follows the body: a disconnect, which Django listens for
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return await self.app(scope, replay, send)
+
+
+django_app = BoundedBody(django_asgi)
 
 # The data plane: inference's routes and the Responses API's (fixed paths, timed by the gate).
 DATA_PLANE_ROUTES = [*data_plane_routes(), *responses_routes()]
