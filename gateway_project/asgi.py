@@ -26,10 +26,16 @@ from django.urls import re_path  # noqa: E402
 
 from administration.lifecycle import LIFECYCLE  # noqa: E402
 from inference.api.routes import data_plane_routes  # noqa: E402
-from inference.asgi_io import ClientDisconnected, Message, Receive, Scope, Send, read_body, request_id_for, send_error  # noqa: E402
+from inference import errors  # noqa: E402
+from inference.asgi_io import (  # noqa: E402
+    ClientDisconnected, Message, Receive, Scope, Send, header, read_body, request_id_for, send_error,
+)
 from inference.errors import GatewayError  # noqa: E402
 from responses_api.background import BACKGROUND  # noqa: E402
 from responses_api.routes import responses_routes  # noqa: E402
+
+
+_NO_HEADERS: Scope = {"headers": ()}
 
 
 class BoundedBody:
@@ -46,8 +52,12 @@ class BoundedBody:
         limit: int | None = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         if scope["type"] != "http" or limit is None:
             return await self.app(scope, receive, send)
+        declared = header(scope, b"content-length")
         try:
-            body = await read_body(scope, receive, limit)
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise errors.payload_too_large(limit)
+            # The length was looked at above; one that is not a number stays Django's to answer, as before.
+            body = await read_body(_NO_HEADERS, receive, limit)
         except GatewayError as error:
             return await send_error(send, error, request_id_for(scope))
         except ClientDisconnected:
