@@ -41,11 +41,11 @@ from administration.workers import (
     JobQueueUnavailable, WorkerAlreadyExists, WorkerCreateInProgress, WorkerNotFound, create_worker, remove_worker,
 )
 from common import telemetry
-from common.config import GatewayConfig, current_config
+from common.config import current_config
 from common.outages import STORE
 
 __all__ = [
-    "DiscoveredWorker", "DiscoveryProvider", "DiscoveryRunner", "PassResult", "reconcile", "discovery_provider_for",
+    "DiscoveredWorker", "DiscoveryProvider", "DiscoveryRunner", "PassResult", "reconcile",
     "PROVIDER_LABEL", "ID_LABEL", "SPEC_LABEL",
 ]
 
@@ -269,17 +269,4 @@ class DiscoveryRunner:
             time.perf_counter() - started,
         )
         return DEFERRED_RETRY_SECS if result.deferred else RESYNC_SECS
-
-
-def discovery_provider_for(config: GatewayConfig) -> DiscoveryProvider | None:
-    """The provider the flags ask for (None: no discovery)."""
-    if not config.discovery:
-        return None
-    if config.discovery_provider == "file":
-        from administration.file_discovery import FileDiscovery
-
-        return FileDiscovery(config)
-    from administration.pod_discovery import PodDiscovery
-
-    return PodDiscovery(config)
 

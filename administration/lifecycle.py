@@ -14,7 +14,8 @@ from typing import Protocol
 
 from django.conf import settings
 
-from administration.discovery_reconcile import DiscoveryRunner, discovery_provider_for
+from administration.discovery_providers import discovery_provider_for
+from administration.discovery_reconcile import DiscoveryRunner
 from administration.host import host_peers
 from administration.metrics_server import MetricsListener, ProbeListener
 from administration.registry_sync import RegistrySync
