@@ -61,6 +61,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from common.config import BUDGET_PERIODS
 from common.outages import REDIS
+from inference.admission.rate_limit import shared_counter_client
 
 __all__ = [
     "Budget",
@@ -493,15 +494,7 @@ class RedisBudgetCounter(BudgetCounter):
         loop = asyncio.get_running_loop()
         found = self._clients.get(loop)
         if found is None:
-            import redis.asyncio as aredis
-            from redis.asyncio.retry import Retry
-            from redis.backoff import NoBackoff
-            from redis.exceptions import ConnectionError as RedisConnectionError
-
-            client = aredis.Redis.from_url(
-                self.url, socket_connect_timeout=0.5, socket_timeout=0.5,
-                retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-            )
+            client = shared_counter_client(self.url)
             found = self._clients[loop] = (client, client.register_script(_CHARGE_SCRIPT))
         return found[1]
 

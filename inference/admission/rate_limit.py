@@ -57,6 +57,21 @@ return n
 """
 
 
+def shared_counter_client(url: str) -> Any:
+    """A Redis client for counters shared by every gateway process (rate limits, token budgets):
+    half a second to connect or answer, one immediate retry on a dropped connection, so an outage
+    is seen at once and the caller falls back to counting locally."""
+    import redis.asyncio as aredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    return aredis.Redis.from_url(
+        url, socket_connect_timeout=0.5, socket_timeout=0.5,
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class RateDecision:
     """The outcome of counting one request against its tenant's budget."""
@@ -202,15 +217,7 @@ class RedisRateLimiter(RateLimiter):
         loop = asyncio.get_running_loop()
         found = self._clients.get(loop)
         if found is None:
-            import redis.asyncio as aredis
-            from redis.asyncio.retry import Retry
-            from redis.backoff import NoBackoff
-            from redis.exceptions import ConnectionError as RedisConnectionError
-
-            client = aredis.Redis.from_url(
-                self.url, socket_connect_timeout=0.5, socket_timeout=0.5,
-                retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-            )
+            client = shared_counter_client(self.url)
             found = self._clients[loop] = (client, client.register_script(_INCR_SCRIPT))
         return found[1]
 
