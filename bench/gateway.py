@@ -22,11 +22,14 @@ START_TIMEOUT_S = 60.0
 
 
 def gateway_argv(
-    port: int, worker_url: str, server: str, api_key: str | None = None, workers: int = 1, extra: Sequence[str] = ()
+    port: int, worker_url: str, server: str, api_key: str | None = None, workers: int = 1, extra: Sequence[str] = (),
+    repo: Path = REPO,
 ) -> list[str]:
+    """``manage.py rungateway ...`` of the checkout at ``repo`` (another build: a worktree, run with
+    this checkout's venv)."""
     argv = [
         PYTHON,
-        MANAGE,
+        str(repo / "manage.py"),
         "rungateway",
         "--host",
         LOOPBACK,
@@ -60,19 +63,22 @@ def start_gateway(
     wrap: Sequence[str] = (),
     workers: int = 1,
     extra: Sequence[str] = (),
+    api_key: str | None = None,
+    repo: Path = REPO,
 ) -> ManagedProcess:
     """The gateway pinned to ``core`` (a core or a taskset list, e.g. ``0-7``), with its SQLite file
     in ``data_dir`` and ``workers`` serving processes; waits for /readiness 200.
 
     ``wrap`` goes between taskset and the interpreter's arguments (e.g. ``-m cProfile -o FILE``);
-    ``extra`` is appended to ``rungateway``'s arguments.
+    ``extra`` is appended to ``rungateway``'s arguments; ``api_key`` turns client authentication on
+    (``--api-key``); ``repo``: the checkout whose build runs (default this one).
     """
     data_dir.mkdir(parents=True, exist_ok=True)
-    argv = gateway_argv(port, worker_url, server, workers=workers, extra=extra)
+    argv = gateway_argv(port, worker_url, server, api_key=api_key, workers=workers, extra=extra, repo=repo)
     if wrap:
         argv = [argv[0], *wrap, *argv[1:]]
     env = child_env({"GW_DATA_DIR": str(data_dir), "DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
-    proc = group.start(name, pinned(core, argv), env=env, cwd=REPO)
+    proc = group.start(name, pinned(core, argv), env=env, cwd=repo)
     url = f"http://{LOOPBACK}:{port}/readiness"
     proc.wait_ready(lambda: http_get(url)[0] == 200, timeout=START_TIMEOUT_S)
     return proc

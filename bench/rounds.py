@@ -104,7 +104,8 @@ def rotations(items: Sequence[T], count: int) -> Iterator[tuple[int, list[T]]]:
 
 
 class RoundCase(Protocol):
-    """A case measured once per round: CPU per request, per token and per event (messages_vs_chat's Case)."""
+    """A case measured once per round: CPU per request, and per token and per event where it streams
+    (messages_vs_chat's Case; cpu_cost's RelayCase has requests only)."""
 
     rounds: list[dict[str, Any]]
 
@@ -118,10 +119,11 @@ def measure_rounds(cases: Sequence[RoundCase], args: argparse.Namespace, label: 
         for case in order:
             entry = watched(lambda: case.measure(args), args, label(case), round=number)  # noqa: B023
             case.rounds.append(entry)
+            tokens = (f", {entry['cpu_us_per_token']:.2f} µs CPU/token ({entry['tokens_per_s']:,.0f} tok/s)"
+                      if "cpu_us_per_token" in entry else "")  # fmt: skip
             print(
-                f"  round {number + 1} {label(case)}: {entry['cpu_us_per_request']:,.0f} µs CPU/req "
-                f"({entry['rps']:,.0f} req/s), {entry['cpu_us_per_token']:.2f} µs CPU/token "
-                f"({entry['tokens_per_s']:,.0f} tok/s), errors {entry['errors']}"
+                f"  round {number + 1} {label(case)}: {entry['cpu_us_per_request']:,.1f} µs CPU/req "
+                f"({entry['rps']:,.0f} req/s){tokens}, errors {entry['errors']}"
                 + ("; a pytest ran meanwhile" if entry["disturbed"] else ""),
                 flush=True,
             )
