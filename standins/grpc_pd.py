@@ -69,6 +69,8 @@ class SglangPdService(SglangService):
                 await asyncio.Event().wait()
             reported = reported_fault(role, faults, room)
             if "fail" in faults or "drop" in faults or reported is not None:
+                if pd.failure_gate is not None:
+                    await pd.failure_gate.wait()
                 if role == "prefill":
                     pd.failed += 1
                     pd.settle([room], False)

@@ -116,6 +116,9 @@ class PdState:
     kv_waits: int = 0
     kv_failures: int = 0
     session: aiohttp.ClientSession | None = None
+    # Set by a test: a commanded failure waits for this event before it is answered, so the test can
+    # order it after the other side's request has arrived.
+    failure_gate: asyncio.Event | None = None
 
     def room(self, room: int) -> asyncio.Future[bool]:
         future = self.rooms.get(room)

@@ -48,6 +48,11 @@ async def engines(kv_timeout_s: float = 30.0) -> AsyncIterator[tuple[GrpcPdServe
         await decode.stop()
 
 
+async def drain(outputs: AsyncIterator[object]) -> None:
+    async for _ in outputs:
+        pass
+
+
 def engine_request(server: GrpcPdServer, text: str = "Hi") -> EngineRequest:
     prompt = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
     return EngineRequest(
@@ -80,9 +85,18 @@ async def test_a_failing_prefill_ends_the_request_and_cancels_the_decode() -> No
     async with engines() as (prefill, decode, prefill_client, decode_client):
         params = disaggregation_for(member(prefill, WorkerType.PREFILL))
         request = engine_request(decode, "Hi [[pd:prefill_fail]] [[pd:decode_hang]]")
+        # The prefill fails once the decode engine has the request (on a loaded machine it could fail
+        # before the decode's call arrived, and then there is nothing on the decode side to cancel).
+        prefill.pd.failure_gate = asyncio.Event()
+        run = asyncio.ensure_future(drain(parallel_pd(prefill_client, decode_client, request, params)))
+
+        async def decode_running() -> bool:
+            return len(decode.pd.received) == 1
+
+        await until(decode_running)
+        prefill.pd.failure_gate.set()
         with pytest.raises(UpstreamFailure):
-            async for _ in parallel_pd(prefill_client, decode_client, request, params):
-                pass
+            await run
 
         async def decode_cancelled() -> bool:
             return decode.pd.cancelled == 1
@@ -94,9 +108,16 @@ async def test_a_failing_decode_ends_the_request_and_cancels_a_hanging_prefill()
     async with engines() as (prefill, decode, prefill_client, decode_client):
         params = disaggregation_for(member(prefill, WorkerType.PREFILL))
         request = engine_request(decode, "Hi [[pd:prefill_hang]] [[pd:decode_fail]]")
+        decode.pd.failure_gate = asyncio.Event()  # the decode fails once the prefill engine has the request
+        run = asyncio.ensure_future(drain(parallel_pd(prefill_client, decode_client, request, params)))
+
+        async def prefill_running() -> bool:
+            return len(prefill.pd.received) == 1
+
+        await until(prefill_running)
+        decode.pd.failure_gate.set()
         with pytest.raises(UpstreamFailure):
-            async for _ in parallel_pd(prefill_client, decode_client, request, params):
-                pass
+            await run
 
         async def prefill_cancelled() -> bool:
             return prefill.pd.cancelled == 1
