@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from inference import errors
+from inference.accounting import Delivered, TokenUsage
 from inference.pipeline.prompt import check_prompt, tokenize
 from inference.routing.workers import WorkerHandle
 from inference.served.base import LocalAnswer, ServedRequest, ServedSurface, engine_target
@@ -97,4 +98,5 @@ class ServedEmbeddings(ServedSurface):
             "model": self.request.model or self.request.requested_model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
-        return LocalAnswer(orjson.dumps(answer))
+        # The request's accounting (D80): the prompt tokens the answer reports, as OpenAI's do.
+        return LocalAnswer(orjson.dumps(answer), delivered=Delivered(True, TokenUsage(prompt=tokens)))

@@ -212,6 +212,15 @@ async def test_messages_on_the_grpc_pipeline_are_accounted(start_engine_gateway:
     assert entry.usage.completion == len(gw.engine.state.requests[-1].outputs[0])
 
 
+async def test_served_embeddings_are_accounted_with_their_prompt_tokens(start_engine_gateway: Start) -> None:
+    gw = await start_engine_gateway()
+    answer = await gw.sdk().embeddings.create(model=QWEN_MODEL, input=["hello world", "bonjour"], encoding_format="float")
+    [entry] = entries()
+    assert (entry.surface, entry.outcome, entry.worker) == ("embeddings", Outcome.SUCCESS, gw.record.url)
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens > 0  # returned as OpenAI returns it
+    assert (entry.usage.prompt, entry.usage.completion) == (answer.usage.prompt_tokens, 0)
+
+
 async def test_a_cancelled_stream_is_accounted_as_cancelled_with_what_it_used(start_engine_gateway: Start, asgi_app: object) -> None:
     gw = await start_engine_gateway(chunk_tokens=1, delay_ms=20)
     body = httpx.Request("POST", "http://gateway", json={"model": QWEN_MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}).content
