@@ -2,7 +2,9 @@
 
 uvicorn sends ASGI lifespan events. daphne does not: ``manage.py rungateway --server daphne`` ties
 start and stop to Twisted's reactor instead, and under a bare ``daphne`` command the first request
-starts them. Either way the worker registry is loaded before any request is routed.
+starts them. Either way the worker registry is loaded before any request is routed, unless the
+store does not answer: then the process starts without it, routes nothing and answers /readiness
+with 503 (waiting for the store) until the registry is loaded (administration/registry_sync.py).
 """
 
 from __future__ import annotations
@@ -105,9 +107,10 @@ class GatewayLifecycle:
                 self.metrics.start()
             self._sampler = asyncio.ensure_future(telemetry.run_sampler(sample_live_gauges))
             self._tls_watch = asyncio.ensure_future(tls.watch())  # certificate files reloaded when they change (D75)
-            log.info(
-                "gateway started: %d worker(s) registered, policy %s", len(snapshot.workers), config.policy
-            )
+            if data_plane().waiting_for is None:
+                log.info("gateway started: %d worker(s) registered, policy %s", len(snapshot.workers), config.policy)
+            else:  # the registry sync said what it waits for; the snapshot comes when it answers
+                log.info("gateway started, policy %s; waiting for the %s", config.policy, data_plane().waiting_for)
             self.started = True
             # Everything alive now (settings, apps, migrations, templates) lives as long as the
             # process: keep it out of the collector's full passes, which otherwise stall requests.

@@ -65,6 +65,7 @@ CHANGE_BATCH = 500  # more changes than this at once: one full reload is cheaper
 # those applied), so such a change is still seen; the safety net covers any later than that.
 CHANGE_OVERLAP = 32
 BEHIND_SECS = CHANGE_RETENTION.total_seconds() / 2  # no read of the log for this long: reload instead
+WAITING_FOR_STORE = "store"  # /readiness's waiting_for while the first load waits for the store
 
 # The event loop this process's registry sync runs on: the serving loop, where the data plane, the
 # health checks and the load monitor use the process's engine clients (their gRPC channels belong
@@ -248,13 +249,45 @@ class RegistrySync:
             self.loads.after_poll = self._share_load_reports
 
     async def astart(self) -> RegistrySnapshot:
-        """Lead or follow, publish the first snapshot, start background work."""
+        """Lead or follow, publish the first snapshot, start background work. A store that does not
+        answer does not stop the start: the snapshot stays empty, /readiness says it waits for the
+        store, and the first load (with the command-line registrations) runs as soon as it answers."""
         global _serving_loop
         self._loop = _serving_loop = asyncio.get_running_loop()
         add_local_listener(self.notify)
         if self.leadership is not None and self.leadership.try_acquire():
             self.leading = self.leadership.leader = True
             log.info("this process leads the host's health checks, registrations and load polls")
+        try:
+            return await self._first_load()
+        except STORE_ERRORS:  # the outage is logged once (common.outages.STORE)
+            data_plane().waiting_for = WAITING_FOR_STORE
+            log.warning("started without the store: no worker is routable and /readiness answers 503 until the "
+                        "registry is loaded from it")
+            self._tasks.append(asyncio.ensure_future(self._load_when_the_store_answers()))
+            return REGISTRY.snapshot
+
+    async def _load_when_the_store_answers(self) -> None:
+        """Try the first load every STORE.retry_secs until the store answers (a store that answers
+        with another error, such as tables not migrated yet, is logged once and tried again)."""
+        reported = False
+        while True:
+            await asyncio.sleep(STORE.retry_secs)
+            try:
+                snapshot = await self._first_load()
+            except STORE_ERRORS:
+                continue
+            except Exception:
+                if not reported:
+                    log.exception("loading the registry from the store failed; trying again until it loads")
+                    reported = True
+                continue
+            data_plane().waiting_for = None
+            log.info("registry loaded from the store: %d worker(s) registered", len(snapshot.workers))
+            return
+
+    async def _first_load(self) -> RegistrySnapshot:
+        """The command-line registrations (by the leader) and the first snapshot, then the loops."""
         if self.leading:
             await arun_db(sync_cli_workers, self.config.worker_urls, self.config.backend, cli_pd_workers(self.config))
         snapshot = await self.arefresh()

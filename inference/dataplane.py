@@ -46,6 +46,9 @@ class DataPlane:
     rate_limiter: RateLimiter | None = None
     # On SIGTERM: /readiness answers 503 while requests in flight finish.
     draining: bool = False
+    # What the first registry snapshot waits for ("store": it did not answer at start-up); /readiness
+    # answers 503 and names it until the snapshot is loaded. None once it is (or never waited).
+    waiting_for: str | None = None
     # The limits in force (flags + rows stored in the console), and the limiter kept while they come
     # and go so its counters and Redis connections live on; rate_limiter is it, or None while no
     # tenant has a limit. Installed on the event loop by install_tenant_limits, never per request.

@@ -3,7 +3,9 @@ says it can take traffic: at least one routable worker or a ready prefill/decode
 key; as the reference answers for a PD deployment), not shutting down, and a request for each
 ready model would be served (the tokenizer of every ready engine worker loaded; relayed HTTP workers
 need none). Readiness reads in-process state only (the registry snapshot, the tokenizer cache); a
-tokenizer not loaded yet starts loading on its thread, and the answer is 503 until it is."""
+tokenizer not loaded yet starts loading on its thread, and the answer is 503 until it is. A process
+that started while its store did not answer has no snapshot yet: 503, and ``waiting_for`` names what
+it waits for ("store") until the first snapshot is loaded."""
 
 from __future__ import annotations
 
@@ -36,8 +38,11 @@ async def readiness(scope: Scope, receive: Receive, send: Send) -> None:
     ready = len(snapshot.routable) + len(prefills) + len(decodes)
     servable = bool(snapshot.routable) or snapshot.pd.has_pair()
     waiting = models_without_tokenizer(snapshot) if servable and not dp.draining else ()
-    status = "draining" if dp.draining else "ready" if servable and not waiting else "not_ready"
+    loaded = dp.waiting_for is None
+    status = "draining" if dp.draining else "ready" if servable and not waiting and loaded else "not_ready"
     body: dict[str, object] = {"status": status, "workers": {"ready": ready, "total": len(snapshot.workers)}}
+    if not loaded and not dp.draining:
+        body["waiting_for"] = dp.waiting_for
     if waiting:
         body["models_without_tokenizer"] = list(waiting)
     await send_json(send, 200 if status == "ready" else 503, body)
