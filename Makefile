@@ -45,7 +45,7 @@ run-zmq: $(STAMP)
 	@$(BIN)/python manage.py runmockworker --zmq --zmq-url ipc://$(ZMQ_PATH) --model Qwen/Qwen3-8B \
 	  --tokenizer $(FIXTURE_MODELS)/qwen3 & \
 	ENGINE=$$!; trap 'kill $$ENGINE 2>/dev/null' EXIT INT TERM; \
-	$(BIN)/python manage.py rungateway --port $(GW_PORT) --workers 1 --worker-urls ipc://$(ZMQ_PATH) \
+	$(BIN)/python manage.py rungateway --port $(GW_PORT) --worker-urls ipc://$(ZMQ_PATH) \
 	  --model-path $(FIXTURE_MODELS)/qwen3 $(ARGS)
 
 # The gateway alone (pass flags with ARGS="--worker-urls http://host:port ...").
