@@ -17,6 +17,16 @@ or prefix cache holds the long part) and each target:
 ``--profile`` then runs the gateway under cProfile for the short chat at c=64 and for the streams
 (``--profile-case``) and prints the top functions by own and by cumulative time (bench/hotspots.py's
 summary).
+
+``--deployment`` measures the settings a Qwen3 deployment runs instead (issue 27): both targets started
+twice, with ``--reasoning-parser qwen3 --tool-call-parser qwen`` (parsers on) and without (off), and
+asked with ``chat_template_kwargs: {"enable_thinking": false}`` (thinking off) or true (on), for a short
+prompt (~35 tokens) and an ~8k one (``--sizes``). Per case and round: whole answers (``max_tokens``
+16, wrk at ``--whole-connections``, default 16) as CPU per request, and rounds of ``--streams``
+(default 8) concurrent streams of 16 and of 256 tokens: the slope between the two is the CPU per
+output token, what is left at 16 tokens the fixed cost per stream. ``--rounds`` rounds, each over
+every case in a rotated order, so the gateway and smg alternate under the same load; medians with
+min..max, and gateway / smg as the median of the per-round ratios.
 Results: a table on stdout and ``bench/results/grpc-pipeline.json``.
 """
 
@@ -51,6 +61,8 @@ from bench.peers import start_smg  # noqa: E402
 from bench.procs import LOOPBACK, ManagedProcess, ProcessGroup, StartError, free_port, http_post_json  # noqa: E402
 from bench.rounds import (  # noqa: E402
     RESULTS,
+    rotations,
+    spread,
     bench_meta,
     in_work_dir,
     no_heavy_load,
@@ -76,7 +88,7 @@ class Model:
 
     def flags(self) -> list[str]:
         """Template and parser flags, spelled the same for both targets."""
-        out = ["--tool-call-parser", self.tool_parser]
+        out = ["--tool-call-parser", self.tool_parser] if self.tool_parser else []
         if self.reasoning_parser:
             out += ["--reasoning-parser", self.reasoning_parser]
         if self.chat_template:
@@ -88,7 +100,7 @@ MODELS = {
     "qwen3": Model(FIXTURES / "qwen3", None, "qwen3", "qwen"),
     "llama3": Model(FIXTURES / "llama3", FIXTURES / "llama3" / "chat_template.llama-3.2.jinja", None, "llama"),
 }
-SIZES = {"1k": 1024, "8k": 8192}
+SIZES = {"short": 35, "1k": 1024, "8k": 8192}
 VARIANTS = ("cached", "unique")
 _TEMPLATE_TOKENS = 50  # what the template and the system message add, about
 _bases = itertools.count(1)
@@ -96,6 +108,7 @@ _bases = itertools.count(1)
 
 def prompt_text(tokenizer_file: Path, tokens: int, seed: int = 9) -> str:
     """Deterministic prose-like text of pseudo-words that encodes to ``tokens`` tokens."""
+    tokens = max(tokens, 8)  # "short": a few words
     rng = random.Random(seed)
     syllables = ["ka", "lo", "mi", "ren", "to", "sa", "vel", "dor", "an", "is", "qu", "est", "ber", "ni", "ox", "ul"]
     words = ["".join(rng.choices(syllables, k=rng.randint(1, 4))) for _ in range(tokens)]
@@ -104,7 +117,10 @@ def prompt_text(tokenizer_file: Path, tokens: int, seed: int = 9) -> str:
     return text[: encoding.offsets[min(tokens, len(encoding.ids)) - 1][1]]
 
 
-def chat_body(prompt: str, unique: bool, max_tokens: int, stream: bool) -> dict[str, Any]:
+def chat_body(
+    prompt: str, unique: bool, max_tokens: int, stream: bool, thinking: bool | None = None
+) -> dict[str, Any]:
+    """A chat request; ``thinking`` set: ``chat_template_kwargs.enable_thinking`` (None: not sent)."""
     number = MARKER if unique else "0"
     body: dict[str, Any] = {
         "model": MODEL,
@@ -115,6 +131,8 @@ def chat_body(prompt: str, unique: bool, max_tokens: int, stream: bool) -> dict[
         "max_tokens": max_tokens,
         "temperature": 0,
     }
+    if thinking is not None:
+        body["chat_template_kwargs"] = {"enable_thinking": thinking}
     if stream:
         body.update(stream=True, ignore_eos=True, stream_options={"include_usage": True})
     return body
@@ -361,7 +379,7 @@ def profile(args: argparse.Namespace, group: ProcessGroup, work: Path, mode: str
     from outside while loaded, the gateway unchanged; with cProfile: the gateway runs under it and is
     stopped with SIGINT so the profile is written (bench/hotspots.py's summary)."""
     name, size, variant = args.profile_case.split(":")
-    model = MODELS[name]
+    model = MODELS[name] if args.profile_parsers == "on" else Model(MODELS[name].folder, MODELS[name].chat_template, None, "")
     spy = args.profiler == "py-spy"
     out = RESULTS / f"profile-grpc-{mode}-{name}-{size}-{variant}.{'txt' if spy else 'prof'}"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -377,7 +395,9 @@ def profile(args: argparse.Namespace, group: ProcessGroup, work: Path, mode: str
         no_heavy_load(args.wait_for_tests)
         prompt = prompt_text(model.folder / "tokenizer.json", SIZES[size] - _TEMPLATE_TOKENS)
         marker = MARKER if variant == "unique" else None
-        body = chat_body(prompt, marker is not None, SHORT_TOKENS if mode == "chat" else STREAM_TOKENS, mode == "stream")
+        thinking = None if args.profile_thinking == "unset" else args.profile_thinking == "on"
+        body = chat_body(prompt, marker is not None, SHORT_TOKENS if mode == "chat" else STREAM_TOKENS, mode == "stream",
+                         thinking)  # fmt: skip
         _smoke(url, body, mode == "stream")
         (work / "profile.json").write_text(json.dumps(body))
         script = write_script(work / "profile.lua", body, unique_marker=marker, unique_base=next(_bases) * 10**8)
@@ -414,6 +434,154 @@ def profile(args: argparse.Namespace, group: ProcessGroup, work: Path, mode: str
     return f"== {args.profiler} {mode} {args.profile_case}: {summary} ({out})\n{text}"
 
 
+# --- --deployment: the settings a Qwen3 deployment runs (issue 27) -----------------------------------
+
+DEPLOY_STREAM_TOKENS = (16, 256)  # the slope between the two is the CPU per output token
+QWEN3_PARSERS = ["--reasoning-parser", "qwen3", "--tool-call-parser", "qwen"]
+
+
+class DeployCase:
+    """One (target, parsers, thinking, prompt size): its bodies and the numbers of every round."""
+
+    def __init__(
+        self, target: str, parsers: bool, thinking: bool, size: str, url: str, pid: int, work: Path, unique: bool
+    ) -> None:
+        self.target, self.parsers, self.thinking, self.size, self.url, self.pid = target, parsers, thinking, size, url, pid
+        self.marker = MARKER if unique else None
+        prompt = prompt_text(MODELS["qwen3"].folder / "tokenizer.json", SIZES[size] - _TEMPLATE_TOKENS)
+        self.whole = chat_body(prompt, unique, SHORT_TOKENS, False, thinking)
+        self.stream_files: dict[int, Path] = {}
+        for tokens in DEPLOY_STREAM_TOKENS:
+            self.stream_files[tokens] = work / f"{self.key.replace('/', '-')}-{tokens}.json"
+            self.stream_files[tokens].write_text(json.dumps(chat_body(prompt, unique, tokens, True, thinking)))
+        self.work = work
+        self.prompt_tokens = 0
+        self.rounds: list[dict[str, Any]] = []
+
+    @property
+    def key(self) -> str:
+        return (f"{self.target}/parsers {'on' if self.parsers else 'off'}/thinking {'on' if self.thinking else 'off'}"
+                f"/{self.size}")  # fmt: skip
+
+    def check(self) -> None:
+        self.prompt_tokens = int(_smoke(self.url, self.whole, False)["prompt_tokens"])
+        for tokens, path in self.stream_files.items():
+            got = _smoke(self.url, json.loads(path.read_text()), True).get("completion_tokens")
+            if got != tokens:
+                raise StartError(f"a stream gave {got} tokens instead of {tokens}")
+
+    def measure(self, args: argparse.Namespace) -> dict[str, Any]:
+        script = write_script(self.work / f"{self.key.replace('/', '-')}.lua", self.whole, unique_marker=self.marker,
+                              unique_base=next(_bases) * 10**8)  # fmt: skip
+        run_wrk(self.url, script, connections=args.whole_connections, threads=1, duration=args.warmup,
+                core=args.load_core)  # fmt: skip
+        before = cpu_seconds(self.pid)
+        point = run_wrk(self.url, script, connections=args.whole_connections, threads=1, duration=args.duration,
+                        core=args.load_core)  # fmt: skip
+        per_request = (cpu_seconds(self.pid) - before) / max(point.requests, 1) * 1e6
+        per_stream: dict[int, float] = {}
+        events: dict[int, float] = {}
+        errors = point.errors + point.non_2xx
+        for tokens, path in self.stream_files.items():
+            rounds = max(2, round(args.stream_rounds * 256 / tokens / 4)) if tokens < 256 else args.stream_rounds
+            before = cpu_seconds(self.pid)
+            done = run_streams(self.url, streams=args.streams, rounds=rounds, warmup_rounds=1, core=args.load_core,
+                               timeout_s=120.0, body=path, unique_marker=self.marker,
+                               unique_base=next(_bases) * 10**8)  # fmt: skip
+            per_stream[tokens] = (cpu_seconds(self.pid) - before) / max(done.samples, 1) * 1e6
+            events[tokens] = done.events_per_stream
+            errors += done.errors
+        low, high = DEPLOY_STREAM_TOKENS
+        slope = (per_stream[high] - per_stream[low]) / (high - low)
+        return {
+            "cpu_us_per_request": round(per_request, 1),
+            "rps": round(point.rps, 1),
+            "cpu_us_per_token": round(slope, 2),
+            "cpu_us_per_stream_fixed": round(per_stream[low] - low * slope, 1),
+            **{f"cpu_us_per_stream_{tokens}": round(cpu, 1) for tokens, cpu in per_stream.items()},
+            **{f"events_per_stream_{tokens}": n for tokens, n in events.items()},
+            "errors": errors,
+        }
+
+
+DEPLOY_METRICS = ("cpu_us_per_request", "cpu_us_per_token", "cpu_us_per_stream_fixed", "events_per_stream_256")
+
+
+def run_deployment(args: argparse.Namespace, group: ProcessGroup, work: Path) -> dict[str, Any]:
+    """Every (target, parsers) started once on ``--target-core``, then ``--rounds`` rotated rounds over
+    every (target, parsers, thinking, size) case."""
+    model = MODELS["qwen3"]
+    engine_port = free_port()
+    start_grpc_engine(group, port=engine_port, tokenizer=model.folder, core=args.load_core, lean=True,
+                      delay_ms=args.delay_ms)  # fmt: skip
+    engine_url = f"grpc://{LOOPBACK}:{engine_port}"
+    cases: list[DeployCase] = []
+    failures: dict[str, str] = {}
+    for target, parsers in itertools.product(args.targets, args.parsers):
+        port = free_port()
+        flavour = Model(model.folder, None, None, "") if not parsers else model
+        print(f"- {target} parsers {'on' if parsers else 'off'}: starting", flush=True)
+        try:
+            proc = _start_target(target, group, work, port, engine_url, flavour, args)
+        except (StartError, RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            failures[f"{target}/parsers {parsers}"] = str(exc)
+            print(f"  failed to start: {exc}", flush=True)
+            continue
+        for thinking, size in itertools.product(args.thinking, args.sizes):
+            case = DeployCase(target, parsers, thinking, size, f"http://{LOOPBACK}:{port}/v1/chat/completions",
+                              proc.popen.pid, work, args.variant == "unique")  # fmt: skip
+            try:
+                case.check()
+            except (StartError, ValueError, KeyError, OSError) as exc:
+                failures[case.key] = str(exc)
+                print(f"  {case.key}: not measured: {exc}", flush=True)
+                continue
+            cases.append(case)
+    for number, order in rotations(cases, args.rounds):
+        for case in order:
+            entry = watched(lambda: case.measure(args), args, case.key, round=number)  # noqa: B023
+            case.rounds.append(entry)
+            print(f"  round {number + 1} {case.key}: {entry['cpu_us_per_request']:,.0f} µs/req, "
+                  f"{entry['cpu_us_per_token']:.1f} µs/tok, {entry['cpu_us_per_stream_fixed']:,.0f} µs/stream fixed, "
+                  f"{entry['events_per_stream_256']:.0f} events/256-token stream, errors {entry['errors']}"
+                  + ("; a pytest ran meanwhile" if entry.get("disturbed") else ""), flush=True)  # fmt: skip
+    summary: dict[str, Any] = {}
+    by_key = {case.key: case for case in cases}
+    for case in cases:
+        entry = {metric: spread([r[metric] for r in case.rounds]) for metric in DEPLOY_METRICS}
+        entry["prompt_tokens"] = case.prompt_tokens
+        entry["errors"] = sum(r["errors"] for r in case.rounds)
+        entry["disturbed_rounds"] = sum(bool(r.get("disturbed")) for r in case.rounds)
+        peer = by_key.get(case.key.replace(case.target, "smg", 1)) if case.target == "gateway" else None
+        if peer is not None:
+            entry["vs_smg"] = {
+                metric: spread([o[metric] / b[metric] for o, b in zip(case.rounds, peer.rounds) if b[metric] > 0], 2)
+                for metric in DEPLOY_METRICS[:3]
+            }  # fmt: skip
+        summary[case.key] = entry
+    return {"summary": summary, "failures": failures, "rounds": {case.key: case.rounds for case in cases}}
+
+
+def render_deployment(done: dict[str, Any]) -> str:
+    rows = [
+        "| target | parsers | thinking | prompt | prompt tok | CPU µs/req | min..max | vs smg | CPU µs/out tok "
+        "| min..max | vs smg | fixed µs/stream | min..max | vs smg | events/256-tok stream |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, entry in done["summary"].items():
+        cells = key.replace("parsers ", "").replace("thinking ", "").split("/") + [str(entry["prompt_tokens"])]
+        for metric, fmt in (("cpu_us_per_request", ",.0f"), ("cpu_us_per_token", ".1f"),
+                            ("cpu_us_per_stream_fixed", ",.0f")):  # fmt: skip
+            s = entry[metric]
+            ratio = entry.get("vs_smg", {}).get(metric)
+            cells += [format(s["median"], fmt), f"{s['min']:{fmt}}..{s['max']:{fmt}}",
+                      f"{ratio['median']:.2f}x ({ratio['min']:.2f}..{ratio['max']:.2f})" if ratio else ""]  # fmt: skip
+        cells.append(f"{entry['events_per_stream_256']['median']:.0f}")
+        rows.append("| " + " | ".join(cells) + " |")
+    rows += [f"\n{key}: not measured: {reason}" for key, reason in done["failures"].items()]
+    return "\n".join(rows)
+
+
 def split(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
@@ -446,7 +614,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--attempts", type=int, default=3,
         help="measure a case again (up to this many times in all) when a pytest ran while it was measured")
     add("--output", type=Path, default=RESULTS / "grpc-pipeline.json")
+    add("--deployment", action="store_true",
+        help="the Qwen3 deployment matrix instead (issue 27): parsers on/off x thinking on/off x --sizes "
+             "(default short,8k), whole and streamed, --rounds alternated rounds beside smg")
+    add("--parsers", default="on,off", help="--deployment: subset of on,off (the Qwen3 reasoning and tool parsers)")
+    add("--thinking", default="off,on", help="--deployment: subset of off,on (chat_template_kwargs.enable_thinking)")
+    add("--rounds", type=int, default=3, help="--deployment: rounds over every case (default 3)")
+    add("--streams", type=int, default=8, help="--deployment: concurrent streams (default 8)")
+    add("--whole-connections", type=int, default=16, help="--deployment: wrk connections for whole answers")
+    add("--delay-ms", type=float, default=0.0, help="--deployment: the engine's pause before each token")
+    add("--variant", choices=VARIANTS, default="unique",
+        help="--deployment: unique (default: a new number in every prompt, as distinct users send) or cached")
+    add("--profile-thinking", choices=("unset", "off", "on"), default="unset",
+        help="the profiled requests' chat_template_kwargs.enable_thinking (default: not sent)")
+    add("--profile-parsers", choices=("on", "off"), default="on", help="the profiled gateway's parser flags")
     args = parser.parse_args(argv)
+    if args.deployment:
+        if "--sizes" not in " ".join(argv if argv is not None else sys.argv):
+            args.sizes = "short,8k"
+        args.parsers = [p == "on" for p in split(args.parsers)]
+        args.thinking = [t == "on" for t in split(args.thinking)]
     args.tokenizers, args.sizes, args.targets = split(args.tokenizers), split(args.sizes), split(args.targets)
     if set(args.tokenizers) - set(MODELS) or set(args.sizes) - set(SIZES) or set(args.targets) - set(TARGETS):
         parser.error("unknown tokenizer, size or target")
@@ -458,6 +645,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _raise_on_sigterm()
     meta = bench_meta()
+
+    if args.deployment:
+        deployed = in_work_dir("gw-grpc-deploy-", "logs-grpc", lambda group, work: run_deployment(args, group, work))
+        if deployed is None:
+            return 130
+        write_results(args, meta, render_deployment(deployed), deployment=deployed)
+        return 0
 
     def body(group: ProcessGroup, work: Path) -> tuple[dict[str, Any], str]:
         results = {} if args.profile_only else run_all(args, group, work)
