@@ -331,3 +331,41 @@ def test_redis_restart_gives_two_gateways_one_budget_again(
     for log in logs:
         assert _outage_lines(log, "Redis") == (1, 1), log
         assert "Traceback" not in log
+
+
+@needs_postgres
+def test_gateway_starts_while_the_store_is_down(spawn, mock_worker_process, outage_database) -> None:
+    """Postgres refusing connections (our proxy, closed) as ``rungateway --workers 2 --worker-urls``
+    starts (D79): it binds and answers /liveness, /readiness is 503 naming the store, the control
+    plane answers 503 in its envelope, and the log says so once per serving process. Once the proxy
+    opens, with no restart, the leader registers the command-line worker, both processes load the
+    registry, /readiness is 200 and chat completions relay."""
+    with FaultProxy("127.0.0.1", 5432) as store:
+        store.cut()  # its port stays ours: restore() listens on it again
+        database = urlsplit(outage_database)._replace(netloc=f"postgres@127.0.0.1:{store.port}").geturl()
+        gateway = _gateway(spawn, {"DATABASE_URL": database}, "--workers", "2", "--worker-urls",
+                           mock_worker_process.url)
+        wait_for(lambda: gateway.log().count("started without the store") == 2, RECOVERED_WITHIN,
+                 "both serving processes started", gateway)
+        waiting = httpx.get(gateway.url + "/readiness", timeout=30)
+        listing = _timed(lambda: httpx.get(gateway.url + "/workers", timeout=30))
+        chat = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+
+        store.restore()
+        wait_for(lambda: gateway.log().count("registry loaded from the store") == 2, RECOVERED_WITHIN,
+                 "both serving processes loaded the registry", gateway)
+        wait_for(lambda: all(httpx.get(gateway.url + "/readiness").status_code == 200 for _ in range(4)),
+                 RECOVERED_WITHIN, "ready", gateway)
+        relayed = [httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30) for _ in range(6)]
+        listed = httpx.get(gateway.url + "/workers", timeout=30)
+        log = gateway.log()  # before the proxy closes (another outage)
+
+    assert waiting.status_code == 503
+    assert waiting.json() == {"status": "not_ready", "workers": {"ready": 0, "total": 0}, "waiting_for": "store"}
+    assert listing.status_code == 503 and listing.json()["code"] == "SERVICE_UNAVAILABLE", listing.text
+    assert chat.status_code != 500, chat.text
+    assert [answer.status_code for answer in relayed] == [200] * 6, [answer.text for answer in relayed]
+    assert [(w["url"], w["status"]) for w in listed.json()["workers"]] == [(mock_worker_process.url, "ready")]
+    assert _outage_lines(log, "the store (database)") == (2, 2), log  # once per serving process
+    assert log.count("waiting for the store") == 2, log
+    assert "Traceback" not in log
