@@ -22,7 +22,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings_test")
@@ -48,7 +48,11 @@ from standins.scripted_engine import GrpcEngineConfig  # noqa: E402
 _MESSAGES = b'"messages":[{"role":"user","content":"hello"}]'
 
 
-async def measure(requests: int, stream: bool, grpc: bool = False) -> float:
+async def measure(
+    requests: int, stream: bool, grpc: bool = False, rounds: int = 5, clock: Callable[[], float] = time.process_time
+) -> float:
+    """The best of ``rounds`` rounds of ``requests``, in ``clock`` units per request (microseconds of
+    process CPU time; bench/trace_cost.py's ``--callgrind`` passes a clock that marks the window)."""
     runner = web.AppRunner(build_app(MockWorkerConfig(model="mock-model", tokens=1)))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -101,11 +105,11 @@ async def measure(requests: int, stream: bool, grpc: bool = False) -> float:
     for _ in range(300):
         await one()
     best = float("inf")
-    for _ in range(5):
-        before = time.process_time()
+    for _ in range(rounds):
+        before = clock()
         for _ in range(requests):
             await one()
-        best = min(best, (time.process_time() - before) / requests * 1e6)
+        best = min(best, (clock() - before) / requests * 1e6)
     await reset_data_plane(config).aclose()
     await runner.cleanup()
     if engine is not None:
