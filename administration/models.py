@@ -204,6 +204,11 @@ class RequestLogEntry(models.Model):
     completion_tokens = models.BigIntegerField(default=0)
     cached_tokens = models.BigIntegerField(default=0)
     reasoning_tokens = models.BigIntegerField(default=0)
+    tokens_estimated = models.BooleanField(
+        default=False,
+        help_text="The tokens are the gateway's estimate: a relayed stream that ended before its worker reported "
+        "usage (the client left, the worker broke off) or that reported none.",
+    )
     latency_ms = models.FloatField()
     ttft_ms = models.FloatField(null=True, blank=True, help_text="Time to the first token, when streamed.")
 

@@ -147,7 +147,8 @@ class ModelPriceAdmin(_PriceModelAdmin):
 # --- the request log ---------------------------------------------------------------------------------
 
 LOG_COLUMNS = ["at", "request_id", "tenant", "model", "worker", "surface", "route", "status", "outcome", "error_code",
-               "prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens", "latency_ms", "ttft_ms"]
+               "prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens", "tokens_estimated",
+               "latency_ms", "ttft_ms"]
 
 
 @admin.register(RequestLogEntry)
@@ -155,7 +156,7 @@ class RequestLogEntryAdmin(_LogModelAdmin):
     """Read-only: the flush loop writes the log, retention prunes it."""
 
     list_display = ["at", "request_id", "tenant", "model", "status", "outcome", "error_code", "prompt_tokens",
-                    "completion_tokens", "cached_tokens", "latency_ms", "worker", "route"]
+                    "completion_tokens", "cached_tokens", "tokens_estimated", "latency_ms", "worker", "route"]
     list_filter = ["status", "outcome", "tenant", "model", "surface"]
     search_fields = ["=request_id"]
     search_help_text = "Search by request id (exact)."

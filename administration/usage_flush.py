@@ -41,7 +41,7 @@ from administration.db import STORE_ERRORS, arun_db
 from administration.models import RequestLogEntry, UsageMinute
 from common.config import GatewayConfig
 from common.ticks import next_mark
-from inference.accounting import MINUTE_FIELDS, AccountingEntry, Drained, MinuteKey, UsageLedger
+from inference.accounting import MINUTE_FIELDS, AccountingEntry, Drained, EstimatedUsage, MinuteKey, UsageLedger
 from inference.dataplane import DataPlane
 
 __all__ = [
@@ -122,6 +122,7 @@ def _log_row(entry: AccountingEntry) -> RequestLogEntry:
         completion_tokens=usage.completion,
         cached_tokens=usage.cached,
         reasoning_tokens=usage.reasoning,
+        tokens_estimated=type(usage) is EstimatedUsage,
         latency_ms=entry.latency_secs * 1000.0,
         ttft_ms=None if entry.ttft_secs is None else entry.ttft_secs * 1000.0,
     )

@@ -329,6 +329,7 @@ class LogRow(TypedDict):
     completion_tokens: int
     cached_tokens: int
     reasoning_tokens: int
+    tokens_estimated: bool
     latency_ms: float
     ttft_ms: float | None
 
@@ -402,7 +403,7 @@ def _log_row(row: RequestLogEntry) -> LogRow:
         "status": row.status, "outcome": row.outcome, "error_code": row.error_code,
         "prompt_tokens": row.prompt_tokens, "completion_tokens": row.completion_tokens,
         "cached_tokens": row.cached_tokens, "reasoning_tokens": row.reasoning_tokens,
-        "latency_ms": row.latency_ms, "ttft_ms": row.ttft_ms,
+        "tokens_estimated": row.tokens_estimated, "latency_ms": row.latency_ms, "ttft_ms": row.ttft_ms,
     }  # fmt: skip
 
 

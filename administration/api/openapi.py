@@ -486,12 +486,15 @@ USAGE = {
 LOG_ROW = {
     "type": "object",
     "required": ["at", "request_id", "tenant", "model", "worker", "surface", "route", "status", "outcome", "error_code",
-                 "prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens", "latency_ms", "ttft_ms"],
+                 "prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens", "tokens_estimated",
+                 "latency_ms", "ttft_ms"],
     "properties": {
         "at": {"type": "string", "format": "date-time"}, "request_id": _STRING, "tenant": _STRING, "model": _STRING,
         "worker": _STRING, "surface": _STRING, "route": _STRING, "status": {"type": "integer"},
         "outcome": {"type": "string", "enum": [outcome.value for outcome in Outcome]}, "error_code": _STRING,
         **{name: _COUNT for name in ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")},
+        "tokens_estimated": {"type": "boolean", "description": "The tokens are the gateway's estimate (a relayed "
+                             "stream that ended before its worker reported usage, or reported none)"},
         "latency_ms": {"type": "number"}, "ttft_ms": {"type": "number", "nullable": True},
     },
 }

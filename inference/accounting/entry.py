@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-__all__ = ["Outcome", "TokenUsage", "AccountingEntry", "SHARED_SCOPE", "OPEN_SCOPE"]
+__all__ = ["Outcome", "TokenUsage", "EstimatedUsage", "AccountingEntry", "SHARED_SCOPE", "OPEN_SCOPE"]
 
 # The tenant column of a request made with the shared --api-key, or with no key configured at all. A
 # tenant id never holds ':' (the --tenant-api-key syntax), so neither can collide with one.
@@ -46,6 +46,14 @@ class TokenUsage:
     def total(self) -> int:
         """What a token budget counts: prompt plus completion."""
         return self.prompt + self.completion
+
+
+@dataclass(slots=True)
+class EstimatedUsage(TokenUsage):
+    """Counts the gateway estimated because the answer never reported its own: a relayed stream
+    that ended before the worker's usage came (the client left, the worker broke off) or that
+    carried none (docs/DECISIONS.md D80). Budgets charge it as any usage; the request log marks the
+    row as estimated. A type of its own, so the reported path pays nothing for the mark."""
 
 
 @dataclass(slots=True)

@@ -37,7 +37,7 @@ from inference.served import ServedAnswer, ServedRequest, ServedSurface
 from inference.upstreams import RelayAnswer, RelayRequest
 from inference.upstreams.checked import checked_whole
 from inference.upstreams.engine import ENGINE_CLIENTS
-from inference.upstreams.provider import EXTERNAL
+from inference.upstreams.provider import EXTERNAL, STREAM_USAGE_PROVIDERS
 from inference.writers import ResponseClock, ResponseWriter
 
 __all__ = ["SurfaceRoute", "caller_key", "forwarded_headers"]
@@ -308,8 +308,12 @@ class SurfaceRoute:
                 if record.kind is WorkerKind.PROVIDER:
                     # A surface that passes the client's own credentials sends them as they are, unconverted.
                     key = None if handling.headers.credentials else caller_key(scope, identity)
+                    asked = added_usage and record.provider in STREAM_USAGE_PROVIDERS  # D80
+                    if asked and not rewritten:
+                        rewritten.append(orjson.dumps(relayed_body))
                     opening = dp.relay_for(EXTERNAL, path).open(RelayRequest(
-                        target, path, payload, stream, writer.request_id, headers, identity, key
+                        target, path, rewritten[0] if asked else payload, stream, writer.request_id, headers,
+                        identity, key, added_usage=asked,
                     ))  # fmt: skip
                     if handling.whole_answer is None or stream:
                         return opening

@@ -133,7 +133,8 @@ class RequestAccount:
                 outcome = Outcome.SUCCESS
         usage = self.usage
         if usage is None:
-            so_far = self.writer.usage_so_far if cancelled else None  # the client left mid-answer
+            # The client left mid-answer, or the upstream broke off before it reported its usage.
+            so_far = self.writer.usage_so_far if cancelled or not self.clean else None
             usage = so_far() if so_far is not None else TokenUsage()
         first_at = 0.0 if self.handed_on else self.writer.first_at
         entry = AccountingEntry(

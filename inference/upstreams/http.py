@@ -42,6 +42,7 @@ from inference.accounting import CLEAN, Delivered, TokenUsage
 from inference.routing.workers import Transport, WorkerRecord
 from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
 from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.upstreams.usage_estimate import stream_estimate
 from inference.upstreams.usage_scan import StreamUsage, usage_in_body, usage_key
 from inference.writers import ResponseWriter
 
@@ -142,6 +143,8 @@ class _Exchange:
 @RELAYS.register(Transport.HTTP)
 class HttpRelay(Relay):
     transport = Transport.HTTP
+    # How a stream the gateway asked usage of (RelayRequest.added_usage) is read (D66, D80).
+    asked_usage_scan: type[StreamUsage] = StreamUsage
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> HttpRelay:
@@ -403,8 +406,12 @@ class _HttpAnswer(RelayAnswer):
         """The stream as it arrives, its usage read on the way (:class:`StreamUsage`)."""
         exchange = self._exchange
         request = self._request
-        scan = StreamUsage(usage_key(request.path), request.added_usage)
+        scan = (self._relay.asked_usage_scan if request.added_usage else StreamUsage)(
+            usage_key(request.path), request.added_usage
+        )
         await writer.open_stream()
+        # The client leaving before the worker's usage came: what the stream came to so far (D80).
+        writer.usage_so_far = lambda: self._estimate(writer, scan)
         payload = exchange.payload
         try:
             while True:
@@ -415,7 +422,7 @@ class _HttpAnswer(RelayAnswer):
                 if payload.is_eof():
                     # The worker's stream ended with this chunk: it goes out as the last body message.
                     await writer.chunk(sent + scan.end(), last=True)
-                    return Delivered(True, scan.usage())
+                    return Delivered(True, self._reported(writer, scan))
                 if sent:
                     await writer.chunk(sent)
         except asyncio.CancelledError:
@@ -428,7 +435,17 @@ class _HttpAnswer(RelayAnswer):
         if rest:
             await writer.chunk(rest)
         await writer.end_stream()
-        return Delivered(True, scan.usage())
+        return Delivered(True, self._reported(writer, scan))
+
+    def _estimate(self, writer: ResponseWriter, scan: StreamUsage, ended: bool = False) -> TokenUsage:
+        """The stream's usage without the worker's final word (D80): estimated from what went out."""
+        return stream_estimate(self._request.path, self._request.body, writer.events, scan.usage(), ended)
+
+    def _reported(self, writer: ResponseWriter, scan: StreamUsage) -> TokenUsage:
+        """The usage the ended stream reported, or its estimate when it reported none."""
+        writer.usage_so_far = None  # the stream ended: nothing to estimate (and no cycle to keep)
+        usage = scan.usage()
+        return usage if usage is not None else self._estimate(writer, scan, ended=True)
 
     async def _broken(self, writer: ResponseWriter, failure: UpstreamFailure, scan: StreamUsage) -> Delivered:
         """The response has started: the writer reports the failure in-band and ends the stream."""
@@ -437,4 +454,5 @@ class _HttpAnswer(RelayAnswer):
         if rest:
             await writer.chunk(rest)
         await writer.break_stream(failure.in_band())
-        return Delivered(False, scan.usage())
+        writer.usage_so_far = None
+        return Delivered(False, self._estimate(writer, scan))

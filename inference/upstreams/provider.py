@@ -29,8 +29,12 @@ from inference.routing.workers import WorkerRecord
 from inference.upstreams.base import RELAYS, RelayRequest
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.http import KEEPALIVE_SECS, HttpRelay, _header_line, _Target
+from inference.upstreams.usage_scan import NullUsageStream
 
-__all__ = ["EXTERNAL", "PROVIDER_KEY_HEADERS", "GuardedResolver", "ProviderRelay", "provider_key_headers"]
+__all__ = [
+    "EXTERNAL", "PROVIDER_KEY_HEADERS", "STREAM_USAGE_PROVIDERS", "GuardedResolver", "ProviderRelay",
+    "provider_key_headers",
+]  # fmt: skip
 
 EXTERNAL = "external"
 """The relay's name: external workers are relayed by it, whatever their URL's scheme says."""
@@ -44,6 +48,17 @@ PROVIDER_KEY_HEADERS: dict[str, str] = {
 }
 """The header each known provider takes its key in (docs ENGINES.md, "External providers"); any
 other OpenAI-compatible API takes it as OpenAI does."""
+
+
+STREAM_USAGE_PROVIDERS = frozenset({"openai"})
+"""The providers a chat or completions stream whose client did not ask for usage is sent with
+``stream_options.include_usage`` added, to account it (docs/DECISIONS.md D80): OpenAI, which then
+adds a usage-only event and ``"usage":null`` to every other chunk, both taken out of what the client
+receives (:class:`~inference.upstreams.usage_scan.NullUsageStream`). Not the others: Gemini's
+OpenAI-compatible API reports usage in its last chunk unasked; xAI, asked, puts it on the finish
+chunk, which the client would then receive changed; an unnamed OpenAI-compatible API may refuse the
+option (a 400 for a stream that works today). Their streams are counted from the usage they send,
+else estimated (D80)."""
 
 
 def provider_key_headers(provider: str | None, api_key: str | None) -> tuple[tuple[str, str], ...]:
@@ -81,6 +96,8 @@ class GuardedResolver(AbstractResolver):
 @RELAYS.register(EXTERNAL)
 class ProviderRelay(HttpRelay):
     """The relay of external workers (see the module's docstring)."""
+
+    asked_usage_scan = NullUsageStream
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> ProviderRelay:

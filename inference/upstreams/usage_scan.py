@@ -7,7 +7,10 @@
 - the Responses API: ``input_tokens``, ``output_tokens`` and their ``*_details``;
 - Anthropic Messages: ``input_tokens`` (the uncached part: the cache reads and writes are added to
   it), ``output_tokens``, ``cache_read_input_tokens``;
-- SGLang's /generate: ``meta_info`` with ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``.
+- SGLang's /generate: ``meta_info`` with ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``;
+- Gemini's Interactions API: ``total_input_tokens``, ``total_output_tokens`` (the thoughts,
+  ``total_thought_tokens``, outside it: added to the completion, and counted as reasoning),
+  ``total_cached_tokens``.
 
 A stream is scanned line by line as it passes (:class:`StreamUsage`); where the gateway asked the
 worker for usage the client did not (``stream_options.include_usage``), the usage-only event the
@@ -22,11 +25,12 @@ import re
 
 from inference.accounting import TokenUsage
 
-__all__ = ["StreamUsage", "usage_in_body", "usage_key"]
+__all__ = ["NullUsageStream", "StreamUsage", "usage_in_body", "usage_key"]
 
 _COUNT = re.compile(
     rb'"(prompt_tokens|completion_tokens|cached_tokens|reasoning_tokens|input_tokens|output_tokens'
-    rb'|cache_read_input_tokens|cache_creation_input_tokens)"\s*:\s*(\d+)'
+    rb'|cache_read_input_tokens|cache_creation_input_tokens'
+    rb'|total_input_tokens|total_output_tokens|total_cached_tokens|total_thought_tokens)"\s*:\s*(\d+)'
 )
 _USAGE = b'"usage"'
 _META = b'"meta_info"'
@@ -41,6 +45,7 @@ def usage_key(path: str) -> bytes:
 _SLOT = {
     b"prompt_tokens": 0, b"input_tokens": 0, b"completion_tokens": 1, b"output_tokens": 1, b"cached_tokens": 2,
     b"reasoning_tokens": 3, b"cache_read_input_tokens": 4, b"cache_creation_input_tokens": 5,
+    b"total_input_tokens": 0, b"total_output_tokens": 1, b"total_cached_tokens": 2, b"total_thought_tokens": 6,
 }
 
 
@@ -50,7 +55,7 @@ def _counts(data: bytes, start: int, end: int, into: list[int]) -> bool:
     found = _COUNT.findall(data, start, end)
     if not found:
         return False
-    seen = [-1, -1, -1, -1, 0, 0]
+    seen = [-1, -1, -1, -1, 0, 0, 0]
     for name, value in found:
         slot = _SLOT[name]
         count = int(value)
@@ -60,6 +65,9 @@ def _counts(data: bytes, start: int, end: int, into: list[int]) -> bool:
         if seen[0] >= 0:
             seen[0] += seen[4] + seen[5]
         seen[2] = max(seen[2], seen[4])
+    if seen[6]:  # Gemini's thoughts, outside its total_output_tokens
+        seen[1] = max(seen[1], 0) + seen[6]
+        seen[3] = max(seen[3], seen[6])
     for i in range(4):
         if seen[i] > into[i]:
             into[i] = seen[i]
@@ -159,3 +167,22 @@ class StreamUsage:
 
     def usage(self) -> TokenUsage | None:
         return TokenUsage(*self.counts) if self.found else None
+
+
+_NULL_USAGE = b',"usage":null'
+
+
+class NullUsageStream(StreamUsage):
+    """A stream of OpenAI's API the gateway asked for usage: besides the usage-only event, asking
+    adds ``"usage":null`` to every other chunk, which is taken out too (the client then receives the
+    bytes OpenAI sends without the option). Engines (vLLM, SGLang) send the same chunks either way."""
+
+    __slots__ = ()
+
+    def feed(self, chunk: bytes) -> bytes:
+        sent = StreamUsage.feed(self, chunk)
+        return sent.replace(_NULL_USAGE, b"") if self.strip and _NULL_USAGE in sent else sent
+
+    def end(self) -> bytes:
+        rest = StreamUsage.end(self)
+        return rest.replace(_NULL_USAGE, b"") if _NULL_USAGE in rest else rest

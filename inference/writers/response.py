@@ -82,6 +82,11 @@ class ResponseWriter:
         """perf_counter() when the stream's first chunk went out (0.0: none did)."""
         return self._first_at
 
+    @property
+    def events(self) -> int:
+        """The SSE data events of the stream written so far (a cut relayed stream's estimate, D80)."""
+        return self._events
+
     # --- the disconnect watch ---------------------------------------------------------------------
     def watch(self, receive: Receive) -> DisconnectWatch:
         """Cancel the current task when the client disconnects, until the final body message."""

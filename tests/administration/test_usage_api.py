@@ -249,7 +249,7 @@ def test_the_request_log_filters_and_pages(client: Client, keys: None) -> None:
     # No body, header or key is in a row: the row's fields are the log's columns.
     assert set(bob[0]) == {"at", "request_id", "tenant", "model", "worker", "surface", "route", "status", "outcome",
                            "error_code", "prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens",
-                           "latency_ms", "ttft_ms"}
+                           "tokens_estimated", "latency_ms", "ttft_ms"}
 
 
 @pytest.mark.parametrize("params", [

@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 
 import httpx
 import orjson
 import pytest
 
+from administration.models import RequestLogEntry
+from administration.usage_flush import write_usage
 from common import telemetry
-from inference.accounting import OPEN_SCOPE, SHARED_SCOPE, AccountingEntry, Outcome
+from inference.accounting import OPEN_SCOPE, SHARED_SCOPE, AccountingEntry, EstimatedUsage, Outcome, TokenUsage
 from inference.dataplane import data_plane
+from inference.routing.workers import WorkerRecord, WorkerStatus
 from standins import mock_responses as mr
-from tests.conftest import GatewayFactory, RunningWorker, free_port, record_for
+from standins.mock_provider import ProviderConfig
+from tests.conftest import (
+    PROVIDER_KEY, GatewayFactory, Provider, RunningWorker, free_port, record_for, serving_provider,
+)
 from tests.inference.mcp.servers import serving
 from tests.inference.served.conftest import QWEN_MODEL, Start, asgi_app, start_engine_gateway  # noqa: F401
 from tests.inference.served.test_zmq import NO_THINKING, StartZmq, ipc_dir, start_zmq_gateway  # noqa: F401
@@ -346,3 +353,157 @@ async def test_tokens_are_counted_on_metrics_by_model_and_type(
         _sample("gw_router_tokens_total", **router, token_type="output"),
     )
     assert [b - a for a, b in zip(before, after)] == [prompt, TOKENS, prompt, TOKENS]
+
+
+# --- what a relayed stream used when its worker never said it (D80) -------------------------------------
+
+# The mock worker's chat prompt as the gateway estimates it: "user:\nhello there friend", 24 characters
+# at four a token (the worker reports usage only in its stream's last event).
+PROMPT_ESTIMATE = 6
+
+
+async def _leave_after(app: object, path: str, body: dict, events: int, key: str | None = None) -> int:
+    """``body`` streamed through the ASGI app by a client that leaves once it received ``events`` SSE
+    data events; how many it received."""
+    raw = orjson.dumps(body)
+    left = asyncio.Event()
+    received = [0]
+    messages = [{"type": "http.request", "body": raw, "more_body": False}]
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop()
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body":
+            received[0] += message.get("body", b"").count(b"data:")
+            if received[0] >= events:
+                left.set()
+
+    headers = [(b"host", b"gateway"), (b"content-type", b"application/json")]
+    if key is not None:
+        headers.append((b"authorization", f"Bearer {key}".encode()))
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers,
+        "client": ("127.0.0.1", 5000), "server": ("gateway", 80),
+    }
+    await asyncio.wait_for(app(scope, receive, send), 5)  # type: ignore[operator]
+    return received[0]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_relayed_stream_the_client_leaves_is_charged_an_estimate(
+    make_gateway: GatewayFactory, worker: RunningWorker, asgi_app: object, settings
+) -> None:
+    settings.REDIS_URL = None
+    make_gateway([record_for(worker)], tenant_api_keys=(("acme", "sk-acme"),), tenant_budgets=(("acme", "100000/day"),))
+    body = {**CHAT, "stream": True, "mock": {"tokens": 40, "delay_ms": 20}}
+    received = await _leave_after(asgi_app, "/v1/chat/completions", body, 5, key="sk-acme")
+    drained = data_plane().ledger.drain()
+    [entry] = drained.log
+    assert (entry.outcome, entry.status, entry.tenant, entry.worker) == (Outcome.CANCELLED, 499, "acme", worker.url)
+    # One token per chunk the client received (the mock's first chunk carries its first token with the
+    # role; vLLM and SGLang send the role alone first, which the estimate leaves out).
+    assert 5 <= received < 40
+    assert type(entry.usage) is EstimatedUsage
+    assert (entry.usage.prompt, entry.usage.completion) == (PROMPT_ESTIMATE, received - 1)
+    assert data_plane().budgets.used("acme") == entry.usage.total  # the budget charged the same count
+    await asyncio.to_thread(write_usage, drained)
+    row = await asyncio.to_thread(lambda: RequestLogEntry.objects.get())
+    assert (row.prompt_tokens, row.completion_tokens, row.tokens_estimated) == (PROMPT_ESTIMATE, received - 1, True)
+
+
+async def test_a_relayed_stream_its_worker_breaks_off_is_charged_an_estimate(gateway: httpx.AsyncClient) -> None:
+    body = {**CHAT, "stream": True, "mock": {"fail_after": 3, "tokens": 10}}
+    async with gateway.stream("POST", "/v1/chat/completions", json=body) as response:
+        lines = [line async for line in response.aiter_lines() if line.startswith("data:")]
+    assert len(lines) == 5  # three tokens, then the gateway's in-band error and [DONE]
+    whole = {**CHAT, "stream": True}  # reported in full: not an estimate
+    async with gateway.stream("POST", "/v1/chat/completions", json=whole) as response:
+        [line async for line in response.aiter_lines()]
+    broken, reported = entries()
+    assert (broken.outcome, broken.error_code) == (Outcome.UPSTREAM_ERROR, "stream_failed")
+    assert type(broken.usage) is EstimatedUsage and (broken.usage.prompt, broken.usage.completion) == (PROMPT_ESTIMATE, 2)
+    assert type(reported.usage) is TokenUsage and reported.usage.completion == TOKENS
+
+
+# --- external providers: asked for stream usage without changing the client's bytes (D80) -----------------
+
+
+def _external(provider: Provider, named: str, models: tuple[str, ...] = ("gpt-4o-mini",)) -> WorkerRecord:
+    return WorkerRecord(
+        id=str(uuid.uuid4()), url=provider.url, model_id=None, runtime_type="external", status=WorkerStatus.READY,
+        api_key=PROVIDER_KEY, models=models, named_provider=named,
+    )  # fmt: skip
+
+
+PROVIDER_CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "one two three"}], "stream": True}
+
+
+async def test_an_openai_stream_is_asked_for_usage_and_relayed_unchanged(
+    make_gateway: GatewayFactory, provider: Provider
+) -> None:
+    gateway = make_gateway([_external(provider, "openai")], ssrf_allow_loopback=True)
+    async with gateway.stream("POST", "/v1/chat/completions", json=PROVIDER_CHAT) as response:
+        received = b"".join([chunk async for chunk in response.aiter_raw()])
+    assert provider.calls("/v1/chat/completions")[-1]["json"]["stream_options"] == {"include_usage": True}
+    async with httpx.AsyncClient() as direct:
+        auth = {"authorization": f"Bearer {PROVIDER_KEY}"}
+        sent = (await direct.post(provider.url + "/v1/chat/completions", json=PROVIDER_CHAT, headers=auth)).content
+    assert b'"usage"' not in sent and b'"usage"' not in received  # neither the null fields nor the usage event
+    assert _normalized(received) == _normalized(sent)
+    [entry] = entries()
+    # "heard: one two three": the provider's own count (words), not an estimate.
+    assert type(entry.usage) is TokenUsage and (entry.usage.prompt, entry.usage.completion) == (3, 4)
+    # A client that asked gets what it asked for, counted once.
+    asked = {**PROVIDER_CHAT, "stream_options": {"include_usage": True}}
+    async with gateway.stream("POST", "/v1/chat/completions", json=asked) as response:
+        lines = [line async for line in response.aiter_lines() if line]
+    assert lines[0].endswith(',"usage":null}') and orjson.loads(lines[-2][6:])["usage"]["completion_tokens"] == 4
+    [entry] = entries()
+    assert (entry.usage.prompt, entry.usage.completion) == (3, 4)
+
+
+async def test_an_openai_stream_that_breaks_off_is_charged_an_estimate(
+    make_gateway: GatewayFactory, provider: Provider
+) -> None:
+    gateway = make_gateway([_external(provider, "openai")], ssrf_allow_loopback=True)
+    body = {**PROVIDER_CHAT, "metadata": {"provider_break": "1"}}
+    async with gateway.stream("POST", "/v1/chat/completions", json=body) as response:
+        received = b"".join([chunk async for chunk in response.aiter_raw()])
+    assert b'"usage"' not in received
+    [entry] = entries()
+    assert (entry.outcome, entry.error_code) == (Outcome.UPSTREAM_ERROR, "stream_failed")
+    # The role chunk and one word went out: one token; the prompt "user:\none two three" at four a token.
+    assert type(entry.usage) is EstimatedUsage and (entry.usage.prompt, entry.usage.completion) == (5, 1)
+
+
+async def test_a_provider_not_asked_is_counted_by_estimate(make_gateway: GatewayFactory) -> None:
+    async with serving_provider(ProviderConfig(api_key=PROVIDER_KEY, flavour="xai", models=("grok-4",))) as xai:
+        gateway = make_gateway([_external(xai, "xai", ("grok-4",))], ssrf_allow_loopback=True)
+        async with gateway.stream("POST", "/v1/chat/completions", json={**PROVIDER_CHAT, "model": "grok-4"}) as response:
+            [line async for line in response.aiter_lines()]
+        assert "stream_options" not in xai.calls("/v1/chat/completions")[-1]["json"]
+    [entry] = entries()
+    # Its stream carried no usage: the words it streamed (the role chunk, the finish chunk and [DONE]
+    # are not tokens), the prompt at four characters a token.
+    assert entry.outcome is Outcome.SUCCESS
+    assert type(entry.usage) is EstimatedUsage and (entry.usage.prompt, entry.usage.completion) == (5, 4)
+
+
+async def test_gemini_interactions_are_counted_from_their_usage(make_gateway: GatewayFactory) -> None:
+    config = ProviderConfig(api_key=PROVIDER_KEY, flavour="gemini", models=("gemini-2.5-flash",))
+    async with serving_provider(config) as gemini:
+        gateway = make_gateway([_external(gemini, "gemini", ("gemini-2.5-flash",))], ssrf_allow_loopback=True)
+        body = {"model": "gemini-2.5-flash", "input": "one two three"}
+        whole = (await gateway.post("/v1/interactions", json=body)).json()["usage"]
+        async with gateway.stream("POST", "/v1/interactions", json={**body, "stream": True}) as response:
+            [line async for line in response.aiter_lines()]
+    plain, streamed = entries()
+    expected = (whole["total_input_tokens"], whole["total_output_tokens"])
+    assert expected == (4, 4)  # the stand-in counts words: "heard: one two three"
+    assert type(plain.usage) is TokenUsage and (plain.usage.prompt, plain.usage.completion) == expected
+    assert type(streamed.usage) is TokenUsage and (streamed.usage.prompt, streamed.usage.completion) == expected
