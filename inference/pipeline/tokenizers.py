@@ -178,8 +178,20 @@ class ModelTokenizer:
         decoded as text even with ``skip_special_tokens`` (a parser's markers, :meth:`special_ids`)."""
         skipped = self.special_token_ids - kept_special_ids if skip_special_tokens and kept_special_ids else None
         return IncrementalDetokenizer(
-            self.tokenizer, skip_special_tokens=skip_special_tokens, prompt_ids=prompt_ids, skipped_ids=skipped
-        )
+            self.tokenizer, skip_special_tokens=skip_special_tokens, prompt_ids=prompt_ids, skipped_ids=skipped,
+            concatenative=self.concatenative_decode,
+        )  # fmt: skip
+
+    @property
+    def concatenative_decode(self) -> bool:
+        """Whether the decoder is byte-level BPE's alone: the text of ids is their tokens' bytes joined
+        and read as UTF-8, so ids that begin and end on character boundaries decode to the texts of
+        their parts joined (the incremental detokenizer then decodes once per step, not twice)."""
+        key = ("concatenative_decode", ())
+        known: bool | None = self._facts.get(key)
+        if known is None:
+            known = self._facts[key] = type(self.tokenizer.decoder).__name__ == "ByteLevel"
+        return known
 
     def special_ids(self, texts: Sequence[str]) -> frozenset[int]:
         """The ids of those ``texts`` that are one special token of this tokenizer (once per texts)."""

@@ -76,9 +76,11 @@ StubT = TypeVar("StubT")
 ABORT_REASON = "aborted by the gateway"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WireChunk:
-    """One streamed chunk as the runtime sent it (counts as reported, not yet folded)."""
+    """One streamed chunk as the runtime sent it (counts as reported, not yet folded). Not frozen: one
+    is made per engine message, and a frozen dataclass's constructor (``object.__setattr__`` per
+    field) costs about twice a plain one's; nothing keeps or shares it past :meth:`_pieces`."""
 
     index: int
     token_ids: tuple[int, ...]
@@ -110,21 +112,21 @@ class WireComplete:
     kv_transfer_params: str | None = None  # JSON text (vLLM's sequential PD: the prefill's handoff)
 
 
-def _merged(a: WireChunk, b: WireChunk) -> WireChunk | None:
-    """Two chunks of one choice as one, when nothing is lost by it (same logprob shape; the later
-    one carries no prompt logprobs); None otherwise."""
+def _merged(a: WireChunk, b: WireChunk) -> bool:
+    """Fold ``b`` into ``a`` (two chunks of one choice as one: their token ids, logprobs and latest
+    counts) when nothing is lost by it (same logprob shape; ``b`` carries no prompt logprobs): True;
+    False and ``a`` unchanged otherwise. ``a`` is a chunk :meth:`GrpcEngineClient._pieces` decoded
+    itself, so changing it in place is safe."""
     if a.index != b.index or b.prompt_logprobs is not None or (a.logprobs is None) != (b.logprobs is None):
-        return None
-    return WireChunk(
-        index=a.index,
-        token_ids=a.token_ids + b.token_ids,
-        prompt_tokens=b.prompt_tokens or a.prompt_tokens,
-        completion_tokens=max(a.completion_tokens, b.completion_tokens),
-        cached_tokens=max(a.cached_tokens, b.cached_tokens),
-        reasoning_tokens=max(a.reasoning_tokens, b.reasoning_tokens),
-        logprobs=None if a.logprobs is None or b.logprobs is None else a.logprobs + b.logprobs,
-        prompt_logprobs=a.prompt_logprobs,
-    )
+        return False
+    a.token_ids = a.token_ids + b.token_ids
+    a.prompt_tokens = b.prompt_tokens or a.prompt_tokens
+    a.completion_tokens = max(a.completion_tokens, b.completion_tokens)
+    a.cached_tokens = max(a.cached_tokens, b.cached_tokens)
+    a.reasoning_tokens = max(a.reasoning_tokens, b.reasoning_tokens)
+    if a.logprobs is not None and b.logprobs is not None:
+        a.logprobs = a.logprobs + b.logprobs
+    return True
 
 
 def tokenized(message: Any, input_ids: tuple[int, ...], original_text: str | None, *, ids_field: str = "input_ids") -> Any:
@@ -393,13 +395,10 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
             piece = self._decode(response)
             if piece is None:
                 continue
-            if pieces and isinstance(piece, WireChunk):
+            if pieces and type(piece) is WireChunk:
                 last = pieces[-1]
-                if isinstance(last, WireChunk):
-                    merged = _merged(last, piece)
-                    if merged is not None:
-                        pieces[-1] = merged
-                        continue
+                if type(last) is WireChunk and _merged(last, piece):
+                    continue
             pieces.append(piece)
         return pieces
 
