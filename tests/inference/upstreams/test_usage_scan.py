@@ -1,13 +1,15 @@
 """Reading a relayed answer's usage from its bytes (inference.upstreams.usage_scan, D66): whole
 answers of every API shape, and streams cut anywhere, with the usage-only event the gateway asked for
-taken out of what the client receives and nothing else changed."""
+taken out of what the client receives and nothing else changed; and the estimate of a stream that
+ended without its usage (inference.upstreams.usage_estimate, D80)."""
 
 from __future__ import annotations
 
 import pytest
 
-from inference.accounting import TokenUsage
-from inference.upstreams.usage_scan import StreamUsage, usage_in_body, usage_key
+from inference.accounting import EstimatedUsage, TokenUsage
+from inference.upstreams.usage_estimate import prompt_estimate, stream_estimate
+from inference.upstreams.usage_scan import NullUsageStream, StreamUsage, usage_in_body, usage_key
 
 OPENAI = (
     b'{"id":"c","choices":[{"message":{"content":"say \\"usage\\": {\\"prompt_tokens\\": 99}"}}],'
@@ -60,3 +62,41 @@ def test_running_totals_keep_the_highest() -> None:
     scan = StreamUsage()
     assert _through(scan, anthropic, 7) == anthropic and scan.usage() == TokenUsage(9, 14)
     assert StreamUsage().usage() is None  # a stream that reported nothing
+
+
+def test_gemini_interactions_usage() -> None:
+    interaction = b'{"object":"interaction","usage":{"total_input_tokens":11,"total_cached_tokens":4,"total_output_tokens":6,"total_thought_tokens":3,"total_tokens":20}}'
+    assert usage_in_body(interaction) == TokenUsage(11, 9, 4, 3)  # thoughts are output, outside total_output_tokens
+
+
+@pytest.mark.parametrize("step", range(1, len(STREAM) + 1, 3))
+def test_an_asked_openai_stream_loses_its_null_usage_fields_too(step: int) -> None:
+    unasked = WITHOUT.replace(b',"usage":null', b"")  # what OpenAI sends a client that did not ask
+    stripped = NullUsageStream(strip=True)
+    assert _through(stripped, STREAM, step) == unasked and stripped.usage() == TokenUsage(7, 2)
+    kept = NullUsageStream()  # the client asked: its null fields are its own
+    assert _through(kept, STREAM, step) == STREAM
+
+
+# --- a stream that ended without its usage (usage_estimate, D80) ------------------------------------------
+
+CHAT_BODY = b'{"model":"m","messages":[{"role":"user","content":"hello there friend"}],"stream":true}'
+
+
+def test_the_prompt_is_estimated_at_four_characters_a_token() -> None:
+    assert prompt_estimate(CHAT_BODY) == 6  # "user:\nhello there friend": 24 characters
+    assert prompt_estimate(b'{"prompt":"abcde"}') == 2  # rounded up
+    assert prompt_estimate(b"not json") == 0
+
+
+def test_a_stream_estimate_leaves_out_the_events_that_carry_no_token() -> None:
+    cut = stream_estimate("/v1/chat/completions", CHAT_BODY, 5, None)
+    assert type(cut) is EstimatedUsage and (cut.prompt, cut.completion) == (6, 4)  # the role chunk left out
+    assert stream_estimate("/v1/chat/completions", CHAT_BODY, 7, None, ended=True).completion == 4  # finish, [DONE]
+    assert stream_estimate("/v1/completions", CHAT_BODY, 5, None).completion == 5
+    assert stream_estimate("/v1/responses", CHAT_BODY, 9, None).completion == 5  # created .. content_part.added
+    assert stream_estimate("/v1/chat/completions", CHAT_BODY, 0, None).completion == 0
+    # What the stream reported is a floor, and its prompt is taken over the estimate.
+    reported = stream_estimate("/v1/messages", CHAT_BODY, 13, TokenUsage(40, 1, 8, 0))
+    assert (reported.prompt, reported.completion, reported.cached) == (40, 10, 8)
+    assert stream_estimate("/generate", CHAT_BODY, 3, TokenUsage(5, 7)).completion == 7
