@@ -2,6 +2,8 @@
 
 HTTP goes through a Channels URLRouter: data-plane routes (/v1/* inference, /generate, /rerank,
 probes) to plain async ASGI handlers, everything else (admin console, control-plane APIs) to Django.
+A data-plane path (every one is a fixed path) is looked up in a dict in front of the URLRouter and
+its handler called with the scope the URLRouter would give it, without trying the patterns in turn.
 """
 
 from __future__ import annotations
@@ -84,6 +86,24 @@ if BACKGROUND not in LIFECYCLE.background:
     LIFECYCLE.background.append(BACKGROUND)
 
 
+class FixedPaths:
+    """In front of a URLRouter: a request for one of ``routes``' fixed paths goes straight to its
+    handler, with the scope the URLRouter makes for it (a copy with ``path_remaining`` and
+    ``url_route``); any other (and any under a root_path) to the URLRouter."""
+
+    def __init__(self, routes: list[Any], router: Any) -> None:
+        self.handlers = {"/" + str(route.pattern): route.callback for route in routes}
+        self.router = router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = self.handlers.get(scope["path"])
+        if handler is None or scope.get("root_path") or "path_remaining" in scope:
+            return await self.router(scope, receive, send)
+        return await handler(
+            dict(scope, path_remaining="", url_route={"args": (), "kwargs": {}}), receive, send
+        )  # fmt: skip
+
+
 async def refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
     """No route speaks WebSocket: the handshake is refused (the server answers 403), where a missing
     "websocket" entry was an unhandled exception in the log under daphne."""
@@ -94,7 +114,7 @@ async def refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
 application = ProtocolTypeRouter(
     {
         "http": LIFECYCLE.gate(
-            URLRouter([*DATA_PLANE_ROUTES, re_path(r"", cast(Any, django_app))]),
+            FixedPaths(DATA_PLANE_ROUTES, URLRouter([*DATA_PLANE_ROUTES, re_path(r"", cast(Any, django_app))])),
             frozenset("/" + str(route.pattern) for route in DATA_PLANE_ROUTES),
         ),
         "websocket": refuse_websocket,
