@@ -41,6 +41,7 @@ from inference.writers import ResponseWriter
 __all__ = ["ServedChat"]
 
 _OPENAI_FINISH = {"abort": "stop"}  # the engine's own abort is not an OpenAI finish reason
+_TEXT_TAIL = b'},"logprobs":null,"finish_reason":null}]}\n\n'
 
 
 class ServedChat(ServedSurface):
@@ -57,6 +58,7 @@ class ServedChat(ServedSurface):
         self.include_usage = options.get("include_usage") is True
         self.continuous_usage = options.get("continuous_usage_stats") is True
         self.usage_on_finish = detect_profile(request.requested_model) is Profile.DEEPSEEK_V4
+        self._head: bytes | None = None  # a chunk's bytes up to its choice's index (_text_chunk)
 
     async def open(self, worker: WorkerHandle) -> EngineAnswer:
         return await self.turn.open(worker, self._stream if self.request.stream else self._whole)
@@ -171,8 +173,25 @@ class ServedChat(ServedSurface):
             return self._chunk([choice], usage_json(tally.usage()), with_usage=True)
         return self._chunk([choice])
 
+    def _text_chunk(self, index: int, key: bytes, text: str) -> bytes:
+        """A content or reasoning delta's chunk, as :meth:`_event_chunk` writes it with no logprobs and
+        no usage, from bytes made once per stream: the chunk a stream sends per token."""
+        head = self._head
+        if head is None:
+            head = self._head = b"".join((
+                b'data: {"id":', orjson.dumps(self.id), b',"object":"chat.completion.chunk","created":',
+                orjson.dumps(self.created), b',"model":', orjson.dumps(self.model), b',"choices":[{"index":',
+            ))  # fmt: skip
+        return b"".join((head, b"%d" % index, key, orjson.dumps(text), _TEXT_TAIL))
+
     def _event_bytes(self, index: int, event: Event, tally: UsageTally, logprobs: Any, last: bool) -> bytes:
         running = self.continuous_usage
+        if logprobs is None and not running and not self.usage_on_finish:
+            kind = type(event)
+            if kind is TextDelta:
+                return self._text_chunk(index, b',"delta":{"content":', event.text)  # type: ignore[union-attr]
+            if kind is ReasoningDelta:
+                return self._text_chunk(index, b',"delta":{"reasoning_content":', event.text)  # type: ignore[union-attr]
         if isinstance(event, TextDelta):
             return self._event_chunk(index, {"content": event.text}, tally, running, logprobs=logprobs)
         if isinstance(event, ReasoningDelta):
