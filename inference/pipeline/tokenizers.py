@@ -296,6 +296,15 @@ def _load_executor() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenizer-load")
 
 
+@lru_cache(maxsize=256)
+def _normalised(location: str) -> str:
+    """A tokenizer location as the cache keys it (once per location: every engine request looks its
+    tokenizer up, and ``Path(...).expanduser()`` is most of that lookup)."""
+    if "://" in location:  # a worker's URL for ``resolve``, not a path to normalise
+        return location
+    return str(Path(location).expanduser())
+
+
 class TokenizerCache:
     """Loaded tokenizers by (path, chat-template override), least recently used dropped first.
 
@@ -316,10 +325,7 @@ class TokenizerCache:
 
     @staticmethod
     def key(path: str | os.PathLike[str], chat_template: str | None = None) -> CacheKey:
-        location = os.fspath(path)
-        if "://" in location:  # a worker's URL for ``resolve``, not a path to normalise
-            return (location, chat_template)
-        return (str(Path(location).expanduser()), chat_template)
+        return (_normalised(os.fspath(path)), chat_template)
 
     def __len__(self) -> int:
         return len(self._items)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any, Protocol
 
 from inference.accounting import CLEAN, Delivered
@@ -17,7 +18,7 @@ from inference.pipeline.tokenizers import ModelTokenizer
 from inference.routing.pd import pair_context_length, pd_partner
 from inference.routing.registry import RegistrySnapshot
 from inference.routing.workers import EngineSpec, WorkerHandle, WorkerKind, WorkerRecord
-from inference.schemas.families import detect_family
+from inference.schemas.families import ModelFamily, detect_family
 from inference.pipeline.target import EngineTarget
 from inference.upstreams.pd_engine import PdEngineClient, pd_engine_refusal
 from inference.writers import ResponseWriter
@@ -72,6 +73,12 @@ def _tokenizer_source(record: WorkerRecord, spec: EngineSpec) -> dict[str, str |
     return {"location": spec.tokenizer, "chat_template": spec.chat_template, "fallback": record.url}
 
 
+@lru_cache(maxsize=256)
+def _family(model: str, architectures: tuple[str, ...], model_type: str | None) -> ModelFamily | None:
+    """:func:`detect_family` once per (model, architectures, model type): every engine request asks."""
+    return detect_family(model, architectures=architectures, model_type=model_type)
+
+
 def engine_target(dp: DataPlane, worker: WorkerHandle, model: str) -> EngineTarget:
     """The client, tokenizer and family of ``worker`` for ``model`` (for the decode worker of a PD
     pair, a client that runs each generation on the pair). Raises GatewayError 503
@@ -81,7 +88,7 @@ def engine_target(dp: DataPlane, worker: WorkerHandle, model: str) -> EngineTarg
     spec = record.engine or EngineSpec()
     model = model or record.model_id or ""
     tokenizer = tokenizer_for(model, **_tokenizer_source(record, spec))
-    family = detect_family(model, architectures=spec.architectures, model_type=spec.model_type or None)
+    family = _family(model, tuple(spec.architectures), spec.model_type or None)
     client = dp.engines.client(record)
     client.use_eos_token_ids(tokenizer.eos_token_ids)  # an engine without a tokenizer (ZMQ) needs them
     partner = pd_partner(worker.id)
