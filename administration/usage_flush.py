@@ -6,8 +6,9 @@ swap of two containers) and writes the batch on a worker thread in ONE transacti
 of the (minute, tenant, model) sums that ADDS to the stored rows (``INSERT ... ON CONFLICT (minute,
 tenant, model) DO UPDATE SET requests = <table>.requests + excluded.requests, ...``, the same text on
 Postgres and SQLite), so every process of every host on one store sums into the same rows, and one
-INSERT of the request log's rows executed for each row (not the ORM's bulk_create: D82). The upsert's rows go in one order (minute, tenant, model) in
-every process, so two flushes touching the same rows wait for each other instead of deadlocking.
+INSERT of the request log's rows executed for each row (not the ORM's bulk_create: D82). The
+upsert's rows go in one order (minute, tenant, model) in every process, so two flushes touching the
+same rows wait for each other instead of deadlocking.
 
 A flush the store refuses (an outage: :data:`administration.db.STORE_ERRORS`, logged once as one by
 :data:`common.outages.STORE`) puts its batch back into the ledger, bounded (the oldest minutes and log
