@@ -32,7 +32,7 @@ from common.telemetry import record_health_check
 from common.ticks import sleep_to_mark
 from administration.models import Worker, WorkerStatus, WorkerType
 from administration.reachability import Reachability
-from administration.notices import record_change
+from administration.notices import publish_registry_changed
 from inference.dataplane import data_plane
 from inference.routing.workers import WorkerRecord
 from inference.upstreams.failures import UpstreamFailure
@@ -64,10 +64,11 @@ class HealthTarget:
 
 def transition(worker_id: str, old: str, new: str) -> bool:
     """Move a worker from ``old`` to ``new``; False when its status was no longer ``old``. A move is
-    recorded as a registry change, so every gateway process routes by it within about a second."""
+    published as a registry change (its notice names the worker), so every gateway process routes by
+    it at once, or within about a second from the change log."""
     moved = Worker.objects.filter(pk=worker_id, status=old, registered=True).update(status=new) == 1
     if moved:
-        record_change(worker_id)
+        publish_registry_changed(worker_id)
     return moved
 
 

@@ -9,8 +9,11 @@ command, Celery job, another gateway on the store). Two shortcuts make it sooner
 - this process's own listeners are called directly;
 - with Redis, the Channels layer group ``gateway.registry`` tells the others at once.
 
-Both only say "read the changes now". Each gateway also reloads the whole fleet on a slow timer, so
-a lost change delays it but never loses it.
+Both carry the change (:class:`Notice`: its number in the log and the worker it touched), so a
+process whose log is applied up to the number before it re-reads just that worker without reading
+the log; a notice that does not follow on (one lost, a change made elsewhere) sends the process to
+the log, and a garbled one to a full reload. Each gateway also reloads the whole fleet on a slow
+timer, so a lost change delays it but never loses it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import datetime, timedelta
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 from uuid import UUID
 
 from asgiref.sync import async_to_sync
@@ -32,23 +35,57 @@ from administration.models import RegistryChange
 from common.outages import REDIS, STORE
 
 __all__ = [
-    "GROUP", "CHANGE_RETENTION", "publish_registry_changed", "record_change", "latest_change", "changes_since",
-    "prune_changes", "add_local_listener", "remove_local_listener",
+    "GROUP", "CHANGE_RETENTION", "Notice", "Listener", "notice_message", "parse_notice", "publish_registry_changed",
+    "record_change", "latest_change", "changes_since", "prune_changes", "add_local_listener", "remove_local_listener",
 ]
 
 log = logging.getLogger(__name__)
 
 GROUP = "gateway.registry"
-_listeners: list[Callable[[], None]] = []
+_MESSAGE_TYPE = "registry.changed"
+
+
+class Notice(NamedTuple):
+    """One committed change as a notice carries it: its number in the store's change log (None when
+    the store could not record it: read the log once it answers) and the worker it touched (None:
+    not one worker's change, the whole fleet is read)."""
+
+    seq: int | None
+    worker_id: str | None
+
+
+Listener = Callable[[Notice], None]
+_listeners: list[Listener] = []
 _lock = threading.Lock()
 
 
-def add_local_listener(listener: Callable[[], None]) -> None:
+def notice_message(notice: Notice) -> dict[str, Any]:
+    """The notice as the channel layer carries it."""
+    return {"type": _MESSAGE_TYPE, "seq": notice.seq, "worker": notice.worker_id}
+
+
+def parse_notice(message: Any) -> Notice | None:
+    """The notice a channel-layer message carries; None when it is garbled. A message without a
+    number (a gateway of an earlier version on the same Redis) is a notice to read the log."""
+    if not isinstance(message, dict) or message.get("type") != _MESSAGE_TYPE:
+        return None
+    seq, worker_id = message.get("seq"), message.get("worker")
+    if not (seq is None or (isinstance(seq, int) and not isinstance(seq, bool) and seq > 0)):
+        return None
+    if worker_id is not None:
+        try:
+            worker_id = str(UUID(worker_id))
+        except (TypeError, ValueError, AttributeError):
+            return None
+    return Notice(seq, worker_id if seq is not None else None)
+
+
+def add_local_listener(listener: Listener) -> None:
     with _lock:
         _listeners.append(listener)
 
 
-def remove_local_listener(listener: Callable[[], None]) -> None:
+def remove_local_listener(listener: Listener) -> None:
     with _lock:
         if listener in _listeners:
             _listeners.remove(listener)
@@ -85,31 +122,33 @@ def prune_changes(now: datetime | None = None) -> int:
 def publish_registry_changed(worker_id: str | UUID | None = None) -> None:
     """Call from sync code (jobs, commands, views) after a committed change to ``worker_id`` (None:
     not one worker's change; every process then reloads the whole fleet)."""
+    seq: int | None = None
     try:
-        record_change(worker_id)
+        seq = record_change(worker_id)
         STORE.recovered()
     except STORE_ERRORS as exc:  # the store is down (logged once): listeners and the timer carry the change
         STORE.failed(exc)
+    notice = Notice(seq, None if worker_id is None else str(worker_id))
     with _lock:
         listeners = list(_listeners)
     for listener in listeners:
         try:
-            listener()
+            listener(notice)
         except Exception:
             log.exception("registry listener failed")
     if getattr(settings, "REDIS_URL", None):
         layer = get_channel_layer()
         if layer is not None:
-            _notify_over_redis(layer)
+            _notify_over_redis(layer, notice)
 
 
-def _notify_over_redis(layer: BaseChannelLayer) -> None:
+def _notify_over_redis(layer: BaseChannelLayer, notice: Notice) -> None:
     """Tell the other processes at once. A pooled connection Redis dropped (it restarted) fails the
     first send and is replaced, so a failed send is tried once more before it counts as an outage;
     the store's change log carries the change either way."""
     for attempt in (1, 2):
         try:
-            async_to_sync(layer.group_send)(GROUP, {"type": "registry.changed"})
+            async_to_sync(layer.group_send)(GROUP, notice_message(notice))
         except (RedisError, OSError) as exc:
             if attempt == 2:
                 REDIS.failed(exc)

@@ -1,12 +1,14 @@
 """The gateway process's side of the worker registry.
 
 It keeps the data plane's registry snapshot current, by deltas: every committed change names the
-worker it touched in the store's change log (administration/notices.py), and this process reads the
-changes past the last one it applied (twice a second, at once when a job in this process or a Redis
-notice says so) and re-reads just those workers; a burst of changes shares one read. A full reload
-of the fleet runs at start-up, for a change that is not one worker's (tenant limits, the tokenizer
-registry), when this process fell behind the log, and every 30 s as a safety net. Both build the
-same snapshot.
+worker it touched in the store's change log (administration/notices.py), and this process re-reads
+just those workers; a burst of changes shares one read. The notice of a change (from a job in this
+process, or over Redis) carries its number and worker: when the notices follow on from the last
+change applied, the workers they name are re-read without reading the log; otherwise (a notice
+lost, a change made elsewhere, the twice-a-second poll) the log says what changed. A full reload of
+the fleet runs at start-up, for a change that is not one worker's (tenant limits, the tokenizer
+registry), for a garbled notice, when this process fell behind the log, and every five minutes as
+a safety net. Both build the same snapshot.
 
 The process that leads the host (every process of a one-process gateway; one elected process of a
 supervised one) also syncs --worker-urls into the store and runs the health checks and the load
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -32,7 +35,8 @@ from administration.host import HostPeers, Leadership, read_load_reports, write_
 from administration.loads import LoadMonitor, LoadTarget
 from administration.models import Worker, WorkerStatus
 from administration.notices import (
-    CHANGE_RETENTION, GROUP, add_local_listener, changes_since, latest_change, prune_changes, remove_local_listener,
+    CHANGE_RETENTION, GROUP, Notice, add_local_listener, changes_since, latest_change, parse_notice, prune_changes,
+    remove_local_listener,
 )
 from administration.tenant_budgets import stored_tenant_budgets
 from administration.tenant_limits import stored_tenant_limits
@@ -44,7 +48,7 @@ from common.outages import REDIS, STORE
 from common.ticks import sleep_to_mark
 from inference.dataplane import data_plane
 from inference.pipeline.tokenizer_registry import TOKENIZERS, TokenizerEntry
-from inference.routing.registry import REGISTRY, RegistrySnapshot
+from inference.routing.registry import REGISTRY, RegistrySnapshot, WorkerRegistry
 from inference.routing.workers import Transport, WorkerKind, WorkerRecord
 from inference.served.base import tokenizer_ready
 
@@ -55,7 +59,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FULL_RELOAD_SECS = 30.0  # the safety net: the whole fleet re-read this often
+FULL_RELOAD_SECS = 300.0  # the safety net: the whole fleet re-read this often
 CHANGE_POLL_SECS = 0.5  # how often the store's change log is read (a change is seen within it)
 LOAD_FOLLOW_SECS = 1.0  # how often a follower looks for the leader's new load reports
 CHANGE_DEBOUNCE_SECS = 0.05  # a notice's read waits this long for the notices that follow it
@@ -208,6 +212,10 @@ def load_worker_states(config: GatewayConfig, worker_ids: Iterable[str]) -> dict
     return _worker_states(config, list(Worker.objects.listed().filter(pk__in=list(worker_ids))))
 
 
+def _order(state: WorkerState) -> tuple[float, str]:
+    return state.record.order
+
+
 def fleet_aliases(config: GatewayConfig, ordered: Iterable[WorkerState]) -> dict[str, str]:
     """The --model-aliases, then each worker's model-card aliases in registration order (the first
     worker to claim an alias keeps it)."""
@@ -221,24 +229,29 @@ def fleet_aliases(config: GatewayConfig, ordered: Iterable[WorkerState]) -> dict
 class RegistrySync:
     """This process's registry snapshot kept in step with the store. ``peers`` (a supervised
     gateway's serving processes) makes the host's control loops (command-line registrations, health
-    checks, the load monitor) run in the elected leader only; without it this process leads."""
+    checks, the load monitor) run in the elected leader only; without it this process leads.
+    ``registry`` is the process's (REGISTRY) unless a test runs several syncs in one process."""
 
-    def __init__(self, config: GatewayConfig, peers: HostPeers | None = None) -> None:
+    def __init__(self, config: GatewayConfig, peers: HostPeers | None = None, registry: WorkerRegistry | None = None) -> None:
         self.config = config
         self.peers = peers
+        self.registry = REGISTRY if registry is None else registry
         self.health = HealthChecker(self._status_changed)
         self.loads = LoadMonitor(config.load_monitor_interval)
         self.leadership = Leadership(peers.lock_path, self._lead) if peers is not None else None
         self.leading = peers is None
         self.full_reloads = 0  # how many times the whole fleet was read
         self.deltas = 0  # how many workers were re-read one by one (tests tell deltas from reloads by these)
-        self._states: dict[str, WorkerState] = {}  # what the snapshot was built from, in registration order
+        self.log_reads = 0  # how many times the change log was read for them (the others came from notices)
+        self._states: dict[str, WorkerState] = {}  # what the snapshot was built from
+        self._ordered: list[WorkerState] = []  # the same, in registration order
         self._listing: tuple[WorkerState, ...] | None = None  # the same, as other threads may read it
         # The change log as applied: every change up to ``_floor`` is, and those numbered in ``_seen``
         # above it; ``_cursor`` is the newest applied.
         self._floor = self._cursor = -1
         self._seen: set[int] = set()
         self._read_at = 0.0  # monotonic time of the last read of the log
+        self._noticed: dict[int, str | None] = {}  # notices not applied yet: change number -> worker
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._syncing: asyncio.Task[None] | None = None
@@ -265,7 +278,7 @@ class RegistrySync:
             log.warning("started without the store: no worker is routable and /readiness answers 503 until the "
                         "registry is loaded from it")
             self._tasks.append(asyncio.ensure_future(self._load_when_the_store_answers()))
-            return REGISTRY.snapshot
+            return self.registry.snapshot
 
     async def _load_when_the_store_answers(self) -> None:
         """Try the first load every STORE.retry_secs until the store answers (a store that answers
@@ -340,8 +353,9 @@ class RegistrySync:
         state = await arun_db(load_fleet_state, self.config)
         self.full_reloads += 1
         self._states = state.workers
-        self._listing = tuple(self._states.values())
-        snapshot = REGISTRY.publish(state.records, fleet_aliases(self.config, state.workers.values()))
+        self._ordered = list(state.workers.values())
+        self._listing = tuple(self._ordered)
+        snapshot = self.registry.publish(state.records, fleet_aliases(self.config, state.workers.values()))
         self._floor = self._cursor = max(self._cursor, state.version)
         self._seen = {seq for seq in self._seen if seq > self._floor}
         self._read_at = time.monotonic()
@@ -356,12 +370,24 @@ class RegistrySync:
         return snapshot
 
     async def acatch_up(self) -> RegistrySnapshot:
-        """Apply the store's changes past the last one applied: re-read just the workers they name
-        (a full reload when one is not a worker's, when there are many, or when this process fell
-        behind the log)."""
+        """Apply the changes past the last one applied: re-read just the workers they name. Notices
+        that follow on from the last change applied say which (no read of the log); otherwise the
+        store's log does (a full reload when a change is not a worker's, when there are many, or
+        when this process fell behind the log)."""
+        noticed, self._noticed = self._noticed, {}
+        behind = time.monotonic() - self._read_at > BEHIND_SECS
+        following = None if behind else self._following(noticed)
+        if following is not None:
+            if not following:  # every noticed change is applied already
+                return self.registry.snapshot
+            snapshot = await self.aapply({worker_id for _, worker_id in following if worker_id is not None})
+            self._floor = self._cursor = following[-1][0]
+            self._seen.clear()
+            self._read_at = time.monotonic()
+            return snapshot
         since = max(self._floor, self._cursor - CHANGE_OVERLAP)
         rows = await arun_db(changes_since, since, CHANGE_BATCH)
-        behind = time.monotonic() - self._read_at > BEHIND_SECS
+        self.log_reads += 1
         fresh = [(seq, worker_id) for seq, worker_id in rows if seq not in self._seen]
         if behind or len(rows) >= CHANGE_BATCH or any(worker_id is None for _, worker_id in fresh):
             log.debug("full reload: %s", "behind the change log" if behind else
@@ -369,7 +395,7 @@ class RegistrySync:
             return await self.arefresh()
         self._read_at = time.monotonic()
         if not fresh:
-            return REGISTRY.snapshot
+            return self.registry.snapshot
         ids = {worker_id for _, worker_id in fresh if worker_id is not None}
         snapshot = await self.aapply(ids)
         self._seen.update(seq for seq, _ in fresh)
@@ -378,26 +404,51 @@ class RegistrySync:
         self._seen = {seq for seq in self._seen if seq > self._floor}
         return snapshot
 
+    def _following(self, noticed: dict[int, str | None]) -> list[tuple[int, str | None]] | None:
+        """The noticed changes not applied yet, oldest first, when they are every change after the
+        last one applied and each names a worker; else None (the log must be read). Every change up
+        to the last one applied must be applied too: a change the log skipped (numbered, not
+        committed yet) keeps the log's overlap reading until it is seen."""
+        if not noticed or self._cursor < 0 or len(self._seen) != self._cursor - self._floor:
+            return None
+        following = sorted(
+            (seq, worker_id) for seq, worker_id in noticed.items() if seq > self._floor and seq not in self._seen
+        )
+        if not following:
+            return following
+        first, last = following[0][0], following[-1][0]
+        if first != self._cursor + 1 or last - first != len(following) - 1:
+            return None  # a change not noticed here (lost, or made elsewhere) lies between
+        if any(worker_id is None for _, worker_id in following):
+            return None
+        return following
+
     async def aapply(self, worker_ids: set[str]) -> RegistrySnapshot:
         """Re-read these workers from the store and change just them (a worker not there left)."""
         found = await arun_db(load_worker_states, self.config, worker_ids)
         self.deltas += len(worker_ids)
-        arrived = False
+        states, ordered = self._states, self._ordered
+        aliases_moved = left = False
         for worker_id in worker_ids:
             state = found.get(worker_id)
-            if state is None:
-                self._states.pop(worker_id, None)
-            else:
-                arrived = arrived or worker_id not in self._states
-                self._states[worker_id] = state
-        if arrived:  # the order the registry keeps too (its aliases depend on it: the first claim wins)
-            self._states = dict(sorted(self._states.items(), key=lambda item: item[1].record.order))
-        self._listing = tuple(self._states.values())
-        snapshot = REGISTRY.apply(
+            previous = states.pop(worker_id, None)
+            aliases_moved = aliases_moved or bool(previous is not None and previous.aliases) or bool(state and state.aliases)
+            if previous is not None:  # out of the order, found by its place (a registration finishing late
+                index = bisect_left(ordered, previous.record.order, key=_order)  # takes its place in it)
+                while ordered[index] is not previous:
+                    index += 1
+                del ordered[index]
+                left = left or state is None
+            if state is not None:
+                states[worker_id] = state
+                insort(ordered, state, key=_order)
+        self._listing = tuple(ordered)
+        snapshot = self.registry.apply(
             {worker_id: state.record if (state := found.get(worker_id)) else None for worker_id in worker_ids},
-            fleet_aliases(self.config, self._states.values()),
+            fleet_aliases(self.config, ordered) if aliases_moved else None,  # the order of claims counts
         )
-        data_plane().engines.retain(self._states)
+        if left:
+            data_plane().engines.retain(states)
         load_tokenizers_of(found[worker_id].record for worker_id in worker_ids if worker_id in found)
         if self.leading:
             for worker_id in worker_ids:
@@ -416,17 +467,34 @@ class RegistrySync:
         return listing
 
     async def _status_changed(self, worker_id: str, status: WorkerStatus) -> None:
-        """A health check here moved a worker: route by it at once; the change it recorded in the
-        store brings the rest (its load target) with the next read of the log."""
-        snapshot = REGISTRY.publish_status(worker_id, status)
+        """A health check here moved a worker: route by it at once; the change's notice brings the
+        rest (its load target) with the worker's re-read."""
+        snapshot = self.registry.publish_status(worker_id, status)
         if snapshot is not None:
             load_tokenizers_of(handle.record for handle in snapshot.routable if handle.id == worker_id)
         self._schedule_sync()
 
-    def notify(self) -> None:
-        """Called from any thread (jobs): read the store's changes soon, once for a burst of notices."""
+    def notify(self, notice: Notice | None = None) -> None:
+        """Called from any thread (jobs) with a change's notice: apply it soon, once for a burst."""
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._schedule_sync)
+            self._loop.call_soon_threadsafe(self._noticed_change, notice)
+
+    def received(self, message: Any) -> None:
+        """A notice from another process over the channel layer (on the serving loop)."""
+        notice = parse_notice(message)
+        if notice is None:  # garbled: what it said is unknown, so the whole fleet is read
+            log.warning("a garbled registry notice arrived; reloading the fleet")
+            self._schedule_sync(reload=True)
+        else:
+            self._noticed_change(notice)
+
+    def _noticed_change(self, notice: Notice | None) -> None:
+        """Keep what a notice names for the next catch-up (one without a number: read the log)."""
+        if notice is not None and notice.seq is not None:
+            if notice.seq <= self._floor or notice.seq in self._seen:
+                return  # applied already (by the log or a reload)
+            self._noticed[notice.seq] = notice.worker_id
+        self._schedule_sync()
 
     def _schedule_sync(self, *, reload: bool = False) -> None:
         self._reload_wanted = self._reload_wanted or reload
@@ -484,7 +552,7 @@ class RegistrySync:
     async def _share_load_reports(self) -> None:
         """The leader hands its load reports to the other processes after each poll."""
         assert self.peers is not None
-        await asyncio.to_thread(write_load_reports, self.peers.loads_path, REGISTRY)
+        await asyncio.to_thread(write_load_reports, self.peers.loads_path, self.registry)
 
     async def _follow_load_reports(self) -> None:
         """A follower reads the leader's load reports when they change."""
@@ -493,7 +561,7 @@ class RegistrySync:
         while True:
             await sleep_to_mark(LOAD_FOLLOW_SECS)
             try:
-                seen = read_load_reports(self.peers.loads_path, REGISTRY, seen)
+                seen = read_load_reports(self.peers.loads_path, self.registry, seen)
             except Exception:
                 log.debug("reading the leader's load reports failed", exc_info=True)
 
@@ -507,8 +575,7 @@ class RegistrySync:
                 await layer.group_add(GROUP, channel)
                 REDIS.recovered()
                 while True:
-                    await layer.receive(channel)
-                    self._schedule_sync()
+                    self.received(await layer.receive(channel))
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError) as exc:  # Redis down (logged once): the change poll carries on

@@ -4,6 +4,7 @@ the race seen at 1,000 workers), the change log, and deltas that give what a ful
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -17,7 +18,8 @@ from administration.health import transition
 from administration.lifecycle import LIFECYCLE
 from administration.models import RegistryChange, Worker, WorkerQuerySet, WorkerStatus
 from administration.notices import (
-    CHANGE_RETENTION, changes_since, latest_change, prune_changes, publish_registry_changed, record_change,
+    CHANGE_RETENTION, Notice, add_local_listener, changes_since, latest_change, notice_message, parse_notice,
+    prune_changes, publish_registry_changed, record_change, remove_local_listener,
 )
 from administration.registry_sync import RegistrySync, fleet_aliases, load_fleet_state
 from common.config import GatewayConfig, install_config
@@ -238,3 +240,158 @@ async def test_get_workers_lists_from_memory_while_it_is_current(monkeypatch: py
         await sync.astop()
         REGISTRY.publish([], {})
         install_config(GatewayConfig(), export=False)
+
+
+# --- Notices that carry the change (D78) -------------------------------------------------------
+
+async def _settled(sync: RegistrySync) -> None:
+    """Wait until the sync has applied what it was told (its notices read, its catch-up done)."""
+    for _ in range(500):
+        await asyncio.sleep(0.01)
+        if (sync._syncing is None or sync._syncing.done()) and not sync._noticed:
+            return
+    raise AssertionError("the registry sync did not settle")
+
+
+async def _ready(url: str) -> Worker:
+    return await Worker.objects.acreate(url=url, registered=True, status=WorkerStatus.READY, model_id="m",
+                                        runtime_type="sglang")
+
+
+async def _changed(worker: Worker) -> Notice:
+    """A committed change to ``worker`` and the notice that tells of it."""
+    return Notice(await arun_db(record_change, worker.pk), str(worker.pk))
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_notices_are_applied_by_delta_and_a_lost_one_is_repaired() -> None:
+    """Notices that follow on from the last change applied are applied without reading the log (each
+    worker re-read by itself); a lost notice leaves a gap, which sends the process to the log; a
+    garbled notice reloads the whole fleet; and a change the log no longer has is repaired by the
+    full reload (the safety net)."""
+    config = GatewayConfig(disable_health_check=True)
+    registry = WorkerRegistry()
+    sync = RegistrySync(config, registry=registry)
+
+    def urls() -> list[str]:
+        return [handle.url for handle in registry.snapshot.workers]
+
+    try:
+        await arun_db(record_change)  # the log's newest number is where the notices follow on from
+        await sync.arefresh()
+        reads = sync.log_reads
+        a = await _ready("http://127.0.0.1:9/a")
+        b = await _ready("http://127.0.0.1:9/b")
+        for notice in (await _changed(a), await _changed(b)):
+            sync.received(notice_message(notice))
+        await _settled(sync)
+        assert urls() == ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"]
+        assert sync.log_reads == reads and sync.deltas == 2 and sync.full_reloads == 1
+
+        # A status change and a removal, by notice alone.
+        await Worker.objects.filter(pk=a.pk).aupdate(status=WorkerStatus.NOT_READY)
+        sync.received(notice_message(await _changed(a)))
+        gone = Notice(None, str(b.pk))
+        await b.adelete()
+        sync.received(notice_message(gone._replace(seq=await arun_db(record_change, gone.worker_id))))
+        await _settled(sync)
+        assert urls() == ["http://127.0.0.1:9/a"] and registry.snapshot.routable == ()
+        assert sync.log_reads == reads
+
+        # A notice lost (c's): d's does not follow on, so the log is read and both are applied.
+        c = await _ready("http://127.0.0.1:9/c")
+        await _changed(c)
+        d = await _ready("http://127.0.0.1:9/d")
+        sync.received(notice_message(await _changed(d)))
+        await _settled(sync)
+        assert urls() == ["http://127.0.0.1:9/a", "http://127.0.0.1:9/c", "http://127.0.0.1:9/d"]
+        assert sync.log_reads == reads + 1 and sync.full_reloads == 1
+
+        # A garbled notice: what it said is unknown, so the fleet is reloaded.
+        sync.received({"type": "registry.changed", "seq": "many", "worker": 3})
+        await _settled(sync)
+        assert sync.full_reloads == 2
+
+        # A change whose notice was lost and whose log row is gone (pruned): the full reload repairs it.
+        e = await _ready("http://127.0.0.1:9/e")
+        lost = await _changed(e)
+        assert lost.seq is not None
+        await RegistryChange.objects.filter(seq=lost.seq).adelete()
+        await sync.acatch_up()
+        assert "http://127.0.0.1:9/e" not in urls()
+        await sync.arefresh()
+        assert urls()[-1] == "http://127.0.0.1:9/e"
+    finally:
+        await sync.astop()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_two_processes_converge_whatever_order_their_notices_arrive_in() -> None:
+    """Two serving processes' syncs (each with its own registry) told of the same changes, one in the
+    order they were made and the other in reverse and missing one, end with the snapshot a full
+    reload of the store gives; a change numbered but committed after later ones (a slower writer)
+    is not skipped by the notices: the process keeps reading the log until it has it."""
+    config = GatewayConfig(disable_health_check=True)
+    first, second = WorkerRegistry(), WorkerRegistry()
+    one, two = RegistrySync(config, registry=first), RegistrySync(config, registry=second)
+    try:
+        await arun_db(record_change)
+        await one.arefresh()
+        await two.arefresh()
+        workers = [await _ready(f"http://127.0.0.1:9/w{index}") for index in range(4)]
+        notices = [await _changed(worker) for worker in workers]
+        await Worker.objects.filter(pk=workers[1].pk).aupdate(status=WorkerStatus.PENDING, model_id="m2")
+        notices.append(await _changed(workers[1]))
+        gone = str(workers[2].pk)
+        await workers[2].adelete()
+        notices.append(Notice(await arun_db(record_change, gone), gone))
+        for notice in notices:
+            one.received(notice_message(notice))
+        for notice in reversed(notices[1:]):  # the first one lost on the way to the second process
+            two.received(notice_message(notice))
+        await _settled(one)
+        await _settled(two)
+        expected, _, _ = await arun_db(_full_reload_view, config)
+        assert _view(first.snapshot) == _view(second.snapshot) == expected
+        assert one.log_reads == 0 and two.log_reads == 1
+
+        # A slower writer: its change is numbered before a later one but committed after it.
+        slow_worker = await _ready("http://127.0.0.1:9/slow")
+        slow = await _changed(slow_worker)
+        assert slow.seq is not None
+        await RegistryChange.objects.filter(seq=slow.seq).adelete()  # not committed yet
+        fast_worker = await _ready("http://127.0.0.1:9/fast")
+        one.received(notice_message(await _changed(fast_worker)))
+        await _settled(one)
+        assert one.log_reads == 1  # the notice did not follow on: the log was read
+        await RegistryChange.objects.acreate(seq=slow.seq, worker_id=slow_worker.pk)  # it commits
+        later = await _ready("http://127.0.0.1:9/later")
+        one.received(notice_message(await _changed(later)))  # follows on, but the slow one is missing
+        await _settled(one)
+        assert one.log_reads == 2
+        assert [handle.url for handle in first.snapshot.workers][-3:] == [
+            "http://127.0.0.1:9/slow", "http://127.0.0.1:9/fast", "http://127.0.0.1:9/later",
+        ]
+    finally:
+        await one.astop()
+        await two.astop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_published_change_tells_listeners_its_number_and_worker() -> None:
+    heard: list[Notice] = []
+    add_local_listener(heard.append)
+    try:
+        worker = _worker("http://told:1")
+        publish_registry_changed(worker.pk)
+        publish_registry_changed()
+    finally:
+        remove_local_listener(heard.append)
+    newest = latest_change()
+    assert heard == [Notice(newest - 1, str(worker.pk)), Notice(newest, None)]
+    assert parse_notice(notice_message(heard[0])) == heard[0]
+    assert parse_notice({"type": "registry.changed"}) == Notice(None, None)  # an earlier gateway's: read the log
+    for garbled in ("registry.changed", {"type": "other"}, {"type": "registry.changed", "seq": True},
+                    {"type": "registry.changed", "seq": -1}, {"type": "registry.changed", "seq": 3, "worker": 4},
+                    {"type": "registry.changed", "seq": 3, "worker": "None"}):
+        assert parse_notice(garbled) is None
