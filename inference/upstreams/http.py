@@ -298,7 +298,7 @@ class HttpRelay(Relay):
 class _HttpAnswer(RelayAnswer):
     """An HTTP worker's answer: its head is read, its body waits on the pooled connection."""
 
-    __slots__ = ("_relay", "_request", "_exchange", "_declared")
+    __slots__ = ("_relay", "_request", "_exchange", "_declared", "_writer", "_scan")
 
     def __init__(
         self, relay: HttpRelay, request: RelayRequest, status: int, content_type: str, declared: str | None,
@@ -411,7 +411,9 @@ class _HttpAnswer(RelayAnswer):
         )
         await writer.open_stream()
         # The client leaving before the worker's usage came: what the stream came to so far (D80).
-        writer.usage_so_far = lambda: self._estimate(writer, scan)
+        self._writer = writer
+        self._scan = scan
+        writer.usage_so_far = self._so_far
         payload = exchange.payload
         try:
             while True:
@@ -422,7 +424,9 @@ class _HttpAnswer(RelayAnswer):
                 if payload.is_eof():
                     # The worker's stream ended with this chunk: it goes out as the last body message.
                     await writer.chunk(sent + scan.end(), last=True)
-                    return Delivered(True, self._reported(writer, scan))
+                    writer.usage_so_far = None  # the stream ended (and the cycle through it with it)
+                    usage = scan.usage()
+                    return Delivered(True, usage if usage is not None else self._estimate(writer, scan, True))
                 if sent:
                     await writer.chunk(sent)
         except asyncio.CancelledError:
@@ -435,17 +439,18 @@ class _HttpAnswer(RelayAnswer):
         if rest:
             await writer.chunk(rest)
         await writer.end_stream()
-        return Delivered(True, self._reported(writer, scan))
+        writer.usage_so_far = None
+        usage = scan.usage()
+        return Delivered(True, usage if usage is not None else self._estimate(writer, scan, True))
 
     def _estimate(self, writer: ResponseWriter, scan: StreamUsage, ended: bool = False) -> TokenUsage:
-        """The stream's usage without the worker's final word (D80): estimated from what went out."""
+        """The stream's usage without the worker's final word (D80): estimated from what went out;
+        ``ended``: the stream ended in full without reporting any."""
         return stream_estimate(self._request.path, self._request.body, writer.events, scan.usage(), ended)
 
-    def _reported(self, writer: ResponseWriter, scan: StreamUsage) -> TokenUsage:
-        """The usage the ended stream reported, or its estimate when it reported none."""
-        writer.usage_so_far = None  # the stream ended: nothing to estimate (and no cycle to keep)
-        usage = scan.usage()
-        return usage if usage is not None else self._estimate(writer, scan, ended=True)
+    def _so_far(self) -> TokenUsage:
+        """The writer's reader of the usage so far, for a client that leaves the stream (D80)."""
+        return self._estimate(self._writer, self._scan)
 
     async def _broken(self, writer: ResponseWriter, failure: UpstreamFailure, scan: StreamUsage) -> Delivered:
         """The response has started: the writer reports the failure in-band and ends the stream."""

@@ -29,8 +29,12 @@ __all__ = ["NullUsageStream", "StreamUsage", "usage_in_body", "usage_key"]
 
 _COUNT = re.compile(
     rb'"(prompt_tokens|completion_tokens|cached_tokens|reasoning_tokens|input_tokens|output_tokens'
-    rb'|cache_read_input_tokens|cache_creation_input_tokens'
-    rb'|total_input_tokens|total_output_tokens|total_cached_tokens|total_thought_tokens)"\s*:\s*(\d+)'
+    rb'|cache_read_input_tokens|cache_creation_input_tokens)"\s*:\s*(\d+)'
+)
+# Gemini's Interactions names, tried only where none of the above is found (a longer alternation
+# costs every usage event its extra branches).
+_GEMINI_COUNT = re.compile(
+    rb'"(total_input_tokens|total_output_tokens|total_cached_tokens|total_thought_tokens)"\s*:\s*(\d+)'
 )
 _USAGE = b'"usage"'
 _META = b'"meta_info"'
@@ -52,7 +56,7 @@ _SLOT = {
 def _counts(data: bytes, start: int, end: int, into: list[int]) -> bool:
     """The counts named in ``data[start:end]`` into ``into`` (prompt, completion, cached, reasoning),
     each the highest seen; whether there were any."""
-    found = _COUNT.findall(data, start, end)
+    found = _COUNT.findall(data, start, end) or _GEMINI_COUNT.findall(data, start, end)
     if not found:
         return False
     seen = [-1, -1, -1, -1, 0, 0, 0]
