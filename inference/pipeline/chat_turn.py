@@ -77,7 +77,7 @@ async def turn_events(
             output = replace(output, completion_tokens=choice.completion_tokens)
         count(output, choice.reasoning_tokens)
         yield choice, events
-        if all(other.done for other in choices):
+        if choice.done and all(other.done for other in choices):  # only a step that ended its choice can end all
             return
 
 

@@ -48,12 +48,56 @@ class _Generation:
         self.first = first
         self.offset = offset  # added to the choice index of every output
 
-    async def all(self) -> Outputs:
+    def all(self) -> Outputs:
+        """The first output, then the rest as the engine sends them (choice indexes moved by the offset)."""
+        if not self.offset:
+            return cast(Outputs, _Unmoved(self.first, self.outputs))
+        return self._moved()
+
+    async def _moved(self) -> Outputs:
         offset = self.offset
         if self.first is not None:
-            yield self.first if not offset else dataclasses.replace(self.first, index=self.first.index + offset)
+            yield dataclasses.replace(self.first, index=self.first.index + offset)
         async for output in self.outputs:
-            yield output if not offset else dataclasses.replace(output, index=output.index + offset)
+            yield dataclasses.replace(output, index=output.index + offset)
+
+
+class _Unmoved:
+    """:meth:`_Generation.all` without an offset: the first output, then the engine generator's own
+    awaitables handed out as they are (no generator frame of its own resumed per output). Closing
+    it ends it and leaves the engine generator open, as closing a generator suspended in an ``async
+    for`` over it does (:meth:`EngineAnswer.discard` closes that one)."""
+
+    __slots__ = ("_first", "_outputs", "_closed")
+
+    def __init__(self, first: EngineOutput | None, outputs: Outputs) -> None:
+        self._first = first
+        self._outputs = outputs
+        self._closed = False
+
+    def __aiter__(self) -> _Unmoved:
+        return self
+
+    def __anext__(self) -> Awaitable[EngineOutput]:
+        if self._closed:
+            return _stop()
+        first = self._first
+        if first is not None:
+            self._first = None
+            return _ready(first)
+        return self._outputs.__anext__()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._first = None
+
+
+async def _ready(output: EngineOutput) -> EngineOutput:
+    return output
+
+
+async def _stop() -> EngineOutput:
+    raise StopAsyncIteration
 
 
 async def _merged(generations: Sequence[_Generation], settling: asyncio.Event) -> Outputs:
