@@ -70,18 +70,28 @@ class RegistrationFailed(Exception):
 
 
 def _current(worker_id: uuid.UUID | str, generation: int) -> Worker | None:
-    return Worker.objects.filter(pk=worker_id, job_generation=generation).first()
+    try:  # get() leaves out the model's ordering, which .first() compiles into every read
+        return Worker.objects.get(pk=worker_id, job_generation=generation)
+    except Worker.DoesNotExist:
+        return None
 
 
-def _set_job(worker_id: uuid.UUID | str, generation: int, state: str, message: str = "", **fields: Any) -> bool:
+def _set_job(
+    worker_id: uuid.UUID | str, generation: int, state: str, message: str = "", *, listed: bool | None = None,
+    **fields: Any,
+) -> bool:
     """Record the job's state (and ``fields``) when it is still the worker's latest job. A listed
     worker's job state shows in GET /workers: the change is published, except for a job's end, whose
-    caller publishes once the rest of its work is done."""
+    caller publishes once the rest of its work is done. ``listed``: whether the worker is listed,
+    when the caller knows (else the store is asked)."""
     updated = Worker.objects.filter(pk=worker_id, job_generation=generation).update(
         job_state=state, job_message=message, job_updated_at=timezone.now(), **fields
     )
-    if updated and state != JobState.NONE and Worker.objects.filter(pk=worker_id, registered=True).exists():
-        publish_registry_changed(worker_id)
+    if updated and state != JobState.NONE:
+        if listed is None:
+            listed = Worker.objects.filter(pk=worker_id, registered=True).exists()
+        if listed:
+            publish_registry_changed(worker_id)
     return updated == 1
 
 
@@ -251,7 +261,8 @@ def run_registration(worker_id: str, generation: int) -> None:
     if worker is None:
         log.info("registration of %s skipped: superseded", worker_id)
         return
-    _set_job(worker_id, generation, JobState.PROCESSING)
+    # Only this job lists it (registered=True); a newer job changes the generation this write checks.
+    _set_job(worker_id, generation, JobState.PROCESSING, listed=worker.registered)
     _check_spec(worker)
     external = worker.kind is WorkerKind.PROVIDER
     if worker.transport is Transport.ZMQ:  # not probed: its engines dial in to the serving process

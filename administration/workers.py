@@ -129,10 +129,19 @@ def _abandoned(worker: Worker) -> bool:
     return timezone.now() - worker.job_updated_at > limit
 
 
+def _stored_url(url: str) -> Worker | None:
+    """The worker stored for ``url``, locked (get() leaves out the model's ordering, which .first()
+    compiles into every read: a registration's reads are a good part of its cost at 1,000 workers)."""
+    try:
+        return Worker.objects.select_for_update().get(url=url)
+    except Worker.DoesNotExist:
+        return None
+
+
 def create_worker(spec: WorkerSpec, *, source: str = WorkerSource.API) -> Worker:
     """Reserve an id for ``spec.url`` and queue its registration (POST /workers)."""
     with transaction.atomic():
-        existing = Worker.objects.select_for_update().filter(url=spec.url).first()
+        existing = _stored_url(spec.url)
         if existing is not None and _abandoned(existing):
             log.warning("registration of %s (id %s) was abandoned by its job; registering the url anew",
                         existing.url, existing.pk)
