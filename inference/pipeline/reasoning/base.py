@@ -206,7 +206,7 @@ class ReasoningParser:
                     self._reasoning(out, self._buf.rstrip())
                     self._buf = ""
                     return
-                keep = len(self._buf) - _partial_suffix(self._buf, end)
+                keep = len(self._buf) - (_partial_suffix(self._buf, end) if end[0] in self._buf else 0)
                 ready = self._buf[:keep].rstrip()
                 if ready:
                     self._reasoning_started = True

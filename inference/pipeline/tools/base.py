@@ -150,6 +150,7 @@ class ToolParser(ABC):
         self._tools = tools or {}
         self._make_id = make_id
         self._markers = (*self.start_markers, *self.drop_markers)
+        self._marker_starts = frozenset(marker[0] for marker in self._markers if marker)
         self._buf = ""
         self._at_output_start = True
         self._in_region = False
@@ -261,6 +262,13 @@ class ToolParser(ABC):
                     self._skip_space = True
                 self._buf = self._buf[decided.consumed :]
                 continue
+            if not final and self._marker_starts.isdisjoint(self._buf):
+                # No character that begins a marker: no marker and no start of one (what a token of
+                # plain text nearly always is), so everything but trailing whitespace is text.
+                ready = self._buf.rstrip()
+                self._text(out, ready)
+                self._buf = self._buf[len(ready) :]
+                return
             found, marker = -1, ""
             for each in self._markers:
                 at = self._buf.find(each)
