@@ -138,6 +138,21 @@ def _stored_url(url: str) -> Worker | None:
         return None
 
 
+def _new_row(spec: WorkerSpec, source: str) -> Worker:
+    """The row of a worker whose first registration is queued (not saved yet)."""
+    return Worker(
+        url=spec.url,
+        source=source,
+        status=WorkerStatus.PENDING,
+        registered=False,
+        job_type=JobType.ADD,
+        job_state=JobState.PENDING,
+        job_updated_at=timezone.now(),
+        job_generation=1,
+        **_columns(spec),
+    )
+
+
 def create_worker(spec: WorkerSpec, *, source: str = WorkerSource.API) -> Worker:
     """Reserve an id for ``spec.url`` and queue its registration (POST /workers)."""
     with transaction.atomic():
@@ -153,18 +168,9 @@ def create_worker(spec: WorkerSpec, *, source: str = WorkerSource.API) -> Worker
             raise WorkerCreateInProgress(
                 f"Worker {spec.url} is being registered; poll /workers/{existing.pk}"
             )
+        worker = _new_row(spec, source)
         try:
-            worker = Worker.objects.create(
-                url=spec.url,
-                source=source,
-                status=WorkerStatus.PENDING,
-                registered=False,
-                job_type=JobType.ADD,
-                job_state=JobState.PENDING,
-                job_updated_at=timezone.now(),
-                job_generation=1,
-                **_columns(spec),
-            )
+            worker.save(force_insert=True)
         except IntegrityError:  # a concurrent POST for the same URL won the race
             raise WorkerCreateInProgress(f"Worker {spec.url} is being registered") from None
         _queue("register", worker, local=source == WorkerSource.CLI)
@@ -434,28 +440,41 @@ def sync_cli_workers(
     with transaction.atomic():
         removed, _ = Worker.objects.from_cli().exclude(url__in=list(entries)).delete()
         unlisted = False
-        workers = []
-        # One read for every stored row of these URLs (at 1,000 workers, a read per URL was a third
-        # of the start-up); create_worker still reads its URL under its lock.
+        # One read for every stored row of these URLs and one write for the new ones (at 1,000
+        # workers, a read and a write per URL were most of the start-up).
         stored = {worker.url: worker for worker in Worker.objects.select_for_update().filter(url__in=list(entries))}
+        specs: list[WorkerSpec] = []
         for url, extra in entries.items():
             existing = stored.get(url)
             if existing is None:
                 given: dict[str, Any] = {"url": url, "runtime_type": backend_runtime(backend), **extra}
                 if backend in PROVIDER_BACKENDS:  # the provider, whatever host its API is on
                     given["labels"] = {"provider": backend}
-                spec = parse_worker_spec(given)
-                workers.append(create_worker(spec, source=WorkerSource.CLI))
+                specs.append(parse_worker_spec(given))
             elif existing.source == WorkerSource.CLI and existing.status != WorkerStatus.READY:
-                worker = _start_job(existing, JobType.ADD, status=WorkerStatus.PENDING, registered=False)
-                _queue("register", worker, local=True)
-                workers.append(worker)
+                stored[url] = _start_job(existing, JobType.ADD, status=WorkerStatus.PENDING, registered=False)
+                _queue("register", stored[url], local=True)
                 unlisted = unlisted or existing.registered
-            else:
-                workers.append(existing)
+        stored.update((worker.url, worker) for worker in _create_together(specs, WorkerSource.CLI))
+        workers = [stored[url] for url in entries]
     if removed or unlisted:  # other processes stop routing to them (a full reload: it may be many)
         publish_registry_changed()
     return workers
+
+
+def _create_together(specs: list[WorkerSpec], source: str) -> list[Worker]:
+    """Reserve rows for these URLs (none stored when read) in one write and queue their
+    registrations; a URL stored meanwhile (another gateway host) undoes that write and they are
+    created one by one, as create_worker does (which refuses the one stored)."""
+    rows = [_new_row(spec, source) for spec in specs]
+    try:
+        with transaction.atomic():  # a savepoint: an IntegrityError undoes this write alone
+            Worker.objects.bulk_create(rows)
+    except IntegrityError:
+        return [create_worker(spec, source=source) for spec in specs]
+    for row in rows:
+        _queue("register", row, local=source == WorkerSource.CLI)
+    return rows
 
 
 def resilience_of(worker: Worker, config: GatewayConfig) -> Resilience:
