@@ -6,8 +6,10 @@ One nginx worker (core 1) listens on N loopback ports, so N distinct worker URLs
 worker. For each size and target (core 0, health checks every 5 s, everything else at defaults):
 
 - registration: POST /workers for every URL, one after another (``--via cli``: every URL in
-  ``--worker-urls`` at start, timed from the process's start), then the time until every worker is
-  healthy in GET /workers (the gateway needs two successful probes, smg its own rule);
+  ``--worker-urls`` at start; ``--via file``: every URL in a manifest of the file discovery provider,
+  ``--discovery-provider file``; both timed from the process's start), then the time until every
+  worker is healthy in GET /workers (the gateway needs two successful probes, smg its own rule), and
+  the target's CPU seconds meanwhile;
 - idle CPU over ``--idle-secs`` with the whole fleet registered (percent of one core);
 - GET /workers latency (median of 10);
 - RSS of the target's process tree;
@@ -45,30 +47,41 @@ RESULTS = REPO / "bench" / "results"
 START_TIMEOUT_S = 60.0
 
 
-def _start_gateway(group: ProcessGroup, work: Path, port: int, interval: float, urls: list[str]) -> ManagedProcess:
+def _discovery_flags(urls: list[str], manifest: Path | None) -> list[str]:
+    """--worker-urls, or the file discovery provider's flags with its manifest written."""
+    if manifest is None:
+        return ["--worker-urls", *urls] if urls else []
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps({"version": 1, "workers": [{"url": url} for url in urls]}))
+    return ["--discovery-provider", "file", "--discovery-file", str(manifest)]
+
+
+def _start_gateway(
+    group: ProcessGroup, work: Path, port: int, interval: float, urls: list[str], manifest: Path | None = None
+) -> ManagedProcess:
     argv = [PYTHON, MANAGE, "rungateway", "--host", LOOPBACK, "--port", str(port), "--log-level", "warning",
             "--health-check-interval-secs", f"{interval:g}", "--prometheus-port", str(free_port())]
-    if urls:
-        argv += ["--worker-urls", *urls]
+    argv += _discovery_flags(urls, manifest)
     env = child_env({"GW_DATA_DIR": str(work / "data"), "DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
     proc = group.start(f"gateway-{port}", pinned(0, argv), env=env, cwd=REPO)
     proc.wait_ready(lambda: http_get(f"http://{LOOPBACK}:{port}/liveness")[0] == 200, timeout=START_TIMEOUT_S)
     return proc
 
 
-def _start_smg(group: ProcessGroup, work: Path, port: int, interval: float, urls: list[str]) -> ManagedProcess:
+def _start_smg(
+    group: ProcessGroup, work: Path, port: int, interval: float, urls: list[str], manifest: Path | None = None
+) -> ManagedProcess:
     argv = [str(PEERS["smg"].binary), "launch", "--host", LOOPBACK, "--port", str(port), "--policy", "round_robin",
             "--health-check-interval-secs", f"{interval:g}", "--prometheus-host", LOOPBACK,
             "--prometheus-port", str(free_port()), "--log-level", "warn"]
-    if urls:
-        argv += ["--worker-urls", *urls]
+    argv += _discovery_flags(urls, manifest)
     work.mkdir(parents=True, exist_ok=True)
     proc = group.start(f"smg-{port}", pinned(0, argv), env=child_env(), cwd=work)
     proc.wait_ready(lambda: http_get(f"http://{LOOPBACK}:{port}/liveness")[0] == 200, timeout=START_TIMEOUT_S)
     return proc
 
 
-STARTERS: dict[str, Callable[[ProcessGroup, Path, int, float, list[str]], ManagedProcess]] = {
+STARTERS: dict[str, Callable[[ProcessGroup, Path, int, float, list[str], Path | None], ManagedProcess]] = {
     "gateway": _start_gateway,
     "smg": _start_smg,
 }
@@ -119,8 +132,11 @@ def measure(target: str, size: int, args: argparse.Namespace, work: Path) -> dic
         port = ports.pop()
         start_nginx_worker(group, work / f"nginx-{target}-{size}", ports[0], core=1, extra_ports=ports[1:])
         urls = [f"http://{LOOPBACK}:{worker_port}" for worker_port in ports]
-        started = time.monotonic()  # through --worker-urls: from the process's start
-        proc = STARTERS[target](group, work / f"{target}-{size}", port, args.health_interval, urls if args.via == "cli" else [])
+        started = time.monotonic()  # through --worker-urls or discovery: from the process's start
+        manifest = work / f"{target}-{size}-workers.json" if args.via == "file" else None
+        proc = STARTERS[target](group, work / f"{target}-{size}", port, args.health_interval,
+                                urls if args.via in ("cli", "file") else [], manifest)
+        cpu_started = cpu_seconds(proc.popen.pid) if args.via == "post" else 0.0  # else from the start
         base = f"http://{LOOPBACK}:{port}"
         profiling = _profiler(args, proc.popen.pid, f"{target}-{size}-register", 20) if target == "gateway" else None
         if args.via == "post":
@@ -138,6 +154,7 @@ def measure(target: str, size: int, args: argparse.Namespace, work: Path) -> dic
                 break
             time.sleep(0.25)
         registered = time.monotonic() - started if ready >= size else None
+        registration_cpu = cpu_seconds(proc.popen.pid) - cpu_started
         if profiling is not None:
             profiling.wait()
         before = cpu_seconds(proc.popen.pid)
@@ -158,7 +175,8 @@ def measure(target: str, size: int, args: argparse.Namespace, work: Path) -> dic
         busy = cpu_seconds(proc.popen.pid) - busy_before
         return {
             "target": target, "via": args.via, "workers": size, "ready": ready, "posted_s": round(posted, 2),
-            "all_ready_s": None if registered is None else round(registered, 2), "idle_cpu_pct": round(idle, 1),
+            "all_ready_s": None if registered is None else round(registered, 2),
+            "registration_cpu_s": round(registration_cpu, 2), "idle_cpu_pct": round(idle, 1),
             "get_workers_ms": round(statistics.median(latencies), 1), "rss_mib": round(_rss_mib(proc.popen.pid), 1),
             "relay_req_s": round(load.rps), "relay_errors": load.errors + load.non_2xx,
             # CPU of the target per relayed request (the figure that counts: req/s also depends on
@@ -176,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-secs", type=float, default=30.0)
     parser.add_argument("--duration", type=float, default=6.0, help="wrk seconds for the relay throughput")
     parser.add_argument("--ready-timeout", type=float, default=600.0)
-    parser.add_argument("--via", choices=("post", "cli"), default="post",
-                        help="register by POST /workers one after another, or all at start with --worker-urls")
+    parser.add_argument("--via", choices=("post", "cli", "file"), default="post",
+                        help="register by POST /workers one after another, or all at start with --worker-urls, "
+                             "or all at start in the file discovery provider's manifest")
     parser.add_argument("--profile", default="", help="write py-spy collapsed stacks of the gateway here")
     args = parser.parse_args(argv)
     sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
@@ -194,11 +213,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(row), flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "fleet.json").write_text(json.dumps(rows, indent=2))
-    print("\n| target (registration) | workers | POSTs s | all ready s | idle CPU % | GET /workers ms | RSS MiB | relay req/s "
-          "| relay CPU us/req | relay core % |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| target (registration) | workers | POSTs s | all ready s | registration CPU s | idle CPU % | GET /workers ms "
+          "| RSS MiB | relay req/s | relay CPU us/req | relay core % |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(f"| {row['target']} ({row['via']}) | {row['workers']:,} | {row['posted_s']} | {row['all_ready_s']} | "
+              f"{row['registration_cpu_s']} | "
               f"{row['idle_cpu_pct']} | {row['get_workers_ms']} | {row['rss_mib']} | {row['relay_req_s']:,} | "
               f"{row['relay_cpu_us']} | {row['relay_core_pct']} |")
     return 0
