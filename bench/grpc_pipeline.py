@@ -554,10 +554,11 @@ def run_deployment(args: argparse.Namespace, group: ProcessGroup, work: Path) ->
         entry["disturbed_rounds"] = sum(bool(r.get("disturbed")) for r in case.rounds)
         peer = by_key.get(case.key.replace(case.target, "smg", 1)) if case.target == "gateway" else None
         if peer is not None:
-            entry["vs_smg"] = {
-                metric: spread([o[metric] / b[metric] for o, b in zip(case.rounds, peer.rounds) if b[metric] > 0], 2)
+            ratios = {
+                metric: [o[metric] / b[metric] for o, b in zip(case.rounds, peer.rounds) if b[metric] > 0]
                 for metric in DEPLOY_METRICS[:3]
-            }  # fmt: skip
+            }  # a slope can come out negative on a busy machine: no ratio then
+            entry["vs_smg"] = {metric: spread(values, 2) for metric, values in ratios.items() if values}
         summary[case.key] = entry
     return {"summary": summary, "failures": failures, "rounds": {case.key: case.rounds for case in cases}}
 
