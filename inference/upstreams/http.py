@@ -9,7 +9,12 @@ middlewares, ClientResponse) cost ~50 us of a relay's ~200 us of CPU, and a rela
 none of it (docs/DECISIONS.md D13). What the session gave and this module keeps:
 
 - connections from the pool, released for reuse once the answer was read to its end, closed when it
-  was not (a cancelled or failed relay never returns a half-read connection to the pool);
+  was not (a cancelled or failed relay never returns a half-read connection to the pool). Plain-HTTP
+  workers' idle connections are pooled here (:class:`_IdlePool`: the connector's rules, first in first
+  out, none reused past the keep-alive time, expired ones closed by a sweep), the connector opening
+  new ones and closing them: its ``connect`` and ``release`` per request cost 18k instructions of a
+  relay's ~960k in-process (issue 27, D82). TLS workers' go back to the connector, which also
+  cleans up their closed transports;
 - the connect timeout, and the total ``--request-timeout-secs`` deadline over the whole exchange, up
   to the last byte of the answer;
 - informational (1xx) answers skipped, chunked answers decoded by aiohttp's parser;
@@ -24,12 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from dataclasses import dataclass
-from time import perf_counter
+from time import monotonic, perf_counter
 from typing import AsyncIterator
 
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
+from aiohttp.client_reqrep import ConnectionKey
 from aiohttp.connector import Connection
 from aiohttp.helpers import TimerNoop
 from aiohttp.http_exceptions import HttpProcessingError
@@ -79,6 +86,7 @@ class _Target:
 
     probe: aiohttp.ClientRequest  # never sent; names the pool (host, port, TLS) for connector.connect
     head: bytes
+    pooled: ConnectionKey | None  # the idle pool's key of a plain-HTTP worker; None: TLS, the connector's
 
 
 class _Deadline:
@@ -117,23 +125,95 @@ class _Deadline:
             self._task.uncancel()
 
 
+class _IdlePool:
+    """A plain-HTTP worker's idle keep-alive connections, as aiohttp's connector keeps them: first in
+    first out, one idle longer than ``keepalive_secs`` or no longer connected is closed instead of
+    reused, and a sweep every ``keepalive_secs`` closes the expired ones while any are held. Each is the
+    connector's :class:`Connection`, kept (never released to the connector) and closed through it. One
+    per event loop (its connections belong to it)."""
+
+    __slots__ = ("_keepalive_secs", "_loop", "_idle", "_sweep")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, keepalive_secs: float) -> None:
+        self._keepalive_secs = keepalive_secs
+        self._loop = loop
+        self._idle: dict[ConnectionKey, deque[tuple[Connection, float]]] = {}
+        self._sweep: asyncio.TimerHandle | None = None
+
+    def take(self, key: ConnectionKey) -> Connection | None:
+        """An idle connection to reuse, or None (the connector opens one)."""
+        idle = self._idle.get(key)
+        if not idle:
+            return None
+        now = monotonic()
+        while idle:
+            conn, since = idle.popleft()
+            protocol = conn.protocol
+            if protocol is not None and protocol.is_connected() and now - since <= self._keepalive_secs:
+                return conn
+            conn.close()
+        return None
+
+    def put(self, key: ConnectionKey, conn: Connection) -> None:
+        """A connection whose answer was read to its end: kept unless it must close."""
+        protocol = conn.protocol
+        if protocol is None or protocol.should_close:
+            conn.close()
+            return
+        idle = self._idle.get(key)
+        if idle is None:
+            idle = self._idle[key] = deque()
+        idle.append((conn, monotonic()))
+        if self._sweep is None:
+            self._sweep = self._loop.call_later(self._keepalive_secs, self._expire)
+
+    def _expire(self) -> None:
+        self._sweep = None
+        oldest = monotonic() - self._keepalive_secs
+        for key, idle in list(self._idle.items()):
+            while idle and (idle[0][1] < oldest or idle[0][0].closed):
+                idle.popleft()[0].close()
+            if not idle:
+                del self._idle[key]
+        if self._idle:
+            self._sweep = self._loop.call_later(self._keepalive_secs, self._expire)
+
+    def drain(self) -> list[Connection]:
+        """Empty, the sweep stopped: the idle connections, for the session's connector to close (it
+        still counts each as its own, closes it and waits until it is closed)."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        held = [conn for idle in self._idle.values() for conn, _ in idle]
+        self._idle.clear()
+        return held
+
+
 class _Exchange:
-    """A request on a pooled connection whose answer's head is read and whose body is not."""
+    """A request on a pooled connection whose answer's head is read and whose body is not; ``pool``
+    and ``key``: a plain-HTTP worker's, which goes back to the idle pool (else to the connector)."""
 
-    __slots__ = ("conn", "payload", "deadline")
+    __slots__ = ("conn", "pool", "key", "payload", "deadline")
 
-    def __init__(self, conn: Connection, payload: StreamReader, deadline: _Deadline) -> None:
+    def __init__(
+        self, conn: Connection, pool: _IdlePool | None, key: ConnectionKey | None, payload: StreamReader,
+        deadline: _Deadline,
+    ) -> None:  # fmt: skip
         self.conn = conn
+        self.pool = pool
+        self.key = key
         self.payload = payload
         self.deadline = deadline
 
     def finish(self) -> None:
         """Back to the pool when the answer was read to its end (and the worker keeps it alive)."""
         self.deadline.cancel()
-        if self.payload.is_eof():
-            self.conn.release()
-        else:
+        if not self.payload.is_eof():
             self.conn.close()
+        elif self.pool is not None and self.key is not None:
+            self.pool.put(self.key, self.conn)
+        else:
+            self.conn.release()
 
     def close(self) -> None:
         self.deadline.cancel()
@@ -162,6 +242,7 @@ class HttpRelay(Relay):
         )
         self._request_timeout_secs = request_timeout_secs
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self._pools: dict[asyncio.AbstractEventLoop, _IdlePool] = {}
         self._targets: dict[tuple[str, str, str | None], _Target] = {}
 
     def session(self) -> aiohttp.ClientSession:
@@ -180,6 +261,10 @@ class HttpRelay(Relay):
                 read_bufsize=_READ_BUFSIZE,
             )
             self._sessions[loop] = session
+            stale = self._pools.get(loop)
+            for conn in stale.drain() if stale is not None else ():
+                conn.close()
+            self._pools[loop] = _IdlePool(loop, self._keepalive_secs)
         return session
 
     def _connector(self) -> aiohttp.TCPConnector:
@@ -199,8 +284,12 @@ class HttpRelay(Relay):
     async def close(self) -> None:
         loop = asyncio.get_running_loop()
         session = self._sessions.pop(loop, None)
+        pool = self._pools.pop(loop, None)
+        held = pool.drain() if pool is not None else []
         if session is not None:
             await session.close()
+        for conn in held:
+            conn.close()  # closed with the connector: only let go of
 
     def _target(self, record: WorkerRecord, path: str) -> _Target:
         """The prepared route (URL parsing and the fixed head lines are a visible share of a relay)."""
@@ -219,7 +308,7 @@ class HttpRelay(Relay):
             head += b"Content-Type: application/json\r\n"
             head += self._key_lines(record.provider, api_key)
             probe = aiohttp.ClientRequest("POST", url, loop=asyncio.get_running_loop(), ssl=True)
-            target = self._targets[key] = _Target(probe, head)
+            target = self._targets[key] = _Target(probe, head, None if probe.is_ssl() else probe.connection_key)
         return target
 
     def _head(self, target: _Target, request: RelayRequest) -> bytes:
@@ -249,12 +338,16 @@ class HttpRelay(Relay):
         target = self._target(request.worker.record, request.path)
         head = self._head(target, request)
         session = self.session()
-        connector = session.connector
-        assert connector is not None
-        deadline = _Deadline(asyncio.get_running_loop(), self._request_timeout_secs)
-        conn: Connection | None = None
+        loop = asyncio.get_running_loop()
+        key = target.pooled
+        pool = self._pools[loop] if key is not None else None
+        deadline = _Deadline(loop, self._request_timeout_secs)
+        conn: Connection | None = pool.take(key) if pool is not None and key is not None else None
         try:
-            conn = await connector.connect(target.probe, traces=[], timeout=self._timeout)
+            if conn is None:
+                connector = session.connector
+                assert connector is not None
+                conn = await connector.connect(target.probe, traces=[], timeout=self._timeout)
             protocol: ResponseHandler | None = conn.protocol
             transport = conn.transport
             if protocol is None or transport is None:
@@ -291,7 +384,7 @@ class HttpRelay(Relay):
         headers = message.headers
         return _HttpAnswer(
             self, request, message.code, headers.get("Content-Type", ""), headers.get("Content-Length"),
-            _Exchange(conn, payload, deadline),
+            _Exchange(conn, pool, key, payload, deadline),
         )
 
 
