@@ -15,13 +15,14 @@ Latency on a busy machine swings by tens of percent; CPU time per request moves 
 to compare changes to the request path, and ``bench/run.py`` for the targets.
 
 ``--relay``: the HTTP relay beside smg in one run (issue 27), ``.venv/bin/python bench/cpu_cost.py
---relay [--targets uvicorn,smg] [--auth off,on] [--rounds 5] [--duration 4] [--connections 64]``.
+--relay [--targets uvicorn,smg] [--auth off,on] [--rounds 5] [--duration 5] [--connections 64]``.
 One nginx worker (one worker process) on ``--load-core``; every (target, auth) case runs at once on
 ``--target-core`` (the ones not measured are idle), health checks every ``--health-interval``
 seconds; ``on`` starts the target with ``--api-key`` and wrk sends the key. Each of ``--rounds``
 rounds loads every case once with wrk (``--connections``, ``--duration`` seconds after a warm-up),
 the order rotated every round, and takes the CPU time of the case's process tree from /proc per
-request answered. Reported per case: the median and min..max over the rounds; per auth setting the
+request answered. The default 5 s is the gateway's usage flush interval: every window holds one
+flush (the request log's rows of about 5 s of load), where a 4 s window held one or none. Reported per case: the median and min..max over the rounds; per auth setting the
 ratio of each target to smg, and per target on / off, as the median (min..max) of the per-round
 ratios. A target ``uvicorn@PATH`` is the gateway of another checkout (a worktree of another
 commit, run with this checkout's venv): an A/B of two builds in the same alternated rounds.
@@ -305,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="uvicorn, daphne, smg, uvicorn@PATH (another checkout), comma-separated")
     relay.add_argument("--auth", default="off,on", help="client authentication: off, on (--api-key) or both")
     relay.add_argument("--rounds", type=int, default=5)
-    relay.add_argument("--duration", type=float, default=4.0, help="seconds of wrk per case and round")
+    relay.add_argument("--duration", type=float, default=5.0,
+                       help="seconds of wrk per case and round (a multiple of the gateway's 5 s usage flush)")
     relay.add_argument("--warmup", type=float, default=1.0, help="seconds of wrk before each measurement")
     relay.add_argument("--connections", type=int, default=64)
     relay.add_argument("--health-interval", type=float, default=5.0, help="seconds between health checks")
