@@ -36,9 +36,9 @@ from django.utils import timezone
 
 from administration.db import STORE_ERRORS, arun_db
 from administration.models import JobState, JobType, Worker, WorkerSource, WorkerType
-from administration.worker_spec import SpecRuleError, SpecTypeError, parse_worker_spec
+from administration.worker_spec import SpecRuleError, SpecTypeError, WorkerSpec, parse_worker_spec
 from administration.workers import (
-    JobQueueUnavailable, WorkerAlreadyExists, WorkerCreateInProgress, WorkerNotFound, create_worker, remove_worker,
+    WorkerAlreadyExists, WorkerCreateInProgress, WorkerNotFound, create_workers, remove_worker,
 )
 from common import telemetry
 from common.config import current_config
@@ -56,6 +56,7 @@ ID_LABEL = "discovery_id"
 SPEC_LABEL = "discovery_spec"
 
 RESYNC_SECS = 30.0  # a pass at least this often: a registration that failed is tried again
+REGISTER_BATCH = 200  # found workers reserved with one store write (a thousand pods: five writes)
 DEBOUNCE_SECS = 0.2  # a burst of changes (a rollout, a relist) is reconciled in one pass
 DEFERRED_RETRY_SECS = 1.0  # a pass that had to wait for a removal runs again this soon
 LEADER_POLL_SECS = 1.0  # a process that does not lead looks this often whether it was elected
@@ -152,6 +153,7 @@ def reconcile(provider: str, found: Mapping[str, DiscoveredWorker]) -> PassResul
         removed += 1
     registered = failed = 0
     deferred = False
+    batch: list[tuple[str, DiscoveredWorker, WorkerSpec]] = []
     for discovery_id, wanted in found.items():
         if discovery_id in owned:
             continue
@@ -163,15 +165,23 @@ def reconcile(provider: str, found: Mapping[str, DiscoveredWorker]) -> PassResul
                 log.debug("discovery (%s): %s is registered otherwise; left as it is", provider, wanted.url)
             continue
         try:
-            create_worker(parse_worker_spec(wanted.spec_body(provider)), source=WorkerSource.API)
-        except (WorkerAlreadyExists, WorkerCreateInProgress):
-            continue  # another gateway host registered it first: the next pass sees it as found
-        except (SpecRuleError, SpecTypeError, JobQueueUnavailable) as exc:
+            spec = parse_worker_spec(wanted.spec_body(provider))
+        except (SpecRuleError, SpecTypeError) as exc:
             log.warning("discovery (%s): cannot register %s: %s", provider, wanted.url, exc)
             failed += 1
             continue
-        log.info("discovery (%s): registering %s (%s, %s)", provider, wanted.url, wanted.worker_type, discovery_id)
-        registered += 1
+        batch.append((discovery_id, wanted, spec))
+    for start in range(0, len(batch), REGISTER_BATCH):
+        part = batch[start:start + REGISTER_BATCH]
+        for (discovery_id, wanted, _), outcome in zip(part, create_workers([spec for _, _, spec in part])):
+            if isinstance(outcome, (WorkerAlreadyExists, WorkerCreateInProgress)):
+                continue  # another gateway host registered it first: the next pass sees it as found
+            if isinstance(outcome, Exception):  # its job could not be queued (the job queue unavailable)
+                log.warning("discovery (%s): cannot register %s: %s", provider, wanted.url, outcome)
+                failed += 1
+                continue
+            log.info("discovery (%s): registering %s (%s, %s)", provider, wanted.url, wanted.worker_type, discovery_id)
+            registered += 1
     return PassResult(len(found), registered, failed, removed, deferred)
 
 

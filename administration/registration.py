@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from typing import Any, Callable
@@ -63,6 +64,9 @@ JOB_STORE_PATIENCE_SECS = 600.0  # how long a job waits out an outage of the sto
 _PROBE_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 _ENGINE_PROBE_TIMEOUT_SECS = 10.0  # one engine probe: runtime detection and the model info together
 _FIRST_RETRY_SECS = 0.5
+# Connections kept between probes: up to one per job thread (administration/jobs.py runs 16), each
+# reused by the few requests of one worker's discovery and by the next probe of the same worker.
+_PROBE_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=5.0)
 
 
 class RegistrationFailed(Exception):
@@ -119,16 +123,37 @@ def _discover(worker: Worker, generation: int) -> Discovery:
             worker, generation, lambda: _discover_engine_worker(worker.url, transport, api_key, worker.runtime_type)
         )
     dp_aware = current_config().dp_aware
-    with httpx.Client(timeout=_PROBE_TIMEOUT, verify=tls_context(), trust_env=False) as client:
+    client = _probe_client()
 
-        def probe() -> Discovery:
-            found = discover_http_worker(client, worker.url, api_key, worker.runtime_type)
-            if dp_aware:  # the engine's data-parallel size, for a rank per request
-                info = http_server_info(client, worker.url, api_key)
-                _add_dp_size(found.labels, info, worker.url)
-            return found
+    def probe() -> Discovery:
+        found = discover_http_worker(client, worker.url, api_key, worker.runtime_type)
+        if dp_aware:  # the engine's data-parallel size, for a rank per request
+            info = http_server_info(client, worker.url, api_key)
+            _add_dp_size(found.labels, info, worker.url)
+        return found
 
-        return _probe_until_up(worker, generation, probe)
+    return _probe_until_up(worker, generation, probe)
+
+
+_probe_lock = threading.Lock()
+_probe_clients: dict[int, httpx.Client] = {}  # by id of the TLS context it was made with (at most one)
+
+
+def _probe_client() -> httpx.Client:
+    """The process's one httpx client for registration probes, shared by the job threads (httpx's
+    sync client is thread-safe) and kept alive between jobs: a client per job cost its construction
+    each time. Made again when the worker TLS files were reloaded (a new context); the old one is
+    left to the jobs still using it and closed with its last reference."""
+    context = tls_context()
+    with _probe_lock:
+        client = _probe_clients.get(id(context))
+        if client is None or client.is_closed:
+            _probe_clients.clear()
+            client = httpx.Client(
+                timeout=_PROBE_TIMEOUT, verify=context, trust_env=False, limits=_PROBE_LIMITS,
+            )  # fmt: skip
+            _probe_clients[id(context)] = client
+        return client
 
 
 def _add_dp_size(labels: dict[str, str], info: dict[str, Any] | None, url: str) -> None:
@@ -165,13 +190,18 @@ def _probe_until_up(worker: Worker, generation: int, probe: Callable[[], Discove
     deadline = time.monotonic() + config.worker_startup_timeout_secs
     pause = _FIRST_RETRY_SECS
     reachability = Reachability(worker.url, "registration")
+    waiting = False
     while True:
         try:
             discovery = probe()
         except WorkerRefused as exc:
             raise RegistrationFailed(str(exc)) from None
         except WorkerUnreachable as exc:
-            if reachability.failed(str(exc)):  # the console shows why meanwhile (once per change)
+            if not waiting:  # the job is processing (one write with why it waits), before it is logged
+                waiting = True
+                _set_job(worker.pk, generation, JobState.PROCESSING, listed=worker.registered, last_error=str(exc))
+                reachability.failed(str(exc))
+            elif reachability.failed(str(exc)):  # the console shows why meanwhile (once per change)
                 Worker.objects.filter(pk=worker.pk, job_generation=generation).update(last_error=str(exc))
             if time.monotonic() + pause > deadline:
                 raise RegistrationFailed(
@@ -261,13 +291,16 @@ def run_registration(worker_id: str, generation: int) -> None:
     if worker is None:
         log.info("registration of %s skipped: superseded", worker_id)
         return
-    # Only this job lists it (registered=True); a newer job changes the generation this write checks.
-    _set_job(worker_id, generation, JobState.PROCESSING, listed=worker.registered)
     _check_spec(worker)
     external = worker.kind is WorkerKind.PROVIDER
+    if worker.transport is Transport.ZMQ or external:
+        # Only this job lists it (registered=True); a newer job changes the generation this write checks.
+        _set_job(worker_id, generation, JobState.PROCESSING, listed=worker.registered)
     if worker.transport is Transport.ZMQ:  # not probed: its engines dial in to the serving process
         discovery = zmq_discovery(worker, current_config())
     else:
+        # A probed worker's job is written processing only once it waits for the worker
+        # (_probe_until_up): one that answers at once goes from queued to done in one write.
         discovery = _discover_provider(worker) if external else _discover(worker, generation)
     labels = {**discovery.labels, **worker.labels}
     runtime_type = discovery.runtime_type

@@ -36,6 +36,7 @@ __all__ = [
     "JobStatus",
     "job_of",
     "create_worker",
+    "create_workers",
     "update_worker",
     "replace_worker",
     "remove_worker",
@@ -460,6 +461,41 @@ def sync_cli_workers(
     if removed or unlisted:  # other processes stop routing to them (a full reload: it may be many)
         publish_registry_changed()
     return workers
+
+
+def create_workers(specs: Sequence[WorkerSpec], *, source: str = WorkerSource.API) -> list[Worker | WorkerError]:
+    """Reserve ids for many URLs and queue their registrations, as create_worker does for each, with
+    one store write for them all (discovery finding a fleet). Each place of the answer is the
+    worker, or the error create_worker gives for that spec alone: a URL stored already (or
+    meanwhile, by another gateway host) undoes the shared write, and the specs are then created one
+    by one, so only that URL is refused."""
+    rows = [_new_row(spec, source) for spec in specs]
+    try:
+        with transaction.atomic():  # a savepoint inside a caller's transaction
+            if Worker.objects.filter(url__in=[row.url for row in rows]).exists():
+                raise IntegrityError("a URL is stored already")
+            Worker.objects.bulk_create(rows)
+    except IntegrityError:
+        return [_create_or_error(spec, source) for spec in specs]
+    return [_queued_or_error(row, source) for row in rows]
+
+
+def _queued_or_error(row: Worker, source: str) -> Worker | WorkerError:
+    """Queue a reserved row's registration; a job that cannot be queued releases its row (as
+    create_worker's transaction would), so the URL can be registered again."""
+    try:
+        _queue("register", row, local=source == WorkerSource.CLI)
+    except JobQueueUnavailable as exc:
+        Worker.objects.filter(pk=row.pk, job_generation=row.job_generation, registered=False).delete()
+        return exc
+    return row
+
+
+def _create_or_error(spec: WorkerSpec, source: str) -> Worker | WorkerError:
+    try:
+        return create_worker(spec, source=source)
+    except WorkerError as exc:
+        return exc
 
 
 def _create_together(specs: list[WorkerSpec], source: str) -> list[Worker]:
