@@ -60,11 +60,14 @@ def _start_smg(group: ProcessGroup, work: Path, port: int, worker_url: str, core
 
 
 def start_smg(
-    group: ProcessGroup, work: Path, port: int, worker_url: str, core: int | str, extra: Sequence[str] = ()
+    group: ProcessGroup, work: Path, port: int, worker_url: str, core: int | str, extra: Sequence[str] = (),
+    wrap: Sequence[str] = (), timeout: float = START_TIMEOUT_S,
 ) -> ManagedProcess:
     """smg pinned to ``core`` relaying to ``worker_url``, ``extra`` appended to ``smg launch``'s
-    arguments (e.g. ``--model-path`` for a gRPC worker); waits for /readiness 200."""
+    arguments (e.g. ``--model-path`` for a gRPC worker), ``wrap`` before its binary (e.g. valgrind);
+    waits up to ``timeout`` seconds for /readiness 200."""
     argv = [
+        *wrap,
         str(PEERS["smg"].binary),
         "launch",
         "--host",
@@ -85,7 +88,7 @@ def start_smg(
     ]
     proc = group.start("smg", pinned(core, argv), env=child_env(_NO_EGRESS), cwd=work)
     url = f"http://{LOOPBACK}:{port}/readiness"
-    proc.wait_ready(lambda: http_get(url)[0] == 200, timeout=START_TIMEOUT_S)
+    proc.wait_ready(lambda: http_get(url)[0] == 200, timeout=timeout)
     return proc
 
 
