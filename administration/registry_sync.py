@@ -275,6 +275,7 @@ class RegistrySync:
             return await self._first_load()
         except STORE_ERRORS:  # the outage is logged once (common.outages.STORE)
             data_plane().waiting_for = WAITING_FOR_STORE
+            self.registry.awaiting_first_load()
             log.warning("started without the store: no worker is routable and /readiness answers 503 until the "
                         "registry is loaded from it")
             self._tasks.append(asyncio.ensure_future(self._load_when_the_store_answers()))

@@ -47,6 +47,9 @@ class RegistrySnapshot:
     # The ready prefill and decode workers (prefill/decode disaggregation), which are never routable
     # as regular workers above (nor are encode workers).
     pd: PdPool = field(default_factory=PdPool)
+    # False while the process waits for its first load from the store (it started while the store did
+    # not answer): no model is unknown yet, every request naming one is 503, not 404.
+    loaded: bool = True
 
     def canonical_model(self, name: str) -> str:
         return self.aliases.get(name, name)
@@ -85,6 +88,11 @@ class WorkerRegistry:
         self._pd_members: list[WorkerHandle] = []  # prefill, decode and encode workers, any status
         # Wall-clock time (Unix seconds) of the load monitor's last completed poll; None before it.
         self.loads_polled_at: float | None = None
+
+    def awaiting_first_load(self) -> None:
+        """The snapshot before anything could be read from the store: empty and marked not loaded
+        (the next publish or change makes a loaded one)."""
+        self.snapshot = RegistrySnapshot(loaded=False)
 
     def load_of(self, worker_id: str) -> WorkerLoad | None:
         """The live state of a worker in the current snapshot (None once it left the registry)."""

@@ -38,7 +38,8 @@ def select_worker(
 
     Workers in ``exclude`` (already tried), workers whose circuit breaker is open and workers the
     load monitor found overloaded are skipped. Raises 404 model_not_found when no worker serves or
-    may serve the model, 503 when workers for it exist but none is ready or usable, and 503
+    may serve the model, 503 when workers for it exist but none is ready or usable (or the registry
+    is not loaded yet: the process started while its store did not answer), and 503
     worker_overload_protection_shed (Retry-After: the load-monitor interval) when every worker left
     is overloaded.
     """
@@ -53,7 +54,7 @@ def select_worker(
         canonical = snapshot.aliases.get(model, model)
         candidates = snapshot.routable_by_model.get(canonical) or snapshot.routable_any_model
         if not candidates:
-            if canonical in snapshot.known_models or snapshot.undiscovered:
+            if canonical in snapshot.known_models or snapshot.undiscovered or not snapshot.loaded:
                 raise errors.no_healthy_workers(canonical)
             raise errors.model_not_found(model)
     policy = policies.for_model(canonical or "")

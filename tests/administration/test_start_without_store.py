@@ -70,6 +70,10 @@ async def test_starts_without_the_store_and_catches_up_when_it_answers(
         assert listing.status_code == 503 and listing.json()["code"] == "SERVICE_UNAVAILABLE"
         assert sync._tasks and all(not task.done() for task in sync._tasks)  # only the first-load retry
         assert len(sync._tasks) == 1
+        # No model is unknown before the registry is read: a request naming one waits (503), not 404.
+        early = await gateway.post("/v1/chat/completions", json=CHAT)
+        assert early.status_code == 503, early.text
+        assert early.json()["error"]["code"] == "no_healthy_workers"
 
         store.down = False
         await until(lambda: _ready(gateway), timeout=20)
