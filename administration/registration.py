@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import threading
 import time
 import uuid
@@ -64,9 +65,8 @@ JOB_STORE_PATIENCE_SECS = 600.0  # how long a job waits out an outage of the sto
 _PROBE_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 _ENGINE_PROBE_TIMEOUT_SECS = 10.0  # one engine probe: runtime detection and the model info together
 _FIRST_RETRY_SECS = 0.5
-# Connections kept between probes: up to one per job thread (administration/jobs.py runs 16), each
-# reused by the few requests of one worker's discovery and by the next probe of the same worker.
-_PROBE_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=5.0)
+# A job thread probes one worker at a time: one connection, kept for that worker's next request.
+_PROBE_LIMITS = httpx.Limits(max_connections=4, max_keepalive_connections=1, keepalive_expiry=5.0)
 
 
 class RegistrationFailed(Exception):
@@ -135,25 +135,24 @@ def _discover(worker: Worker, generation: int) -> Discovery:
     return _probe_until_up(worker, generation, probe)
 
 
-_probe_lock = threading.Lock()
-_probe_clients: dict[int, httpx.Client] = {}  # by id of the TLS context it was made with (at most one)
+_probe_clients = threading.local()  # each job thread's client, and the TLS context it was made with
 
 
 def _probe_client() -> httpx.Client:
-    """The process's one httpx client for registration probes, shared by the job threads (httpx's
-    sync client is thread-safe) and kept alive between jobs: a client per job cost its construction
-    each time. Made again when the worker TLS files were reloaded (a new context); the old one is
-    left to the jobs still using it and closed with its last reference."""
+    """This job thread's httpx client for registration probes, kept between its jobs (a client per
+    job cost its construction each time) and made again when the worker TLS files were reloaded (a
+    new context). It keeps one connection alive: the worker being probed, whose discovery asks it
+    two to four things in a row. One client per thread rather than one for the process: httpcore
+    looks at every pooled connection (a readability check each) twice per request, so a pool
+    holding the connections of many workers costs every probe more than it saves."""
     context = tls_context()
-    with _probe_lock:
-        client = _probe_clients.get(id(context))
-        if client is None or client.is_closed:
-            _probe_clients.clear()
-            client = httpx.Client(
-                timeout=_PROBE_TIMEOUT, verify=context, trust_env=False, limits=_PROBE_LIMITS,
-            )  # fmt: skip
-            _probe_clients[id(context)] = client
-        return client
+    made: tuple[ssl.SSLContext, httpx.Client] | None = getattr(_probe_clients, "made", None)
+    if made is None or made[0] is not context or made[1].is_closed:
+        if made is not None:
+            made[1].close()
+        made = (context, httpx.Client(timeout=_PROBE_TIMEOUT, verify=context, trust_env=False, limits=_PROBE_LIMITS))
+        _probe_clients.made = made
+    return made[1]
 
 
 def _add_dp_size(labels: dict[str, str], info: dict[str, Any] | None, url: str) -> None:
