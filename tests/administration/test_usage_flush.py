@@ -305,3 +305,11 @@ async def test_only_the_hosts_leader_prunes(monkeypatch: pytest.MonkeyPatch) -> 
         await leader.astop()
     # Every row is past the 30 days (40 days old, or of 2025 as flushed here).
     assert leader.pruned == 6 and not await asyncio.to_thread(RequestLogEntry.objects.exists)
+
+
+def test_a_log_rows_time_is_what_djangos_adapter_stores() -> None:
+    """stored_time writes the value Django's own adapter would (on SQLite: made directly), for times
+    with and without a fraction of a second, so the ORM reads the rows' times back unchanged."""
+    to_stored = usage_flush.stored_time()
+    for at in (1_795_840_099.0, 1_795_840_099.887711, 1_000_000_000.5, 1_795_881_600.000001):
+        assert to_stored(at) == connection.ops.adapt_datetimefield_value(datetime.fromtimestamp(at, UTC))
