@@ -21,8 +21,9 @@ machine, several times a relayed request's whole cost. The spans here are the SD
 :class:`ReadableSpan` made lightly (:class:`_Span`: ids from ``random.getrandbits`` as the SDK's
 generator, attributes in a plain dict, the span context built only when asked), handed to the
 processor when they end, and the OTLP exporter (:class:`_OtlpExporter`, the SDK's with its
-``Export`` call given bytes) writes their protobuf wire form directly (:func:`encode_request`); the
-resource and scope once per batch. The sampler (``OTEL_TRACES_SAMPLER``) decides per request
+``Export`` call given bytes) writes their protobuf wire form directly (:func:`encode_request`): the
+resource and scope once, each span's ids and times packed at once, its name and attributes joined
+from fragments encoded once (D81). A sampled span goes straight to the batch processor's queue. The sampler (``OTEL_TRACES_SAMPLER``) decides per request
 span; its children follow it, as parent-based sampling does. The standard environment variables apply:
 ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``
 (default: parent-based always-on), ``OTEL_EXPORTER_OTLP_*`` (endpoint when ``--otlp-traces-endpoint``
@@ -34,11 +35,12 @@ from __future__ import annotations
 
 import logging
 import os
+from operator import attrgetter
 import random
 import struct
 from time import time_ns
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence, cast
+from typing import Any, Callable, Iterable, Mapping, Sequence, cast
 
 from contextvars import ContextVar, Token
 
@@ -92,6 +94,7 @@ _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _UNSET = Status(StatusCode.UNSET)
 # The headers a propagator reads and writes: W3C traceparent/tracestate (and baggage by default).
 _FIELDS: frozenset[str] = frozenset(("traceparent", "tracestate"))
+_FIELD_NAMES: frozenset[bytes] = frozenset((b"traceparent", b"tracestate"))  # the same, as ASGI names them
 _W3C_ONLY = True  # the default propagators: carrier() writes the W3C headers itself
 
 # GenAI semantic conventions: gen_ai.operation.name per route.
@@ -139,13 +142,16 @@ def install(processor: SpanProcessor, sampler: sampling.Sampler | None = None) -
     """Turn tracing on with ``processor`` (the exporter's batch processor; tests: a simple processor
     over the SDK's in-memory exporter). ``sampler`` None: OTEL_TRACES_SAMPLER's (parent-based
     always-on by default). Replaces any processor installed before (which is shut down)."""
-    global ENABLED, _processor, _sampler, _resource, _FIELDS, _W3C_ONLY
+    global ENABLED, _processor, _ended, _sampler, _resource, _FIELDS, _FIELD_NAMES, _W3C_ONLY
     shutdown()
     _resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME})
     _sampler = sampler if sampler is not None else sampling._get_from_env_or_default()
     _processor = processor
+    batch = getattr(processor, "_batch_processor", None) if type(processor) is BatchSpanProcessor else None
+    _ended = getattr(batch, "emit", None) or processor.on_end
     textmap = propagate.get_global_textmap()
     _FIELDS = frozenset(textmap.fields) | {"traceparent", "tracestate"}
+    _FIELD_NAMES = frozenset(name.encode("latin-1") for name in _FIELDS)
     _W3C_ONLY = _is_w3c(textmap)
     ENABLED = True
 
@@ -163,12 +169,18 @@ def _is_w3c(textmap: Any) -> bool:
     )
 
 
+def flush() -> None:
+    """Export the spans ended so far, now (benches; the lifecycle's stop is :func:`shutdown`)."""
+    if _processor is not None:
+        _processor.force_flush()
+
+
 def shutdown() -> None:
     """Export what is pending and stop (the lifecycle's stop)."""
-    global ENABLED, _processor
+    global ENABLED, _processor, _ended
     processor = _processor
     ENABLED = False
-    _processor = None
+    _processor = _ended = None
     if processor is not None:
         processor.shutdown()
 
@@ -179,31 +191,33 @@ def shutdown() -> None:
 class _Span(Span, ReadableSpan):
     """A span made without the SDK's per-span machinery (see the module's docstring): what the SDK's
     processors and exporters read of a :class:`ReadableSpan` is here, the span context made when
-    first asked. Not sampled: nothing is recorded or exported, the context still propagates."""
+    first asked. Not sampled: nothing is recorded or exported, the context still propagates. The
+    fields every span starts with alike are the class's (an ended or failed span sets its own)."""
+
+    _end_time: int | None = None
+    _status = _UNSET
+    _events = ()
+    _links = ()
+    _instrumentation_scope = _scope
+    _instrumentation_info = None
+    _built: SpanContext | None = None
 
     def __init__(
-        self, name: str, trace_id: int, parent_id: int, parent_remote: bool, sampled: bool, trace_state: TraceState | None,
-        kind: SpanKind, attributes: dict[str, Any],
+        self, name: str, trace_id: int, span_id: int, parent_id: int, parent_remote: bool, sampled: bool,
+        trace_state: TraceState | None, kind: SpanKind, attributes: dict[str, Any],
     ) -> None:  # fmt: skip
         # ReadableSpan's fields, set here instead of by its constructor (which builds a Resource).
         self._name = name
         self._kind = kind
         self._start_time = time_ns()
-        self._end_time: int | None = None
         self._attributes = attributes
-        self._status = _UNSET
-        self._events = ()
-        self._links = ()
         self._resource = _resource
-        self._instrumentation_scope = _scope
-        self._instrumentation_info = None
         self.trace_id = trace_id
-        self.span_id = _getrandbits(64) or 1
+        self.span_id = span_id
         self.parent_id = parent_id  # 0: none
         self.parent_remote = parent_remote
         self.sampled = sampled
         self.trace_state = trace_state
-        self._built: SpanContext | None = None
 
     # -- what the SDK reads --
 
@@ -261,24 +275,49 @@ class _Span(Span, ReadableSpan):
         if self._end_time is not None:
             return
         self._end_time = end_time or time_ns()
-        processor = _processor
-        if self.sampled and processor is not None:
-            processor.on_end(self)
+        if self.sampled:
+            ended = _ended
+            if ended is not None:
+                ended(self)
+
+
+_ended: Callable[[_Span], None] | None = None
+"""Where a sampled span goes when it ends: the batch processor's queue (its ``emit``: the processor's
+``on_end`` would build the span's context to read the sampled flag this module already knows), or
+another processor's ``on_end``; None: tracing off."""
+
+_MASK64 = (1 << 64) - 1
+_ROUTES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}  # (method, path): span name, attributes
+
+
+def _route(method: str, path: str) -> tuple[str, dict[str, Any]]:
+    """The request span's name and first attributes for ``method`` and ``path`` (made once a route)."""
+    found = _ROUTES.get((method, path))
+    if found is None:
+        found = f"{method} {path}", {
+            "gen_ai.operation.name": operation_of(path), "http.request.method": method, "http.route": path,
+        }  # fmt: skip
+        if len(_ROUTES) < 1024:
+            _ROUTES[(method, path)] = found
+    return found
 
 
 def request_span(method: str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> Span:
     """The request's SERVER span, a child of the client's ``traceparent`` when it sent one; sampled
     as the sampler says (by default: as the client's, else always)."""
-    found: dict[str, str] = {}
+    found: dict[str, str] | None = None
     for key, value in headers:
-        name = key.decode("latin-1")
-        if name in _FIELDS:
-            found[name] = value.decode("latin-1")
+        if key in _FIELD_NAMES:
+            if found is None:
+                found = {}
+            found[key.decode("latin-1")] = value.decode("latin-1")
+    name, first = _route(method, path)
+    attributes = first.copy()
+    if found is None and _sampler is sampling.DEFAULT_ON:  # a root, sampled: one draw for both ids
+        ids = _getrandbits(192)
+        return _Span(name, ids >> 64 or 1, ids & _MASK64 or 1, 0, False, True, None, SpanKind.SERVER, attributes)
     context = propagate.extract(found) if found else None
     parent = trace.get_current_span(context).get_span_context() if context is not None else None
-    operation = operation_of(path)
-    attributes = {"gen_ai.operation.name": operation, "http.request.method": method, "http.route": path}
-    name = f"{method} {path}"
     if parent is not None and parent.is_valid:
         trace_id, parent_id, remote, state = parent.trace_id, parent.span_id, parent.is_remote, parent.trace_state
     else:
@@ -290,27 +329,29 @@ def request_span(method: str, path: str, headers: Iterable[tuple[bytes, bytes]])
         if decision.trace_state is not None and len(decision.trace_state):
             state = decision.trace_state
         sampled = decision.decision.is_sampled()
-    return _Span(name, trace_id, parent_id, remote, sampled, state, SpanKind.SERVER, attributes)
+    return _Span(name, trace_id, _getrandbits(64) or 1, parent_id, remote, sampled, state, SpanKind.SERVER, attributes)
 
 
 def child(name: str, attributes: Mapping[str, Any] | None = None, kind: SpanKind = SpanKind.INTERNAL) -> Span:
-    """A span under the current one (see :func:`enter`), in its trace and sampled as it is."""
+    """A span under the current one (see :func:`enter`), in its trace and sampled as it is. A dict
+    given as ``attributes`` becomes the span's own (callers give a fresh one)."""
+    owned: dict[str, Any] = attributes if type(attributes) is dict else dict(attributes) if attributes else {}
     current = _CURRENT.get()
     if current is not None:
-        return _Span(name, current.trace_id, current.span_id, False, current.sampled, current.trace_state, kind,
-                     dict(attributes) if attributes else {})
+        return _Span(name, current.trace_id, _getrandbits(64) or 1, current.span_id, False, current.sampled,
+                     current.trace_state, kind, owned)
     parent = trace.get_current_span().get_span_context()  # another instrumentation's span, or none
     if not parent.is_valid:  # outside any request: a trace of its own, as the sampler says
         trace_id = _getrandbits(128) or 1
         sampled = _sampler.should_sample(None, trace_id, name, kind, attributes, None).decision.is_sampled()
-        return _Span(name, trace_id, 0, False, sampled, None, kind, dict(attributes) if attributes else {})
-    return _Span(name, parent.trace_id, parent.span_id, parent.is_remote, parent.trace_flags.sampled, parent.trace_state,
-                 kind, dict(attributes) if attributes else {})
+        return _Span(name, trace_id, _getrandbits(64) or 1, 0, False, sampled, None, kind, owned)
+    return _Span(name, parent.trace_id, _getrandbits(64) or 1, parent.span_id, parent.is_remote,
+                 parent.trace_flags.sampled, parent.trace_state, kind, owned)
 
 
 def attempt_span(worker_url: str, worker_id: str, transport: str, model: str | None, number: int) -> Span:
     """One upstream attempt: a CLIENT span naming the worker (``server.address``/``server.port``)."""
-    host, port = _address(worker_url)
+    name, host, port = _address(worker_url)
     attributes: dict[str, Any] = {
         "server.address": host, "gateway.worker.id": worker_id, "gateway.worker.transport": transport,
         "gateway.attempt": number,
@@ -319,16 +360,17 @@ def attempt_span(worker_url: str, worker_id: str, transport: str, model: str | N
         attributes["server.port"] = port
     if model:
         attributes["gen_ai.request.model"] = model
-    return child(f"attempt {host}", attributes, SpanKind.CLIENT)
+    return child(name, attributes, SpanKind.CLIENT)
 
 
-_ADDRESSES: dict[str, tuple[str, int]] = {}
+_ADDRESSES: dict[str, tuple[str, str, int]] = {}  # a worker URL's attempt span name, host and port
 
 
-def _address(url: str) -> tuple[str, int]:
+def _address(url: str) -> tuple[str, str, int]:
     found = _ADDRESSES.get(url)
     if found is None:
-        found = _parse_address(url)
+        host, port = _parse_address(url)
+        found = f"attempt {host}", host, port
         if len(_ADDRESSES) < 65536:
             _ADDRESSES[url] = found
     return found
@@ -402,7 +444,10 @@ def carrier() -> tuple[tuple[str, str], ...]:
 def outgoing(headers: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     """A worker's forwarded client headers with the client's trace context replaced by the current
     span's (the gateway's span as the worker's parent, the client's trace id kept)."""
-    return tuple((k, v) for k, v in headers if k not in _FIELDS) + carrier()
+    for key, _ in headers:
+        if key in _FIELDS:
+            return tuple((k, v) for k, v in headers if k not in _FIELDS) + carrier()
+    return tuple(headers) + carrier()
 
 
 def trace_headers() -> dict[str, str] | None:
@@ -421,7 +466,6 @@ def trace_headers() -> dict[str, str] | None:
 
 _HAS_IS_REMOTE = 0x100  # SpanFlags: the parent's remoteness is known ...
 _IS_REMOTE = 0x200  # ... and it is remote
-_pack_fixed64 = struct.Struct("<Q").pack
 _pack_double = struct.Struct("<d").pack
 _pack_fixed32 = struct.Struct("<I").pack
 
@@ -448,6 +492,9 @@ def _field(tag: int, payload: bytes) -> bytes:
 
 
 def _any_value(value: Any) -> bytes:
+    """An AnyValue's fields, as the SDK's encoder writes them (None: no field)."""
+    if value is None:
+        return b""
     if isinstance(value, str):
         return _field(1, value.encode())
     if isinstance(value, bool):
@@ -461,87 +508,181 @@ def _any_value(value: Any) -> bytes:
     return _field(1, str(value).encode())
 
 
-_ATTRIBUTES: dict[tuple[str, Any], bytes] = {}  # an attribute's KeyValue field, for repeating values
-_KEYS: dict[str, bytes] = {}  # an attribute key's field
-
-
-def _attribute(key: str, value: Any) -> bytes:
-    """Attribute ``key``'s KeyValue field (span field 9); strings and flags memoized (bounded)."""
-    kind = type(value)
-    if kind is str or kind is bool:
-        found = _ATTRIBUTES.get((key, value))
-        if found is None:
-            found = _field(9, _field(1, key.encode()) + _field(2, _any_value(value)))
-            if len(_ATTRIBUTES) < 8192:
-                _ATTRIBUTES[(key, value)] = found
-        return found
-    prefix = _KEYS.get(key)
-    if prefix is None:
-        prefix = _KEYS[key] = _field(1, key.encode())
-    return _field(9, prefix + _field(2, _any_value(value)))
-
-
-def _encode_span(span: _Span) -> bytes:
-    parts = [
-        b"\x0a\x10", span.trace_id.to_bytes(16, "big"), b"\x12\x08", span.span_id.to_bytes(8, "big"),
-    ]  # fmt: skip
-    state = span.trace_state
-    if state:
-        parts.append(_field(3, ",".join(f"{key}={value}" for key, value in state.items()).encode()))
-    if span.parent_id:
-        parts += (b"\x22\x08", span.parent_id.to_bytes(8, "big"))
-    parts += (_name_and_kind(span._name, span._kind), )
-    parts += (b"\x39", _pack_fixed64(span._start_time or 0), b"\x41", _pack_fixed64(span._end_time or 0))
-    for key, value in span._attributes.items():  # type: ignore[union-attr]
-        if value is not None:
-            parts.append(_attribute(key, value))
-    status = span._status
-    if status is _UNSET:
-        parts.append(_UNSET_STATUS)
-    else:
-        code = status.status_code.value
-        parts.append(_field(15, (_field(2, status.description.encode()) if status.description else b"") + (
-            b"\x18" + _varint(code) if code else b"")))
-    parts.append(_REMOTE_FLAGS if span.parent_id and span.parent_remote else _LOCAL_FLAGS)
-    return b"".join(parts)
-
-
+_ID_FIELDS = struct.Struct(">HQQHQ").pack  # trace_id (1) and span_id (2) with their tags and lengths
+_ID_FIELDS_PARENT = struct.Struct(">HQQHQHQ").pack  # ... and parent_span_id (4)
+_PARENT_FIELD = struct.Struct(">HQ").pack
+_TIME_FIELDS = struct.Struct("<BQBQ").pack  # start_time_unix_nano (7), end_time_unix_nano (8)
+_TRACE_ID, _SPAN_ID, _PARENT_ID, _START, _END = 0x0A10, 0x1208, 0x2208, 0x39, 0x41
 _UNSET_STATUS = _field(15, b"")
 _LOCAL_FLAGS = b"\x85\x01" + _pack_fixed32(_HAS_IS_REMOTE)
 _REMOTE_FLAGS = b"\x85\x01" + _pack_fixed32(_HAS_IS_REMOTE | _IS_REMOTE)
-_NAMES: dict[tuple[str, SpanKind], bytes] = {}
+_LOCAL_TAIL = _UNSET_STATUS + _LOCAL_FLAGS  # an unset status and a local parent (or none): most spans
+_REMOTE_TAIL = _UNSET_STATUS + _REMOTE_FLAGS
+_MEMO_SIZE = 8192
+
+# Encoded fragments made once and joined per span: an attribute's whole KeyValue field for a string
+# value (most attributes: route, model, worker, policy) and for an integer (status, port, attempt,
+# token counts), a key's field, a span name's field with its kind, a span's length prefix. Bounded
+# (_MEMO_SIZE entries each, about 1 MB for the attributes): past the bound, made per span.
 
 
-def _name_and_kind(name: str, kind: SpanKind) -> bytes:
-    found = _NAMES.get((name, kind))
+class _Attributes(dict[tuple[str, Any], bytes]):
+    """(key, value): the attribute's KeyValue field (span field 9), as the SDK's encoder writes it
+    (None: an empty value), looked up for every attribute of a span at once (``map`` over its items).
+    Kept here: string and None values only, which equal no other type's; an integer's field is kept
+    in :data:`_INTEGERS` and found through :meth:`__missing__`, since 1 == True == 1.0."""
+
+    def __missing__(self, item: tuple[str, Any]) -> bytes:
+        key, value = item
+        kind = type(value)
+        if kind is int:
+            found = _INTEGERS.get(item)
+            if found is None:
+                found = _field(9, _key(key) + _field(2, b"\x18" + _varint(value)))
+                if len(_INTEGERS) < _MEMO_SIZE:
+                    _INTEGERS[item] = found
+            return found
+        found = _field(9, _key(key) + _field(2, _any_value(value)))
+        if (kind is str or value is None) and len(self) < _MEMO_SIZE:
+            self[item] = found
+        return found
+
+
+_ATTRIBUTES = _Attributes()
+_INTEGERS: dict[tuple[str, Any], bytes] = {}  # looked up for int values alone
+_KEYS: dict[str, bytes] = {}
+_NAMES: dict[str, tuple[SpanKind, bytes]] = {}  # by name alone: hashing a SpanKind is a Python call
+_SPAN_HEADS: dict[int, bytes] = {}  # a span's length: its field's tag and length
+
+
+def _attribute(key: str, value: Any) -> bytes:
+    """Attribute ``key``'s KeyValue field (span field 9)."""
+    try:
+        return _ATTRIBUTES[(key, value)]
+    except TypeError:  # a list's
+        return _ATTRIBUTES.__missing__((key, value))
+
+
+def _key(key: str) -> bytes:
+    found = _KEYS.get(key)
     if found is None:
-        found = _field(5, name.encode()) + b"\x30" + _varint(kind.value + 1)
-        if len(_NAMES) < 4096:
-            _NAMES[(name, kind)] = found
+        found = _field(1, key.encode())
+        if len(_KEYS) < _MEMO_SIZE:
+            _KEYS[key] = found
     return found
 
 
+def _name_and_kind(name: str, kind: SpanKind) -> bytes:
+    found = _field(5, name.encode()) + b"\x30" + _varint(kind.value + 1)
+    if len(_NAMES) < _MEMO_SIZE:
+        _NAMES[name] = (kind, found)
+    return found
+
+
+def _span_head(size: int) -> bytes:
+    found = _SPAN_HEADS[size] = b"\x12" + _varint(size)
+    if len(_SPAN_HEADS) > _MEMO_SIZE:
+        _SPAN_HEADS.clear()
+    return found
+
+
+def _status_and_flags(span: _Span) -> bytes:
+    """Span fields 15 (status) and 16 (flags) of a span whose status was set."""
+    status = span._status
+    code = status.status_code.value
+    described = _field(2, status.description.encode()) if status.description else b""
+    remote = span.parent_id and span.parent_remote
+    return _field(15, described + (b"\x18" + _varint(code) if code else b"")) + (_REMOTE_FLAGS if remote else _LOCAL_FLAGS)
+
+
+def _encode_spans(spans: Iterable[_Span], out: list[bytes]) -> None:
+    """Each span's field (ScopeSpans field 2) onto ``out``: the ids and times packed at once, the
+    name and attributes from the fragments above, in one loop over the batch."""
+    attributes, names, heads, unset = _ATTRIBUTES, _NAMES, _SPAN_HEADS, _UNSET
+    ids, ids_parent, times, join, append = _ID_FIELDS, _ID_FIELDS_PARENT, _TIME_FIELDS, b"".join, out.append
+    for span in spans:
+        trace_id = span.trace_id
+        parent_id = span.parent_id
+        if span.trace_state:
+            parts = [ids(_TRACE_ID, trace_id >> 64, trace_id & _MASK64, _SPAN_ID, span.span_id),
+                     _field(3, span.trace_state.to_header().encode())]  # fmt: skip
+            if parent_id:
+                parts.append(_PARENT_FIELD(_PARENT_ID, parent_id))
+        elif parent_id:
+            parts = [ids_parent(_TRACE_ID, trace_id >> 64, trace_id & _MASK64, _SPAN_ID, span.span_id, _PARENT_ID,
+                                parent_id)]  # fmt: skip
+        else:
+            parts = [ids(_TRACE_ID, trace_id >> 64, trace_id & _MASK64, _SPAN_ID, span.span_id)]
+        name = span._name
+        named = names.get(name)
+        parts.append(named[1] if named is not None and named[0] is span._kind else _name_and_kind(name, span._kind))
+        parts.append(times(_START, span._start_time or 0, _END, span._end_time or 0))
+        fixed = len(parts)
+        try:
+            parts += map(attributes.__getitem__, span._attributes.items())  # type: ignore[union-attr]
+        except TypeError:  # a list's value: one by one
+            del parts[fixed:]
+            parts += [_attribute(key, value) for key, value in span._attributes.items()]  # type: ignore[union-attr]
+        if span._status is unset:
+            parts.append(_REMOTE_TAIL if parent_id and span.parent_remote else _LOCAL_TAIL)
+        else:
+            parts.append(_status_and_flags(span))
+        body = join(parts)
+        size = len(body)
+        append(heads.get(size) or _span_head(size))
+        append(body)
+
+
+_HEADS: dict[int, tuple[Resource, bytes, bytes, bytes]] = {}  # id(resource): it, its field, the scope's, schema
+
+
+def _head(resource: Resource) -> tuple[Resource, bytes, bytes, bytes]:
+    """A resource's encoded Resource field, this module's scope's and the schema URL's (once each)."""
+    found = _HEADS.get(id(resource))
+    if found is None or found[0] is not resource:
+        from opentelemetry.exporter.otlp.proto.common._internal import _encode_instrumentation_scope, _encode_resource
+
+        scope = _encode_instrumentation_scope(_scope).SerializeToString()
+        schema = _field(3, resource.schema_url.encode()) if resource.schema_url else b""
+        found = resource, _field(1, _encode_resource(resource).SerializeToString()), _field(1, scope), schema
+        if len(_HEADS) > 16:
+            _HEADS.clear()
+        _HEADS[id(resource)] = found
+    return found
+
+
+_SPAN_TYPE = {_Span}
+_resource_of = attrgetter("_resource")
+
+
 def encode_request(spans: Sequence[ReadableSpan]) -> bytes:
-    """The ExportTraceServiceRequest of ``spans`` in protobuf wire form (this module's spans: one
-    resource and scope, encoded once; any other span: the SDK's encoder)."""
-    from opentelemetry.exporter.otlp.proto.common._internal import _encode_instrumentation_scope, _encode_resource
+    """The ExportTraceServiceRequest of ``spans`` in protobuf wire form, in one pass: this module's
+    spans of one resource (the usual batch) as the resource's and scope's fields, made once, and
+    the spans' joined; spans of several resources in one ResourceSpans each; any other span: the
+    SDK's encoder."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    if not spans or any(type(span) is not _Span for span in spans):
+    if not spans or set(map(type, spans)) != _SPAN_TYPE:
         return encode_spans(spans).SerializeToString()
-    groups: dict[tuple[int, int], list[_Span]] = {}
-    for span in cast("Sequence[_Span]", spans):
-        groups.setdefault((id(span._resource), id(span._instrumentation_scope)), []).append(span)
-    out = []
-    for group in groups.values():
-        first = group[0]
-        resource = _encode_resource(first._resource).SerializeToString()
-        scope = _encode_instrumentation_scope(cast(InstrumentationScope, first._instrumentation_scope)).SerializeToString()
-        scope_spans = _field(1, scope) + b"".join(_field(2, _encode_span(span)) for span in group)
-        body = _field(1, resource) + _field(2, scope_spans)
-        if first._resource.schema_url:
-            body += _field(3, first._resource.schema_url.encode())
-        out.append(_field(1, body))
+    groups: Iterable[Sequence[_Span]]
+    if len(set(map(id, map(_resource_of, spans)))) == 1:  # (a Resource hashes its attributes: ids)
+        groups = (cast("Sequence[_Span]", spans),)
+    else:
+        by_resource: dict[int, list[_Span]] = {}
+        for span in cast("Sequence[_Span]", spans):
+            by_resource.setdefault(id(span._resource), []).append(span)
+        groups = by_resource.values()
+    out: list[bytes] = []
+    for group in groups:
+        _, resource_field, scope_field, schema = _head(group[0]._resource)
+        spans_at = len(out)
+        _encode_spans(group, out)
+        encoded = sum(map(len, out[spans_at:]))
+        scope_spans = len(scope_field) + encoded
+        scope_head = b"\x12" + _varint(scope_spans)
+        size = len(resource_field) + len(scope_head) + scope_spans + len(schema)
+        out[spans_at:spans_at] = (b"\x0a", _varint(size), resource_field, scope_head, scope_field)
+        out.append(schema)
     return b"".join(out)
 
 
