@@ -3,6 +3,7 @@ machine does not change (CPU time per request swings with the load of other work
 
 ``.venv/bin/python bench/instructions.py [--requests 1000] [--targets gateway,smg] [--api-key KEY]``
 ``[--repo PATH]`` (another checkout's build of the gateway, run with this venv, as ``gateway@PATH``)
+``[--gateway-args '...']`` (more ``rungateway`` arguments for every gateway build)
 
 Each target runs under ``valgrind --tool=callgrind --instr-atstart=no`` in front of one nginx worker
 answering a fixed ``chat.completion`` (bench/nginx.py), health checks on as deployed. Once it is ready
@@ -109,6 +110,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--targets", default="gateway,smg")
     parser.add_argument("--api-key", default=None, help="turn client authentication on in every target")
+    parser.add_argument("--gateway-args", default="", help="more rungateway arguments for every gateway build "
+                        "(e.g. '--request-log-max-rows 0')")  # fmt: skip
     parser.add_argument("--repo", type=Path, action="append", default=[],
                         help="also measure the gateway of this checkout (run with this venv)")  # fmt: skip
     args = parser.parse_args()
@@ -127,7 +130,8 @@ def main() -> int:
             port = free_port()
             data = work / f"data-{number}"
             data.mkdir()
-            argv = gateway_argv(port, worker_url, "uvicorn", api_key=args.api_key, repo=repo)
+            argv = gateway_argv(port, worker_url, "uvicorn", api_key=args.api_key, repo=repo,
+                                extra=args.gateway_args.split())  # fmt: skip
             env = child_env({"GW_DATA_DIR": str(data), "DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
             tag = f"gateway-{number}"
             proc = group.start(tag, [*_callgrind(work / f"{tag}.callgrind"), *argv], env=env, cwd=repo)
