@@ -490,11 +490,16 @@ class RegistrySync:
             self._noticed_change(notice)
 
     def _noticed_change(self, notice: Notice | None) -> None:
-        """Keep what a notice names for the next catch-up (one without a number: read the log)."""
-        if notice is not None and notice.seq is not None:
-            if notice.seq <= self._floor or notice.seq in self._seen:
-                return  # applied already (by the log or a reload)
-            self._noticed[notice.seq] = notice.worker_id
+        """Keep what a notice names for the next catch-up. A notice without a number tells of a change
+        the store could not record in its log (it refused the write: down, or locked under a burst
+        of registrations) or of one a gateway that does not number them made: the log may not have
+        it, so the whole fleet is read (once the store answers)."""
+        if notice is None or notice.seq is None:
+            self._schedule_sync(reload=True)
+            return
+        if notice.seq <= self._floor or notice.seq in self._seen:
+            return  # applied already (by the log or a reload)
+        self._noticed[notice.seq] = notice.worker_id
         self._schedule_sync()
 
     def _schedule_sync(self, *, reload: bool = False) -> None:

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 from django.test import AsyncClient
+from django.db import OperationalError
 from django.utils import timezone
 
+from administration import notices
 from administration.api import workers as api_workers
 from administration.db import arun_db
 from administration.health import transition
@@ -23,6 +25,7 @@ from administration.notices import (
 )
 from administration.registry_sync import RegistrySync, fleet_aliases, load_fleet_state
 from common.config import GatewayConfig, install_config
+from common.outages import STORE
 from inference.routing.registry import REGISTRY, RegistrySnapshot, WorkerRegistry
 
 
@@ -322,6 +325,36 @@ async def test_notices_are_applied_by_delta_and_a_lost_one_is_repaired() -> None
         await sync.arefresh()
         assert urls()[-1] == "http://127.0.0.1:9/e"
     finally:
+        await sync.astop()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_change_the_store_could_not_log_reloads_the_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registration whose change the store refused to log (locked under a burst of registrations,
+    or down) tells its notice without a number: the log does not have the change, so the fleet is
+    read again and the worker is routed (it used to wait for the five-minute safety net)."""
+    config = GatewayConfig(disable_health_check=True)
+    registry = WorkerRegistry()
+    sync = RegistrySync(config, registry=registry)
+    sync._loop = asyncio.get_running_loop()
+    add_local_listener(sync.notify)
+    try:
+        await arun_db(record_change)
+        await sync.arefresh()
+        worker = await _ready("http://127.0.0.1:9/unlogged")
+
+        def refused(worker_id: Any = None) -> int:
+            raise OperationalError("database is locked")
+
+        monkeypatch.setattr(notices, "record_change", refused)
+        await arun_db(publish_registry_changed, worker.pk)
+        STORE.recovered()  # the store answers again (the lock was momentary)
+        await _settled(sync)
+        assert [handle.url for handle in registry.snapshot.workers] == ["http://127.0.0.1:9/unlogged"]
+        assert sync.full_reloads == 2
+    finally:
+        remove_local_listener(sync.notify)
+        STORE.recovered()
         await sync.astop()
 
 
