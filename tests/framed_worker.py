@@ -85,7 +85,10 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes] | N
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length":
             length = int(value.strip())
-    body = await reader.readexactly(length) if length else b""
+    try:
+        body = await reader.readexactly(length) if length else b""
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
     return lines[0], body
 
 
@@ -148,9 +151,16 @@ async def framed_worker(
     framing: Framing, *, version: bytes = b"HTTP/1.1", endless: bool = False, cut: bool = False
 ) -> AsyncIterator[FramedWorker]:
     worker = FramedWorker("", framing, version, endless, cut)
+    handlers: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _serve(worker, reader, writer)
+        task = asyncio.current_task()
+        assert task is not None
+        handlers[task] = writer
+        try:
+            await _serve(worker, reader, writer)
+        finally:
+            handlers.pop(task, None)
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     worker.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
@@ -158,4 +168,11 @@ async def framed_worker(
         yield worker
     finally:
         server.close()
+        # A connection the gateway keeps alive (its idle pool) still has its handler waiting for the
+        # next request: closing it ends the handler (its read sees the end) here, in this loop, not
+        # when the task is collected after the loop closed. Not cancelled: Python 3.11's stream
+        # callback then logs the handler's CancelledError as an exception.
+        for writer in list(handlers.values()):
+            writer.close()
+        await asyncio.gather(*handlers, return_exceptions=True)
         await server.wait_closed()
