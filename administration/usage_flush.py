@@ -121,16 +121,37 @@ def stored_time() -> Callable[[float], Any]:
     """Unix seconds to the value the backend stores for a DateTimeField: what
     ``connection.ops.adapt_datetimefield_value`` gives for the aware datetime. On SQLite that is the
     text of the naive time in the connection's zone, made here directly: Django's adapter checks each
-    value (expression, awareness, settings) and cost about half of a log row's preparation."""
+    value (expression, awareness, settings), and a datetime made, replaced and formatted per row cost
+    about a fifth of the row's write. A second's text is made once (the rows of one flush share a few
+    seconds) and its microseconds, rounded as ``datetime.fromtimestamp`` rounds them, appended."""
     if connection.vendor == "sqlite":
         zone = connection.timezone
-        return lambda at: str(datetime.fromtimestamp(at, zone).replace(tzinfo=None))
+        seconds: dict[int, str] = {}
+
+        def text(at: float) -> str:
+            whole = int(at)
+            micros = round((at - whole) * 1e6)  # exact subtraction; half to even, as fromtimestamp
+            if micros >= 1_000_000 or at < 0:
+                return str(datetime.fromtimestamp(at, zone).replace(tzinfo=None))
+            second = seconds.get(whole)
+            if second is None:
+                second = seconds[whole] = str(datetime.fromtimestamp(whole, zone).replace(tzinfo=None))
+            return f"{second}.{micros:06d}" if micros else second
+
+        return text
     adapt = connection.ops.adapt_datetimefield_value
     return lambda at: adapt(datetime.fromtimestamp(at, UTC))
 
 
-def _log_row(entry: AccountingEntry, at: Callable[[float], Any]) -> tuple[Any, ...]:
-    """The row of :data:`_LOG_FIELDS` for ``entry`` (``at``: :func:`stored_time`)."""
+# No ttft (a whole answer) is written as this and stored as NULL by the statement (NULLIF): the
+# SQLite module looks for an adapter, and fails at some length, for every parameter that is not an
+# int, float, str or bytes, None and bool included.
+_NO_TTFT = -1.0
+
+
+def _log_row(entry: AccountingEntry, at: Callable[[float], Any], flags: tuple[Any, Any]) -> tuple[Any, ...]:
+    """The row of :data:`_LOG_FIELDS` for ``entry`` (``at``: :func:`stored_time`; ``flags``: what
+    False and True are written as)."""
     usage = entry.usage
     limit = _LOG_LIMITS
     return (
@@ -138,23 +159,25 @@ def _log_row(entry: AccountingEntry, at: Callable[[float], Any]) -> tuple[Any, .
         entry.tenant[:limit["tenant"]], entry.model[:limit["model"]], entry.worker[:limit["worker"]],
         entry.surface[:limit["surface"]], entry.route[:limit["route"]], entry.status, entry.outcome.value,
         entry.error_code[:limit["error_code"]], usage.prompt, usage.completion, usage.cached, usage.reasoning,
-        type(usage) is EstimatedUsage, entry.latency_secs * 1000.0,
-        None if entry.ttft_secs is None else entry.ttft_secs * 1000.0,
+        flags[type(usage) is EstimatedUsage], entry.latency_secs * 1000.0,
+        _NO_TTFT if entry.ttft_secs is None else entry.ttft_secs * 1000.0,
     )  # fmt: skip
 
 
 def _insert_log(entries: list[AccountingEntry]) -> None:
     """The request log's rows in one INSERT executed for every row. Not the ORM's bulk_create: a model
     instance per row and every field prepared through it cost about four times the row's own insert
-    (issue 27, D82: a fifth of a relayed request's CPU went to the flusher's thread)."""
+    (issue 27, D82: a fifth of a relayed request's CPU went to the flusher's thread). On SQLite a
+    boolean is written as the integer it stores (0 or 1) and no parameter is None (D85)."""
     quote = connection.ops.quote_name
     columns = ", ".join(quote(_LOG_COLUMNS[name]) for name in _LOG_FIELDS)
-    values = ", ".join(["%s"] * len(_LOG_FIELDS))
+    values = ", ".join(["%s"] * (len(_LOG_FIELDS) - 1) + [f"NULLIF(%s, {_NO_TTFT})"])
     at = stored_time()
+    flags: tuple[Any, Any] = (0, 1) if connection.vendor == "sqlite" else (False, True)
     with connection.cursor() as cursor:
         cursor.executemany(
             f"INSERT INTO {quote(RequestLogEntry._meta.db_table)} ({columns}) VALUES ({values})",
-            [_log_row(entry, at) for entry in entries],
+            [_log_row(entry, at, flags) for entry in entries],
         )
 
 

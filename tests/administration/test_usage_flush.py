@@ -65,6 +65,30 @@ def test_the_flags() -> None:
         parse_gateway_args(["--usage-flush-interval-secs", "0"])
 
 
+def test_log_rows_read_back_as_written_with_times_a_second_shares() -> None:
+    """The log's rows as the ORM reads them back: times of one second and of others (a second's text
+    made once, its microseconds rounded as datetime.fromtimestamp rounds them), no time to first token
+    stored as NULL and a zero kept, the estimate flag both ways (D85)."""
+    from inference.accounting import EstimatedUsage
+
+    times = [1_795_840_099.0, 1_795_840_099.887711, 1_795_840_099.5, 1_795_840_099.9999996, 1_795_840_100.000001,
+             1_000_000_000.5, 1_795_881_600.25]
+    ledger = UsageLedger()
+    for n, at in enumerate(times):
+        made = entry(at, request_id=f"t{n}")
+        made.ttft_secs = (None, 0.0, 0.125)[n % 3]
+        if n % 2:
+            made.usage = EstimatedUsage(7, 3)
+        ledger.add(made)
+    write_usage(ledger.drain())
+    rows = list(RequestLogEntry.objects.order_by("id"))
+    assert [row.at for row in rows] == [datetime.fromtimestamp(at, UTC) for at in times]
+    assert [row.ttft_ms for row in rows] == [(None, 0.0, 125.0)[n % 3] for n in range(len(times))]
+    assert [row.tokens_estimated for row in rows] == [bool(n % 2) for n in range(len(times))]
+    assert RequestLogEntry.objects.filter(ttft_ms__isnull=True).count() == 3
+    assert RequestLogEntry.objects.filter(tokens_estimated=True).count() == 3
+
+
 async def test_a_flush_adds_to_the_stored_sums_and_inserts_the_log_rows() -> None:
     ledger = UsageLedger()
     flusher = UsageFlusher(GatewayConfig(), lambda: ledger)
