@@ -70,6 +70,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def post_scope(path: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> dict[str, Any]:
+    """The ASGI scope of a JSON POST to ``path`` as a server hands it to the app (host ``gateway``, the
+    client on loopback), for tests that drive the app's receive and send themselves (a client that
+    leaves, a disconnect while queued)."""
+    return {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"host", b"gateway"), (b"content-type", b"application/json"), *headers],
+        "client": ("127.0.0.1", 5000), "server": ("gateway", 80),
+    }  # fmt: skip
+
+
 async def until(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
     """Poll an async condition every 50 ms; fail after ``timeout`` seconds."""
     loop = asyncio.get_running_loop()

@@ -23,7 +23,7 @@ from inference.routing.workers import WorkerRecord, WorkerStatus
 from standins import mock_responses as mr
 from standins.mock_provider import ProviderConfig
 from tests.conftest import (
-    PROVIDER_KEY, GatewayFactory, Provider, RunningWorker, free_port, record_for, serving_provider,
+    PROVIDER_KEY, GatewayFactory, Provider, RunningWorker, free_port, post_scope, record_for, serving_provider,
 )
 from tests.inference.mcp.servers import serving
 from tests.inference.served.conftest import QWEN_MODEL, Start, asgi_app, start_engine_gateway  # noqa: F401
@@ -244,13 +244,7 @@ async def test_a_cancelled_stream_is_accounted_as_cancelled_with_what_it_used(st
         if message["type"] == "http.response.body" and b"content" in message.get("body", b""):
             first_chunk.set()
 
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
-        "headers": [(b"host", b"gateway"), (b"content-type", b"application/json")],
-        "client": ("127.0.0.1", 5000), "server": ("gateway", 80),
-    }
-    await asyncio.wait_for(asgi_app(scope, receive, send), 5)  # type: ignore[operator]
+    await asyncio.wait_for(asgi_app(post_scope("/v1/chat/completions"), receive, send), 5)  # type: ignore[operator]
     [entry] = entries()
     assert (entry.outcome, entry.status, entry.worker) == (Outcome.CANCELLED, 499, gw.record.url)
     assert entry.ttft_secs is not None
@@ -307,13 +301,7 @@ async def test_a_streamed_background_run_the_client_leaves_is_accounted_once_whe
         if message["type"] == "http.response.body" and b"response.queued" in message.get("body", b""):
             queued.set()
 
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/v1/responses", "raw_path": b"/v1/responses", "query_string": b"", "root_path": "",
-        "headers": [(b"host", b"gateway"), (b"content-type", b"application/json")],
-        "client": ("127.0.0.1", 5000), "server": ("gateway", 80),
-    }
-    await asyncio.wait_for(asgi_app(scope, receive, send), 5)  # type: ignore[operator]
+    await asyncio.wait_for(asgi_app(post_scope("/v1/responses"), receive, send), 5)  # type: ignore[operator]
     assert queued.is_set()
     [entry] = await settled(1)
     served = gw.engine.state.requests[-1]
@@ -382,15 +370,8 @@ async def _leave_after(app: object, path: str, body: dict, events: int, key: str
             if received[0] >= events:
                 left.set()
 
-    headers = [(b"host", b"gateway"), (b"content-type", b"application/json")]
-    if key is not None:
-        headers.append((b"authorization", f"Bearer {key}".encode()))
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers,
-        "client": ("127.0.0.1", 5000), "server": ("gateway", 80),
-    }
-    await asyncio.wait_for(app(scope, receive, send), 5)  # type: ignore[operator]
+    headers = [] if key is None else [(b"authorization", f"Bearer {key}".encode())]
+    await asyncio.wait_for(app(post_scope(path, headers), receive, send), 5)  # type: ignore[operator]
     return received[0]
 
 

@@ -11,7 +11,7 @@ import httpx
 
 from inference.admission.rate_limit import RedisRateLimiter
 from inference.dataplane import data_plane
-from tests.conftest import ALICE, CHARLIE, SHARED_KEY, RunningWorker, record_for
+from tests.conftest import ALICE, CHARLIE, SHARED_KEY, RunningWorker, post_scope, record_for
 
 CHAT = {"model": "mock-model", "messages": [{"role": "user", "content": "hello"}]}
 SLOW = {**CHAT, "mock": {"tokens": 4, "delay_ms": 100}}
@@ -218,13 +218,7 @@ async def test_disconnect_while_queued_leaves_the_queue(make_gateway, worker: Ru
     async def send(message: dict) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
-        "headers": [(b"host", b"gateway"), (b"content-type", b"application/json")],
-        "client": ("127.0.0.1", 5000), "server": ("gateway", 80),
-    }
-    queued = asyncio.create_task(application(scope, receive, send))
+    queued = asyncio.create_task(application(post_scope("/v1/chat/completions"), receive, send))
     await asyncio.sleep(0.05)
     pool = data_plane().permits
     assert pool is not None and pool.queued == 1
