@@ -170,6 +170,7 @@ class GatewayConfig:
     queue_size: int = 100
     queue_timeout_secs: float = 60.0
     multimodal_max_inflight_bytes: int = 0
+    multimodal_max_image_pixels: int = 8192 * 8192  # an EPD image's width x height (0: no limit)
     default_tenant_rate_limit: int = 0  # requests per minute per tenant key
     tenant_rate_limits: tuple[tuple[str, str], ...] = ()  # (tenant_id, requests per minute)
     default_tenant_budget: str = "0/day"  # TOKENS/day|month per tenant key (0: no budget)
@@ -601,6 +602,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("queue_size", _count, "requests waiting for a permit, FIFO (0: no queue)"),
     Flag("queue_timeout_secs", _positive_float, "longest wait in the admission queue"),
     Flag("multimodal_max_inflight_bytes", _count, "media bytes in flight across requests (0: no limit)"),
+    Flag("multimodal_max_image_pixels", _count,
+         "largest image (width x height) the gateway decodes for EPD encode workers; larger: 413 (0: no limit)"),
     Flag("default_tenant_rate_limit", _count,
          "requests per minute of each tenant with no limit of its own (flag or console row; 0: no limit)"),
     Flag("tenant_rate_limits", _pair("=", "tenant=requests_per_minute", _digits),

@@ -4,10 +4,15 @@
 beside TokenSpeed's scheduler service (health, model info, loads: what the gateway registers and
 watches a worker by), and a bootstrap server (an HTTP listener on its bootstrap port) where it
 announces each room's embedding as ready, as :mod:`standins.pd_worker`'s prefill side announces KV.
-Encode checks what it receives and answers INVALID_ARGUMENT otherwise: a ``request_id``; exactly one
-assignment per item, each with a room in [0, 2^63 - 1); each item an IMAGE whose ``encoder_input``
-is an inline ``uint8`` tensor of shape ``[len(bytes)]`` and whose ``content_hash`` is the SHA-256 of
-those bytes. Faults on command (``server.faults``): ``fail`` (INTERNAL), ``drop`` (UNAVAILABLE),
+Encode checks what it receives and answers INVALID_ARGUMENT otherwise, as a real encoder refuses
+input its vision tower cannot take: a ``request_id``; exactly one assignment per item, each with a
+room in [0, 2^63 - 1); each item an IMAGE with a 32-byte ``content_hash``, an int64 [1, 3]
+``image_grid_thw`` (t, h, w; h and w multiples of merge_size) in ``model_specific_tensors``, one
+placeholder range of ``t * h * w / merge_size^2`` tokens and its ``placeholder_token_id``, and an
+inline ``encoder_input`` of dtype bfloat16, float16 or float32 and shape [t * h * w, 3 *
+temporal_patch_size * patch_size^2] whose bytes are exactly that many values (the sizes from the
+``preprocessor_config.json`` beside its tokenizer, Qwen2-VL's 14/2/2 when there is none). Faults on
+command (``server.faults``): ``fail`` (INTERNAL), ``drop`` (UNAVAILABLE),
 ``refuse`` (``accepted`` false), ``hang`` (never answers); a failed encode announces nothing, so the
 prefill waiting for its embedding waits until its own timeout (as an engine's would).
 
@@ -15,8 +20,10 @@ prefill waiting for its embedding waits until its own timeout (as an engine's wo
 ``kv_bootstrap_info`` (else INVALID_ARGUMENT) and the two sides meet by room exactly as
 :mod:`standins.grpc_pd`'s SGLang ones do (its ``[[pd:NAME]]`` faults too). A prefill whose request
 carries ``encode_bootstrap_info`` asks each item's ``bootstrap_host:bootstrap_port`` for its room's
-embedding before it answers, and fails (INTERNAL) when one does not come within its timeout; a decode
-must not get ``encode_bootstrap_info`` (INVALID_ARGUMENT).
+embedding before it answers, and fails (INTERNAL) when one does not come within its timeout; it also
+needs one ``mm_inputs`` item per rendezvous whose placeholder range holds that item's placeholder token
+in its prompt ids (recorded in ``service.mm_received``); a decode must not get ``encode_bootstrap_info``
+(INVALID_ARGUMENT).
 
 ``python manage.py runmockworker --grpc --runtime tokenspeed --role encode|prefill|decode --tokenizer DIR
 [--bootstrap-port N] [--encode-fault fail|drop|refuse|hang]``, or in-process::
@@ -29,9 +36,11 @@ must not get ``encode_bootstrap_info`` (INVALID_ARGUMENT).
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import json
+import math
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -63,16 +72,48 @@ async def _serve(handlers: tuple[grpc.GenericRpcHandler, ...], host: str, port: 
     return server, bound
 
 
-def _item_problem(item: ts.MultimodalItem) -> str | None:
+_ITEM_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def vision_sizes(tokenizer: str | None) -> tuple[int, int, int]:
+    """(patch_size, temporal_patch_size, merge_size) of the model beside ``tokenizer`` (its
+    ``preprocessor_config.json``), Qwen2-VL's (14, 2, 2) when it has none."""
+    path = Path(tokenizer or "")
+    try:
+        config = json.loads(((path if path.is_dir() else path.parent) / "preprocessor_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    return int(config.get("patch_size", 14)), int(config.get("temporal_patch_size", 2)), int(config.get("merge_size", 2))
+
+
+def grid_of(item: ts.MultimodalItem) -> tuple[int, ...] | None:
+    """The item's ``image_grid_thw`` (t, h, w), None when it is not an int64 [1, 3] tensor."""
+    grid = item.model_specific_tensors.get("image_grid_thw")
+    if grid is None or grid.dtype != "int64" or list(grid.shape) != [1, 3] or len(grid.inline) != 24:
+        return None
+    return tuple(int.from_bytes(grid.inline[i : i + 8], "little", signed=True) for i in (0, 8, 16))
+
+
+def _item_problem(item: ts.MultimodalItem, sizes: tuple[int, int, int]) -> str | None:
+    patch, temporal, merge = sizes
     if item.modality != common_pb2.IMAGE:
         return "modality must be IMAGE"
+    if len(item.content_hash) != 32:
+        return "content_hash must be a SHA-256"
+    grid = grid_of(item)
+    if grid is None or min(grid) <= 0 or grid[1] % merge or grid[2] % merge:
+        return f"model_specific_tensors.image_grid_thw must be int64 [1, 3] (t, h, w), h and w multiples of {merge}"
+    tokens = math.prod(grid) // (merge * merge)
+    if [(p.length) for p in item.placeholders] != [tokens] or not item.HasField("placeholder_token_id"):
+        return f"one placeholder range of {tokens} tokens and its placeholder_token_id are required"
     tensor = item.encoder_input
     if tensor.WhichOneof("payload") != "inline" or not tensor.inline:
         return "encoder_input must be an inline tensor"
-    if tensor.dtype != "uint8" or list(tensor.shape) != [len(tensor.inline)]:
-        return "encoder_input must be a uint8 tensor of shape [len(bytes)]"
-    if item.content_hash != hashlib.sha256(tensor.inline).digest():
-        return "content_hash must be the SHA-256 of the item's bytes"
+    expected = [math.prod(grid), 3 * temporal * patch * patch]
+    if tensor.dtype not in _ITEM_SIZES or list(tensor.shape) != expected:
+        return f"encoder_input must be a bfloat16, float16 or float32 tensor of shape {expected}"
+    if len(tensor.inline) != math.prod(expected) * _ITEM_SIZES[tensor.dtype]:
+        return "encoder_input's bytes do not hold its shape's values"
     return None
 
 
@@ -85,6 +126,7 @@ class TokenSpeedEncoderService(EngineService):
     def __init__(self, engine: ScriptedEngine, owner: GrpcEncoderServer) -> None:
         super().__init__(engine)
         self.owner = owner
+        self.sizes = vision_sizes(owner.config.tokenizer)
 
     async def Encode(self, request: te.EncodeRequest, context: _Context) -> te.EncodeResponse:
         owner = self.owner
@@ -98,13 +140,16 @@ class TokenSpeedEncoderService(EngineService):
         elif any(not 0 <= room < MAX_ROOM for room in rooms):
             problem = "bootstrap_room must be in [0, 2^63 - 1)"
         else:
-            problem = next((p for p in map(_item_problem, items) if p is not None), None)
+            problem = next((p for p in (_item_problem(item, self.sizes) for item in items) if p is not None), None)
         if problem is not None:
             owner.invalid += 1
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         owner.received.append(
             {"request_id": request.request_id, "rooms": rooms, "hashes": [item.content_hash for item in items],
-             "sizes": [len(item.encoder_input.inline) for item in items]}
+             "sizes": [len(item.encoder_input.inline) for item in items],
+             "shapes": [list(item.encoder_input.shape) for item in items],
+             "dtypes": [item.encoder_input.dtype for item in items], "grids": [grid_of(item) for item in items],
+             "placeholders": [[(p.offset, p.length) for p in item.placeholders] for item in items]}
         )  # fmt: skip
         faults = owner.faults
         # A failed encode hands nothing over: the prefill waiting for the room's embedding waits on.
@@ -178,6 +223,7 @@ class TokenSpeedPdService(TokenSpeedService):
         super().__init__(engine)
         self.pd = pd
         self.encode_received: list[list[dict[str, int | str]]] = []
+        self.mm_received: list[list[dict[str, Any]]] = []  # per request: each item's grid, range, pixels sent
         self.embedding_failures = 0
 
     def _faults(self, text: str) -> frozenset[str]:
@@ -197,6 +243,21 @@ class TokenSpeedPdService(TokenSpeedService):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "encode_bootstrap_info needs host, port and room per item")
         if [i.item_index for i in items] != list(range(len(items))):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "encode_bootstrap_info item_index must count from 0")
+        # Each item's place in the prompt: its range must hold its placeholder token and nothing else.
+        ids = request.tokenized.input_ids
+        mm = list(request.mm_inputs.items)
+        self.mm_received.append([
+            {"grid": grid_of(m), "placeholders": [(p.offset, p.length) for p in m.placeholders],
+             "placeholder_token_id": m.placeholder_token_id, "pixels": m.HasField("encoder_input")}
+            for m in mm
+        ])  # fmt: skip
+        if len(mm) != len(items):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "mm_inputs needs one item per encode_bootstrap_info item")
+        for m in mm:
+            for p in m.placeholders:
+                span = ids[p.offset : p.offset + p.length]
+                if p.length == 0 or len(span) != p.length or any(t != m.placeholder_token_id for t in span):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a placeholder range must hold its placeholder tokens")
         problems = await asyncio.gather(
             *(wait_for_kv(self.pd, i.bootstrap_host, i.bootstrap_port, i.bootstrap_room) for i in items)
         )

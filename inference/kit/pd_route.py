@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping
 
 from common import pd_metrics, telemetry
 from inference.dataplane import DataPlane
+from inference import errors
 from inference.errors import ErrorCode, GatewayError
 from inference.routing.epd import EPD_RUNTIMES, assign_encoders, request_images
 from inference.routing.pd import PdPair, select_pair
@@ -32,6 +33,7 @@ from inference.routing.policies import SelectionRequest
 from inference.routing.request_text import request_text
 from inference.routing.workers import Transport, WorkerKind, WorkerType
 from inference.upstreams.epd_encode import EncodePlan, choose_encode
+from inference.upstreams.epd_pixels import load_vision_processor
 
 __all__ = ["ADMISSION_POLL_SECS", "admit_pair", "pd_pair_for", "serves_by_epd", "serves_by_pd"]
 
@@ -111,9 +113,15 @@ def _encode_plan(
     ]  # fmt: skip
     if not encoders:
         return None
-    items = request_images(body)
+    items = request_images(body, dp.config.multimodal_max_image_pixels)
     if not items:
         return None
+    model_dir = record.engine.tokenizer if record.engine is not None else None
+    processor = load_vision_processor(model_dir or dp.config.model_path or dp.config.tokenizer_path or "")
+    if processor is None:
+        raise errors.multimodal_not_supported(
+            "EPD encode: the model has no image processor the gateway runs (preprocessor_config.json, Qwen-VL)"
+        )
     policy = dp.encode_policy
     assert policy is not None
     assignments = assign_encoders(encoders, items, runtime, model, policy, exclude)
@@ -121,7 +129,7 @@ def _encode_plan(
     telemetry.WORKER_SELECTION.labels(WorkerType.ENCODE.value, Transport.GRPC.value, model or "", policy.name).inc(
         len(assignments)
     )
-    return EncodePlan(assignments, tuple(dp.engines.client(a.encoder.handle.record) for a in assignments))
+    return EncodePlan(assignments, tuple(dp.engines.client(a.encoder.handle.record) for a in assignments), processor)
 
 
 async def admit_pair(dp: DataPlane, pick: Callable[[], PdPair], refused: GatewayError) -> PdPair:

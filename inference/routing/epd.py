@@ -26,6 +26,7 @@ from inference import errors
 from inference.routing.breaker import BreakerState
 from inference.routing.pd import PdMember
 from inference.routing.policies.base import SelectionPolicy, SelectionRequest
+from inference.upstreams.epd_pixels import check_image
 
 __all__ = ["EPD_RUNTIMES", "EncodeAssignment", "MediaItem", "assign_encoders", "request_images"]
 
@@ -41,6 +42,7 @@ class MediaItem:
     data: bytes
     media_type: str
     content_hash: bytes
+    pixels: int = 0  # width x height from its header (request_images with a pixel limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,46 +58,49 @@ def _unsupported(message: str) -> errors.GatewayError:
     return errors.multimodal_not_supported(f"EPD encode: {message}")
 
 
-def _item(data: str, media_type: str, where: str) -> MediaItem:
+def _item(data: str, media_type: str, where: str, max_image_pixels: int | None) -> MediaItem:
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         raise _unsupported(f"{where} is not valid base64") from None
     if not raw:
         raise _unsupported(f"{where} is empty")
-    return MediaItem(raw, media_type, hashlib.sha256(raw).digest())
+    pixels = 0 if max_image_pixels is None else check_image(raw, max_image_pixels, where)
+    return MediaItem(raw, media_type, hashlib.sha256(raw).digest(), pixels)
 
 
-def _data_url(url: Any, where: str) -> MediaItem:
+def _data_url(url: Any, where: str, max_image_pixels: int | None) -> MediaItem:
     if not isinstance(url, str) or not url.startswith("data:"):
         raise _unsupported(f"{where}: only inline images (base64 data URLs) are sent to encode workers")
     head, comma, data = url[5:].partition(",")
     if not comma or not head.endswith(";base64"):
         raise _unsupported(f"{where} is not a base64 data URL")
-    return _item(data, head[: -len(";base64")] or "application/octet-stream", where)
+    return _item(data, head[: -len(";base64")] or "application/octet-stream", where, max_image_pixels)
 
 
-def _chat_part(part: Any, where: str) -> MediaItem | None:
+def _chat_part(part: Any, where: str, max_image_pixels: int | None) -> MediaItem | None:
     if not isinstance(part, Mapping):
         return None
     kind = part.get("type")
     if kind == "image_url":
         image = part.get("image_url")
-        return _data_url(image.get("url") if isinstance(image, Mapping) else image, where)
+        return _data_url(image.get("url") if isinstance(image, Mapping) else image, where, max_image_pixels)
     if kind == "image":  # a Messages image block
         source = part.get("source")
         if isinstance(source, Mapping) and source.get("type") == "base64":
-            return _item(str(source.get("data") or ""), str(source.get("media_type") or ""), where)
+            return _item(str(source.get("data") or ""), str(source.get("media_type") or ""), where, max_image_pixels)
         raise _unsupported(f"{where}: only inline images (base64 sources) are sent to encode workers")
     if kind in _MEDIA_PARTS:
         raise _unsupported(f"{where}: {kind} parts are not encoded (images only)")
     return None
 
 
-def request_images(body: Mapping[str, Any] | None) -> tuple[MediaItem, ...]:
+def request_images(body: Mapping[str, Any] | None, max_image_pixels: int | None = None) -> tuple[MediaItem, ...]:
     """The images of a chat or Messages request, in prompt order (empty: text only). Raises 400
     multimodal_not_supported for media an encode worker is not sent: a remote image URL, a video or
-    audio part, an image that is not valid base64."""
+    audio part, an image that is not valid base64. With ``max_image_pixels`` (0: no limit) each
+    image's header is read too: 400 multimodal_not_supported for bytes that are not an image, 413
+    multimodal_payload_too_large for one above the limit (:func:`check_image`)."""
     if not body:
         return ()
     messages = body.get("messages")
@@ -107,7 +112,7 @@ def request_images(body: Mapping[str, Any] | None) -> tuple[MediaItem, ...]:
         if not isinstance(content, list):
             continue
         for p, part in enumerate(content):
-            item = _chat_part(part, f"messages[{m}].content[{p}]")
+            item = _chat_part(part, f"messages[{m}].content[{p}]", max_image_pixels)
             if item is not None:
                 items.append(item)
     return tuple(items)

@@ -125,6 +125,19 @@ class EncodeBootstrap:
 
 
 @dataclass(frozen=True, slots=True)
+class MultimodalSlot:
+    """Where one multimodal item sits in the prompt (EPD serving: the prefill engine puts the item's
+    embedding there): its content hash, its patch grid (t, h, w), the range of its placeholder tokens
+    in the prompt's ids (offset, length) and that placeholder's token id."""
+
+    content_hash: bytes
+    grid_thw: tuple[int, int, int]
+    offset: int
+    length: int
+    placeholder_token_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class KvTransfer:
     """The KV handoff a leg of a sequential prefill-then-decode carries (vLLM's kv_transfer_params):
     connector params as JSON text, or the typed host and port of the prefill's KV server, or both."""
@@ -153,6 +166,7 @@ class EngineRequest:
     disaggregation: DisaggregationParams | None = None
     kv_transfer: KvTransfer | None = None  # sequential PD (vLLM): this leg's KV handoff
     encode_bootstrap: tuple[EncodeBootstrap, ...] = ()  # EPD: the prefill leg's embeddings, per item
+    multimodal: tuple[MultimodalSlot, ...] = ()  # EPD: the prefill leg's items' places in the prompt
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,14 +6,19 @@ the request by :func:`choose_encode`). Each generation then (:func:`with_encode`
 
 - mints one room per item (random in [0, 2^63 - 1), as the reference does: rooms are not
   deduplicated in flight, so a 31-bit space would collide under load);
+- first turns each image into its model's encoder input (:mod:`inference.upstreams.epd_pixels`: the
+  Qwen-VL processor of the model's ``preprocessor_config.json``; a large image off the event loop) and
+  expands the prompt's image pad token of each image to the item's token count;
 - sends each item to its encode worker, ``TokenSpeedEncoder.Encode``: a fresh ``request_id``
   (``encode-<uuid>``), ``mm_inputs`` with the one item (modality IMAGE, its SHA-256 as
-  ``content_hash``, the image as sent as a ``uint8`` tensor in ``encoder_input``) and ``items`` with its
-  room; the worker answers ``accepted`` and hands the embedding to the room;
-- at the same time runs the prefill/decode generation, the prefill leg carrying
-  ``encode_bootstrap_info``: per item its index, the encode worker's bootstrap host (its URL's host)
-  and bootstrap port (8998 when unset) and the room, where the prefill engine receives the embedding
-  (the decode leg gets none).
+  ``content_hash``, the patches as a ``bfloat16`` tensor [patches, 3 * T * p * p] in ``encoder_input``,
+  ``image_grid_thw``, its placeholder range and token) and ``items`` with its room; the worker answers
+  ``accepted`` and hands the embedding to the room;
+- at the same time runs the prefill/decode generation on the expanded prompt, the prefill leg carrying
+  ``encode_bootstrap_info`` (per item its index, the encode worker's bootstrap host (its URL's host)
+  and bootstrap port (8998 when unset) and the room, where the prefill engine receives the embedding)
+  and ``mm_inputs`` without pixels (each item's hash, grid and placeholder range); the decode leg gets
+  neither.
 
 An encode that fails (the RPC fails, or the worker does not accept) ends the generation at once: the
 prefill/decode leg still running is cancelled (both engines get Abort), the failure counts on the
@@ -25,6 +30,7 @@ background and leaves the prefill to time out waiting for the embedding; here th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -34,14 +40,18 @@ from typing import Any
 
 import grpc
 
+from inference import errors
 from inference.routing.epd import EncodeAssignment
 from inference.routing.pd import GRPC_DEFAULT_BOOTSTRAP_PORT
-from inference.upstreams.engine import EncodeBootstrap, EngineClient, EngineOutput
+from inference.upstreams.engine import EncodeBootstrap, EngineClient, EngineOutput, EngineRequest, MultimodalSlot
+from inference.upstreams.epd_pixels import OFF_LOOP_PIXELS, WIRE_DTYPE, PixelItem, VisionProcessor, bfloat16_bytes
+from inference.upstreams.epd_pixels import expand_placeholders, preprocess
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.grpc.channel import failure_from_rpc_error
 from inference.upstreams.grpc.client import GrpcEngineClient
+from inference.upstreams.grpc.tokenspeed import multimodal_item
 from inference.upstreams.pd_http import PdFailure
-from protos import common_pb2, tokenspeed_encoder_pb2, tokenspeed_encoder_pb2_grpc, tokenspeed_scheduler_pb2
+from protos import tokenspeed_encoder_pb2, tokenspeed_encoder_pb2_grpc, tokenspeed_scheduler_pb2
 
 __all__ = ["MAX_ENCODE_ROOM", "EncodePlan", "choose_encode", "encode_item", "encode_plan", "with_encode"]
 
@@ -51,10 +61,12 @@ _random = random.SystemRandom()
 
 @dataclass(frozen=True, slots=True)
 class EncodePlan:
-    """The request's encode assignments and each one's encode worker's engine client."""
+    """The request's encode assignments, each one's encode worker's engine client, and the model's
+    image processor."""
 
     assignments: tuple[EncodeAssignment, ...]
     clients: tuple[EngineClient, ...]
+    processor: VisionProcessor
 
 
 # The encode plan of each prefill worker the current request paired (None: no encode stage), set as
@@ -80,27 +92,35 @@ def encode_plan(prefill_id: str) -> EncodePlan | None:
     return None if plans is None else plans.get(prefill_id)
 
 
-def encode_item(assignment: EncodeAssignment, room: int) -> tokenspeed_encoder_pb2.EncodeRequest:
-    """The Encode request of one item for its room."""
-    item = assignment.item
+def encode_item(pixels: PixelItem, slot: MultimodalSlot, room: int) -> tokenspeed_encoder_pb2.EncodeRequest:
+    """The Encode request of one item (its pixels and place in the prompt) for its room."""
+    tensor = tokenspeed_scheduler_pb2.TensorData(
+        shape=list(pixels.values.shape), dtype=WIRE_DTYPE, inline=bfloat16_bytes(pixels.values)
+    )
     return tokenspeed_encoder_pb2.EncodeRequest(
         request_id=f"encode-{uuid.uuid4().hex}",
-        mm_inputs=tokenspeed_scheduler_pb2.MultimodalInputs(
-            items=[
-                tokenspeed_scheduler_pb2.MultimodalItem(
-                    modality=common_pb2.IMAGE,
-                    content_hash=item.content_hash,
-                    encoder_input=tokenspeed_scheduler_pb2.TensorData(
-                        shape=[len(item.data)], dtype="uint8", inline=item.data
-                    ),
-                )
-            ]
-        ),
+        mm_inputs=tokenspeed_scheduler_pb2.MultimodalInputs(items=[multimodal_item(slot, tensor)]),
         items=[tokenspeed_encoder_pb2.EncodeItemAssignment(bootstrap_room=room)],
     )
 
 
-async def _encode(assignment: EncodeAssignment, client: EngineClient, room: int) -> None:
+async def _pixels(plan: EncodePlan) -> list[PixelItem]:
+    """Each image's encoder input; a large one (or one whose size is unknown) in a worker thread.
+    Raises 400 multimodal_not_supported for an image that does not decode."""
+    items: list[PixelItem] = []
+    for assignment in plan.assignments:
+        item = assignment.item
+        try:
+            if 0 < item.pixels <= OFF_LOOP_PIXELS:
+                items.append(preprocess(item.data, plan.processor))
+            else:
+                items.append(await asyncio.to_thread(preprocess, item.data, plan.processor))
+        except (OSError, ValueError, SyntaxError) as error:
+            raise errors.multimodal_not_supported(f"EPD encode: image {assignment.item_index}: {error}") from None
+    return items
+
+
+async def _encode(assignment: EncodeAssignment, client: EngineClient, request: tokenspeed_encoder_pb2.EncodeRequest) -> None:
     """One item on its encode worker, counted in the worker's in-flight load and on its breaker."""
     worker = assignment.encoder.handle
     load = worker.load
@@ -110,7 +130,7 @@ async def _encode(assignment: EncodeAssignment, client: EngineClient, room: int)
             raise UpstreamFailure(FailureKind.BROKEN, "worker is not served over gRPC")
         stub = tokenspeed_encoder_pb2_grpc.TokenSpeedEncoderStub(client.channel.get())
         try:
-            answer = await stub.Encode(encode_item(assignment, room), metadata=client.metadata)
+            answer = await stub.Encode(request, metadata=client.metadata)
         except grpc.aio.AioRpcError as error:
             raise failure_from_rpc_error(error, "worker") from None
         if not answer.accepted:
@@ -123,11 +143,11 @@ async def _encode(assignment: EncodeAssignment, client: EngineClient, room: int)
     load.breaker.record(False)
 
 
-async def _encode_all(plan: EncodePlan, rooms: list[int]) -> None:
+async def _encode_all(plan: EncodePlan, requests: list[tokenspeed_encoder_pb2.EncodeRequest]) -> None:
     """Every item at once; the first failure cancels the others and is raised."""
     tasks = [
-        asyncio.ensure_future(_encode(assignment, client, room))
-        for assignment, client, room in zip(plan.assignments, plan.clients, rooms)
+        asyncio.ensure_future(_encode(assignment, client, request))
+        for assignment, client, request in zip(plan.assignments, plan.clients, requests)
     ]
     try:
         await asyncio.gather(*tasks)
@@ -146,11 +166,25 @@ async def _stop(task: asyncio.Future[Any]) -> None:
 
 
 async def with_encode(
-    plan: EncodePlan, generate: Callable[[tuple[EncodeBootstrap, ...]], AsyncIterator[EngineOutput]]
+    plan: EncodePlan, request: EngineRequest, generate: Callable[[EngineRequest], AsyncIterator[EngineOutput]]
 ) -> AsyncIterator[EngineOutput]:
-    """The outputs of ``generate`` (the prefill/decode leg, given each item's embedding rendezvous),
-    run while the items are encoded; an encode failure cancels the leg and is raised."""
+    """The outputs of ``generate`` (the prefill/decode leg, given ``request`` with its image pads
+    expanded, each item's place in the prompt and embedding rendezvous), run while the items are
+    encoded; an encode failure cancels the leg and is raised. Raises 400 multimodal_not_supported
+    before any engine is asked for an image that does not decode or a prompt without one image pad
+    token per image."""
+    pixels = await _pixels(plan)
+    pad = plan.processor.image_token_id
+    if pad is None:
+        raise errors.multimodal_not_supported("EPD encode: the model has no image pad token (config.json image_token_id)")
+    input_ids, ranges = expand_placeholders(request.input_ids, pad, [item.tokens for item in pixels])
+    slots = tuple(
+        MultimodalSlot(assignment.item.content_hash, item.grid_thw, offset, length, pad)
+        for assignment, item, (offset, length) in zip(plan.assignments, pixels, ranges)
+    )
     rooms = [_random.randint(0, MAX_ENCODE_ROOM) for _ in plan.assignments]
+    encodes = [encode_item(item, slot, room) for item, slot, room in zip(pixels, slots, rooms)]
+    del pixels
     bootstrap = tuple(
         EncodeBootstrap(
             item_index=assignment.item_index,
@@ -160,8 +194,8 @@ async def with_encode(
         )
         for assignment, room in zip(plan.assignments, rooms)
     )
-    encoding = asyncio.ensure_future(_encode_all(plan, rooms))
-    outputs = generate(bootstrap)
+    encoding = asyncio.ensure_future(_encode_all(plan, encodes))
+    outputs = generate(dataclasses.replace(request, input_ids=input_ids, encode_bootstrap=bootstrap, multimodal=slots))
     step: asyncio.Future[EngineOutput] | None = None
     try:
         # Until every item is encoded, each output is awaited beside the encoding: an encode failure

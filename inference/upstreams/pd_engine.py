@@ -147,7 +147,9 @@ async def parallel_pd(
     if ranked is not None and ranked is not prefill_worker:
         prefill_task.add_done_callback(partial(_rank_ended, ranked))
     # EPD: only the prefill receives the items' embeddings (encode_bootstrap_info).
-    outputs = decode.generate(dataclasses.replace(paired, encode_bootstrap=()) if paired.encode_bootstrap else paired)
+    outputs = decode.generate(
+        dataclasses.replace(paired, encode_bootstrap=(), multimodal=()) if paired.encode_bootstrap else paired
+    )
     step: asyncio.Future[EngineOutput] | None = None
     try:
         # Until the prefill ended, each decode step is awaited beside it: a prefill failure must
@@ -283,9 +285,8 @@ class PdEngineClient(EngineClient):
         disaggregation = disaggregation_for(self.partner)
         plan = encode_plan(self.partner.handle.id)
         if plan is not None:  # EPD: the request's images encoded while the pair runs (inference.upstreams.epd_encode)
-            return with_encode(plan, lambda encoded: parallel_pd(
-                self.prefill, self.decode, dataclasses.replace(request, encode_bootstrap=encoded), disaggregation,
-                self.model, self.partner.handle,
+            return with_encode(plan, request, lambda encoded: parallel_pd(
+                self.prefill, self.decode, encoded, disaggregation, self.model, self.partner.handle,
             ))  # fmt: skip
         return parallel_pd(self.prefill, self.decode, request, disaggregation, self.model, self.partner.handle)
 

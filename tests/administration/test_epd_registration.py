@@ -19,8 +19,8 @@ from standins.grpc_encoder import GrpcEncoderServer, GrpcTokenSpeedPdServer
 from standins.grpc_engine import GrpcEngineConfig
 from standins.pd_worker import PdWorkerConfig
 from tests.conftest import GatewayFactory, until
-from tests.inference.served.conftest import QWEN, QWEN_MODEL
-from tests.inference.served.test_epd_served import PNG, VISION_TEMPLATE, data_url
+from tests.inference.served.conftest import QWEN_MODEL
+from tests.inference.served.test_epd_served import PNG, VISION_TEMPLATE, data_url, vision_model
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,7 +42,8 @@ async def fleet(make_gateway: GatewayFactory) -> AsyncIterator[httpx.AsyncClient
 async def test_registered_encode_worker_is_listed_and_encodes_images(fleet: httpx.AsyncClient, tmp_path: Path) -> None:
     template = tmp_path / "vision.jinja"
     template.write_text(VISION_TEMPLATE)
-    engine = GrpcEngineConfig(runtime="tokenspeed", tokenizer=QWEN, model=QWEN_MODEL)
+    model = vision_model(tmp_path)
+    engine = GrpcEngineConfig(runtime="tokenspeed", tokenizer=model, model=QWEN_MODEL)
     encoder = GrpcEncoderServer(engine)
     prefill = GrpcTokenSpeedPdServer(engine, PdWorkerConfig("prefill"))
     decode = GrpcTokenSpeedPdServer(engine, PdWorkerConfig("decode"))
@@ -52,7 +53,7 @@ async def test_registered_encode_worker_is_listed_and_encodes_images(fleet: http
         ids = []
         for server, role, port in ((encoder, "encode", encoder.bootstrap_port), (prefill, "prefill", prefill.bootstrap_port),
                                    (decode, "decode", None)):  # fmt: skip
-            card = {"id": QWEN_MODEL, "tokenizer_path": QWEN, "chat_template": str(template)}
+            card = {"id": QWEN_MODEL, "tokenizer_path": model, "chat_template": str(template)}
             spec: dict[str, Any] = {"url": server.url, "worker_type": role, "models": [card]}
             if port is not None:
                 spec["bootstrap_port"] = port
@@ -69,13 +70,13 @@ async def test_registered_encode_worker_is_listed_and_encodes_images(fleet: http
         shown = (await fleet.get(f"/workers/{ids[0]}")).json()
         assert (shown["worker_type"], shown["runtime_type"], shown["bootstrap_port"]) == ("encode", "tokenspeed", encoder.bootstrap_port)
 
-        TOKENIZERS.cache.get(QWEN, str(template))
+        TOKENIZERS.cache.get(model, str(template))
         parts = [{"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": data_url(PNG)}}]
         chat = await fleet.post("/v1/chat/completions", json={"model": QWEN_MODEL, "messages": [{"role": "user", "content": parts}]})
         assert chat.status_code == 200, chat.text
         assert len(encoder.received) == 1 and encoder.invalid == 0
         assert prefill.service.encode_received[-1][0]["bootstrap_port"] == encoder.bootstrap_port
-        assert encoder.received[0]["sizes"] == [len(PNG)]
+        assert encoder.received[0]["shapes"] == [[16, 1176]]  # the image's patches (Qwen2-VL's processor)
     finally:
         for server in (encoder, prefill, decode):
             await server.stop()

@@ -23,12 +23,18 @@ from standins.fixtures import FIXTURE_MODELS
 REPO = Path(__file__).resolve().parents[2]
 QWEN = str(FIXTURE_MODELS / "qwen3")
 IMAGE = b"\x89PNG\r\n\x1a\n-an-image"
+GRID = (1, 4, 4)  # 16 patches of 3 * 2 * 14 * 14 values (Qwen2-VL's sizes, the encoder's default), 4 tokens
 
 
-def encode(room: int, data: bytes = IMAGE, content_hash: bytes | None = None) -> te.EncodeRequest:
+def encode(
+    room: int, data: bytes = IMAGE, content_hash: bytes | None = None, shape: tuple[int, int] = (16, 1176)
+) -> te.EncodeRequest:
+    grid = ts.TensorData(shape=[1, 3], dtype="int64", inline=b"".join(v.to_bytes(8, "little") for v in GRID))
     item = ts.MultimodalItem(
         modality=common_pb2.IMAGE, content_hash=hashlib.sha256(data).digest() if content_hash is None else content_hash,
-        encoder_input=ts.TensorData(shape=[len(data)], dtype="uint8", inline=data),
+        encoder_input=ts.TensorData(shape=list(shape), dtype="bfloat16", inline=bytes(2 * shape[0] * shape[1])),
+        model_specific_tensors={"image_grid_thw": grid}, placeholders=[ts.PlaceholderRange(offset=3, length=4)],
+        placeholder_token_id=151655,
     )
     return te.EncodeRequest(request_id="encode-1", mm_inputs=ts.MultimodalInputs(items=[item]),
                             items=[te.EncodeItemAssignment(bootstrap_room=room)])  # fmt: skip
@@ -58,7 +64,7 @@ async def test_runmockworker_serves_an_encoder_that_checks_what_it_receives() ->
             assert health.healthy
             stub = te_rpc.TokenSpeedEncoderStub(channel)
             assert (await stub.Encode(encode(7))).accepted
-            for bad in (encode(7, content_hash=b"not the hash"), encode(-1)):
+            for bad in (encode(7, content_hash=b"not the hash"), encode(-1), encode(7, shape=(16, 588))):
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
                     await stub.Encode(bad)
                 assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT

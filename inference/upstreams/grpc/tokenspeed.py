@@ -23,6 +23,7 @@ from inference.upstreams.engine import (
     EngineKey,
     CommandResult,
     EngineRequest,
+    MultimodalSlot,
     ProfileOptions,
 )
 from inference.upstreams.grpc.client import (
@@ -33,13 +34,29 @@ from inference.upstreams.grpc.client import (
     tokenized,
 )
 from inference.upstreams.grpc.sglang import sglang_constraint
+from protos import common_pb2
 from protos import tokenspeed_scheduler_pb2 as pb
 from protos import tokenspeed_scheduler_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from protos.tokenspeed_scheduler_pb2_grpc import TokenSpeedSchedulerAsyncStub
 
-__all__ = ["TokenSpeedClient"]
+__all__ = ["TokenSpeedClient", "multimodal_item"]
+
+
+def multimodal_item(slot: MultimodalSlot, encoder_input: pb.TensorData | None = None) -> pb.MultimodalItem:
+    """One image item of ``mm_inputs`` (the reference's layout): IMAGE, its content hash, its
+    ``image_grid_thw`` (int64 [1, 3]) in ``model_specific_tensors``, its placeholder range and token,
+    and ``encoder_input`` when given (an encode worker's item; the EPD prefill's has none)."""
+    grid = pb.TensorData(shape=[1, 3], dtype="int64", inline=b"".join(v.to_bytes(8, "little") for v in slot.grid_thw))
+    item = pb.MultimodalItem(
+        modality=common_pb2.IMAGE, content_hash=slot.content_hash, model_specific_tensors={"image_grid_thw": grid},
+        placeholders=[pb.PlaceholderRange(offset=slot.offset, length=slot.length)],
+        placeholder_token_id=slot.placeholder_token_id,
+    )  # fmt: skip
+    if encoder_input is not None:
+        item.encoder_input.CopyFrom(encoder_input)
+    return item
 
 
 @ENGINE_CLIENTS.register(EngineKey(Transport.GRPC, "tokenspeed"))
@@ -117,6 +134,8 @@ class TokenSpeedClient(GrpcEngineClient[pb.GenerateResponse]):
                     ]
                 )
             )  # fmt: skip
+        if request.multimodal:  # EPD: the items' places; their embeddings come from the encoders, no pixels
+            message.mm_inputs.CopyFrom(pb.MultimodalInputs(items=[multimodal_item(slot) for slot in request.multimodal]))
         return message
 
     def _decode(self, response: pb.GenerateResponse) -> WireChunk | WireComplete | None:

@@ -1,5 +1,7 @@
 """gRPC EPD through the gateway: a TokenSpeed prefill/decode pair of stand-ins with a TokenSpeed encode
-worker stand-in (standins.grpc_encoder), read with the openai SDK in strict mode. An image request is
+worker stand-in (standins.grpc_encoder), read with the openai SDK in strict mode, on a vision model
+directory (the qwen3 tokenizer with Qwen2-VL's preprocessor_config.json). An image request is
+preprocessed by the gateway (each image's patches, grid and pad tokens expanded in the prompt) and
 encoded (one Encode per image, checked by the encoder) while the pair runs, the prefill receiving each
 item's embedding at the room the gateway named; a text request skips the encoder; an encoder failure
 ends the request at once, counted on the encoder, both sides of the pair aborted; with the encoder's
@@ -10,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import io
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,6 +22,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from PIL import Image
 
 from common.telemetry import REGISTRY as METRICS
 from inference.pipeline.parsers import choose_parsers
@@ -26,6 +30,8 @@ from inference.pipeline.tokenizer_registry import TOKENIZERS
 from inference.routing.breaker import BreakerState
 from inference.routing.registry import REGISTRY
 from inference.routing.workers import EngineSpec, PdTraits, WorkerLoad, WorkerRecord, WorkerStatus, WorkerType
+from inference.upstreams.epd_pixels import load_vision_processor
+from standins.fixtures import FIXTURE_MODELS
 from standins.grpc_encoder import GrpcEncoderServer, GrpcTokenSpeedPdServer
 from standins.grpc_engine import GrpcEngineConfig
 from standins.pd_worker import PdWorkerConfig
@@ -40,20 +46,45 @@ VISION_TEMPLATE = (
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))
-JPEG = b"\xff\xd8\xff\xe0" + bytes(range(64, 160))
+IMAGE_PAD = 151655  # <|image_pad|> in the qwen3 tokenizer (Qwen2-VL's image_token_id)
+
+
+def picture(width: int, height: int, kind: str) -> bytes:
+    """A small real image (a colour gradient) encoded as ``kind`` (PNG, JPEG)."""
+    image = Image.new("RGB", (width, height))
+    image.putdata([(x * 255 // width, y * 255 // height, 128) for y in range(height) for x in range(width)])
+    out = io.BytesIO()
+    image.save(out, kind)
+    return out.getvalue()
+
+
+# Qwen2-VL's smart resize (multiples of 28): 64x48 -> 56x56, grid (1, 4, 4), 4 tokens;
+# 300x200 -> 308x196, grid (1, 14, 22), 77 tokens; patches of 3 * 2 * 14 * 14 = 1176 values.
+PNG = picture(64, 48, "PNG")
+JPEG = picture(300, 200, "JPEG")
+
+
+def vision_model(directory: Path) -> str:
+    """A vision model's directory: the qwen3 fixture's tokenizer and Qwen2-VL's preprocessor_config.json."""
+    model = directory / "qwen2-vl"
+    model.mkdir(exist_ok=True)
+    for name, source in (("tokenizer.json", Path(QWEN)), ("tokenizer_config.json", Path(QWEN)),
+                         ("preprocessor_config.json", FIXTURE_MODELS / "qwen2-vl")):  # fmt: skip
+        if not (model / name).exists():
+            (model / name).symlink_to(source / name)
+    return str(model)
 
 
 def data_url(raw: bytes, media_type: str = "image/png") -> str:
     return f"data:{media_type};base64,{base64.b64encode(raw).decode()}"
 
 
-def record(url: str, kind: WorkerType, bootstrap_port: int | None, template: str) -> WorkerRecord:
+def record(url: str, kind: WorkerType, bootstrap_port: int | None, template: str, model: str = QWEN) -> WorkerRecord:
     family = choose_parsers(QWEN_MODEL)
     return WorkerRecord(
         id=str(uuid.uuid4()), url=url, model_id=QWEN_MODEL, runtime_type="tokenspeed", status=WorkerStatus.READY,
         worker_type=kind, engine=EngineSpec(
-            tokenizer=QWEN, chat_template=template, tool_parser=family.tool_parser,
+            tokenizer=model, chat_template=template, tool_parser=family.tool_parser,
             reasoning_parser=family.reasoning_parser,
         ),
         pd=PdTraits(bootstrap_port=bootstrap_port),
@@ -79,7 +110,8 @@ class Epd:
 async def epd(make_gateway: GatewayFactory, tmp_path: Path, **config: Any) -> AsyncIterator[Epd]:
     template = tmp_path / "vision.jinja"
     template.write_text(VISION_TEMPLATE)
-    engine = GrpcEngineConfig(runtime="tokenspeed", tokenizer=QWEN, model=QWEN_MODEL)
+    model = vision_model(tmp_path)
+    engine = GrpcEngineConfig(runtime="tokenspeed", tokenizer=model, model=QWEN_MODEL)
     encoder = GrpcEncoderServer(engine)
     prefill = GrpcTokenSpeedPdServer(engine, PdWorkerConfig("prefill", kv_timeout_s=20))
     decode = GrpcTokenSpeedPdServer(engine, PdWorkerConfig("decode"))
@@ -87,11 +119,11 @@ async def epd(make_gateway: GatewayFactory, tmp_path: Path, **config: Any) -> As
         await server.start()
     try:
         records = [
-            record(encoder.url, WorkerType.ENCODE, encoder.bootstrap_port, str(template)),
-            record(prefill.url, WorkerType.PREFILL, prefill.bootstrap_port, str(template)),
-            record(decode.url, WorkerType.DECODE, None, str(template)),
+            record(encoder.url, WorkerType.ENCODE, encoder.bootstrap_port, str(template), model),
+            record(prefill.url, WorkerType.PREFILL, prefill.bootstrap_port, str(template), model),
+            record(decode.url, WorkerType.DECODE, None, str(template), model),
         ]
-        TOKENIZERS.cache.get(QWEN, str(template))
+        TOKENIZERS.cache.get(model, str(template))
         http = make_gateway(records, history_backend="memory", retry_max_retries=0, **config)
         yield Epd(http, encoder, prefill, decode)
     finally:
@@ -114,9 +146,23 @@ async def test_an_image_request_is_encoded_then_served_by_the_pair_and_text_skip
         answer = await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG, JPEG))
         assert answer.choices[0].message.content
         encoder, prefill = fleet.encoder, fleet.prefill
-        # One Encode per image (sent at once, so in any order), each item's bytes and hash as sent.
+        # One Encode per image (sent at once, so in any order), each the image's patches as bfloat16
+        # [t*h*w, 3*2*14*14] with its grid, its placeholder range and token, and the hash of the bytes sent.
         room_of = {r["hashes"][0]: r["rooms"][0] for r in encoder.received}
-        assert sorted(r["sizes"][0] for r in encoder.received) == [len(PNG), len(JPEG)] and encoder.invalid == 0
+        by_hash = {r["hashes"][0]: r for r in encoder.received}
+        png, jpeg = by_hash[hashlib.sha256(PNG).digest()], by_hash[hashlib.sha256(JPEG).digest()]
+        assert (png["grids"], png["shapes"], png["dtypes"], png["sizes"]) == ([(1, 4, 4)], [[16, 1176]], ["bfloat16"], [16 * 1176 * 2])
+        assert (jpeg["grids"], jpeg["shapes"], jpeg["dtypes"]) == ([(1, 14, 22)], [[308, 1176]], ["bfloat16"])
+        assert encoder.invalid == 0
+        # The prompt: each image's one <|image_pad|> expanded to t*h*w/2^2 pads (4 and 77), on both sides of
+        # the pair; the prefill told each item's range and grid (no pixels: its embedding comes from the encoder).
+        mm = prefill.service.mm_received[-1]
+        assert [(m["grid"], m["placeholders"][0][1], m["placeholder_token_id"], m["pixels"]) for m in mm] == [
+            ((1, 4, 4), 4, IMAGE_PAD, False), ((1, 14, 22), 77, IMAGE_PAD, False)
+        ]
+        assert [png["placeholders"][0], jpeg["placeholders"][0]] == [m["placeholders"] for m in mm]
+        prefill_ids, decode_ids = (side.engine.state.requests[-1].input_ids for side in (prefill, fleet.decode))
+        assert prefill_ids == decode_ids and prefill_ids.count(IMAGE_PAD) == 4 + 77
         assert all(r["request_id"].startswith("encode-") and len(r["hashes"]) == 1 for r in encoder.received)
         # The prefill got each item's rendezvous at the encoder, in prompt order (the decode got none: it would refuse it).
         assert prefill.service.encode_received[-1] == [
@@ -190,3 +236,38 @@ async def test_an_encoder_that_does_not_accept_fails_the_request(make_gateway: G
         answer = await fleet.http.post("/v1/chat/completions", json={"model": QWEN_MODEL, "messages": image_chat(PNG)})
         assert answer.status_code == 502 and "did not accept" in answer.json()["error"]["message"]
         assert fleet.load(WorkerType.ENCODE).breaker.failures == 1
+
+
+async def test_an_image_over_the_pixel_limit_or_not_an_image_is_refused_before_any_worker_is_asked(
+    make_gateway: GatewayFactory, tmp_path: Path,
+) -> None:
+    async with epd(make_gateway, tmp_path, multimodal_max_image_pixels=64 * 64) as fleet:
+        # 300x200 is over --multimodal-max-image-pixels 4096 (read from the header, not decoded): 413.
+        with pytest.raises(openai.APIStatusError) as large:
+            await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG, JPEG))
+        assert large.value.status_code == 413 and large.value.code == "multimodal_payload_too_large"
+        assert "300x200" in large.value.message and "--multimodal-max-image-pixels" in large.value.message
+        # Bytes that are not an image: 400 multimodal_not_supported.
+        with pytest.raises(openai.BadRequestError) as garbage:
+            await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(b"\x89PNG\r\n\x1a\nnot really"))
+        assert garbage.value.code == "multimodal_not_supported"
+        # A header that reads but pixels that do not decode: 400 too (found by the decode, before any engine is asked).
+        with pytest.raises(openai.BadRequestError) as truncated:
+            await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG[: len(PNG) // 2]))
+        assert truncated.value.code == "multimodal_not_supported"
+        assert fleet.encoder.received == [] and not fleet.prefill.pd.received and not fleet.decode.pd.received
+        assert all(fleet.load(kind).breaker.failures == 0 and fleet.load(kind).in_flight == 0
+                   for kind in (WorkerType.ENCODE, WorkerType.PREFILL, WorkerType.DECODE))  # fmt: skip
+        # The image under the limit is served.
+        answer = await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG))
+        assert answer.choices[0].message.content and len(fleet.encoder.received) == 1
+
+
+async def test_a_model_without_an_image_processor_refuses_images(make_gateway: GatewayFactory, tmp_path: Path) -> None:
+    async with epd(make_gateway, tmp_path) as fleet:
+        (tmp_path / "qwen2-vl" / "preprocessor_config.json").unlink()
+        load_vision_processor.cache_clear()
+        with pytest.raises(openai.BadRequestError) as refused:
+            await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG))
+        assert refused.value.code == "multimodal_not_supported" and "preprocessor_config.json" in refused.value.message
+        assert fleet.encoder.received == [] and not fleet.prefill.pd.received

@@ -1,0 +1,86 @@
+"""The gateway's image processor for EPD (inference.upstreams.epd_pixels): Qwen2-VL's smart resize,
+patches in HF's Qwen2VLImageProcessor order, bfloat16 on the wire, the prompt's pads expanded, and the
+header check's limits."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from inference.errors import GatewayError
+from inference.upstreams.epd_pixels import (
+    VisionProcessor, bfloat16_bytes, check_image, expand_placeholders, load_vision_processor, preprocess, smart_resize,
+)  # fmt: skip
+from standins.fixtures import FIXTURE_MODELS
+
+QWEN2_VL = load_vision_processor(str(FIXTURE_MODELS / "qwen2-vl"))
+
+
+def png(width: int, height: int) -> bytes:
+    rng = np.random.default_rng(width * height)
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(out, "PNG")
+    return out.getvalue()
+
+
+def test_the_fixture_config_is_read() -> None:
+    assert QWEN2_VL is not None
+    assert (QWEN2_VL.patch_size, QWEN2_VL.merge_size, QWEN2_VL.temporal_patch_size) == (14, 2, 2)
+    assert (QWEN2_VL.min_pixels, QWEN2_VL.max_pixels) == (3136, 12845056)
+
+
+@pytest.mark.parametrize(
+    ("height", "width", "resized"),
+    [(200, 300, (196, 308)), (2000, 3000, (1988, 2996)), (10, 10, (56, 56)), (20, 100, (28, 112)),
+     (8000, 8000, (3584, 3584))],
+)  # fmt: skip
+def test_smart_resize(height: int, width: int, resized: tuple[int, int]) -> None:
+    assert QWEN2_VL is not None
+    h, w = smart_resize(height, width, QWEN2_VL)
+    assert (h, w) == resized and h % 28 == 0 and w % 28 == 0 and h * w <= QWEN2_VL.max_pixels
+
+
+def test_smart_resize_refuses_an_aspect_ratio_above_200() -> None:
+    with pytest.raises(ValueError):
+        smart_resize(10, 2010, VisionProcessor())
+
+
+def test_patches_are_in_hf_order_with_the_grid_and_token_count() -> None:
+    assert QWEN2_VL is not None
+    data = png(300, 200)
+    item = preprocess(data, QWEN2_VL)
+    assert item.values.shape == (14 * 22, 1176) and item.values.dtype == np.float32
+    assert item.grid_thw == (1, 14, 22) and item.tokens == 14 * 22 // 4
+    # HF's Qwen2VLImageProcessor: resize, rescale, normalize, the frame repeated over the temporal patch,
+    # reshape (t, T, C, h/m, m, p, w/m, m, p) and transpose (0, 3, 6, 4, 7, 2, 1, 5, 8).
+    image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB").resize((308, 196), Image.Resampling.BICUBIC), np.float32)
+    image = (image / 255 - np.array(QWEN2_VL.image_mean, np.float32)) / np.array(QWEN2_VL.image_std, np.float32)
+    frames = np.stack([image.transpose(2, 0, 1)] * 2)
+    hf = frames.reshape(1, 2, 3, 7, 2, 14, 11, 2, 14).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(308, 1176)
+    assert np.allclose(item.values, hf, atol=1e-5)
+
+
+def test_bfloat16_rounds_to_nearest_even() -> None:
+    values = np.array([1.0, -2.5, 3.14159, 65504.0, 1.00390625], dtype=np.float32)
+    assert np.frombuffer(bfloat16_bytes(values), "<u2").tolist() == [0x3F80, 0xC020, 0x4049, 0x4780, 0x3F80]
+
+
+def test_each_pad_is_expanded_to_its_image_tokens() -> None:
+    ids, ranges = expand_placeholders((1, 9, 2, 9, 3), 9, [3, 2])
+    assert ids == (1, 9, 9, 9, 2, 9, 9, 3) and ranges == [(1, 3), (5, 2)]
+    with pytest.raises(GatewayError) as refused:
+        expand_placeholders((1, 9, 2), 9, [3, 2])
+    assert refused.value.status == 400 and refused.value.code == "multimodal_not_supported"
+
+
+def test_the_header_check_reads_the_size_and_refuses_what_is_too_large_or_not_an_image() -> None:
+    assert check_image(png(64, 48), 64 * 48, "image") == 64 * 48
+    with pytest.raises(GatewayError) as large:
+        check_image(png(64, 48), 64 * 47, "image")
+    assert large.value.status == 413 and large.value.code == "multimodal_payload_too_large"
+    with pytest.raises(GatewayError) as garbage:
+        check_image(b"GIF89a-not-really", 0, "image")
+    assert garbage.value.status == 400 and garbage.value.code == "multimodal_not_supported"
