@@ -44,7 +44,7 @@ from inference import errors
 from inference.routing.epd import EncodeAssignment
 from inference.routing.pd import GRPC_DEFAULT_BOOTSTRAP_PORT
 from inference.upstreams.engine import EncodeBootstrap, EngineClient, EngineOutput, EngineRequest, MultimodalSlot
-from inference.upstreams.epd_pixels import OFF_LOOP_PIXELS, WIRE_DTYPE, PixelItem, VisionProcessor, bfloat16_bytes
+from inference.upstreams.epd_pixels import OFF_LOOP_PIXELS, PixelItem, VisionProcessor
 from inference.upstreams.epd_pixels import expand_placeholders, preprocess
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.grpc.channel import failure_from_rpc_error
@@ -94,9 +94,7 @@ def encode_plan(prefill_id: str) -> EncodePlan | None:
 
 def encode_item(pixels: PixelItem, slot: MultimodalSlot, room: int) -> tokenspeed_encoder_pb2.EncodeRequest:
     """The Encode request of one item (its pixels and place in the prompt) for its room."""
-    tensor = tokenspeed_scheduler_pb2.TensorData(
-        shape=list(pixels.values.shape), dtype=WIRE_DTYPE, inline=bfloat16_bytes(pixels.values)
-    )
+    tensor = tokenspeed_scheduler_pb2.TensorData(shape=list(pixels.values.shape), dtype=pixels.dtype, inline=pixels.payload())
     return tokenspeed_encoder_pb2.EncodeRequest(
         request_id=f"encode-{uuid.uuid4().hex}",
         mm_inputs=tokenspeed_scheduler_pb2.MultimodalInputs(items=[multimodal_item(slot, tensor)]),

@@ -42,6 +42,7 @@ __all__ = [
     "OFF_LOOP_PIXELS",
     "PixelItem",
     "VisionProcessor",
+    "bfloat16_bits",
     "bfloat16_bytes",
     "check_image",
     "expand_placeholders",
@@ -92,12 +93,18 @@ class VisionProcessor:
 
 @dataclass(frozen=True, slots=True)
 class PixelItem:
-    """One image as its encoder takes it: ``values`` (float32, [patches, patch_values]), its grid
-    (t, h, w in patches) and how many prompt tokens it takes."""
+    """One image as its encoder takes it: ``values`` ([patches, patch_values]; float32, or bfloat16 held
+    as its little-endian uint16 bits), their ``dtype`` name on the wire, its grid (t, h, w in patches)
+    and how many prompt tokens it takes."""
 
-    values: np.ndarray[Any, np.dtype[np.float32]]
+    values: np.ndarray[Any, Any]
+    dtype: str
     grid_thw: tuple[int, int, int]
     tokens: int
+
+    def payload(self) -> bytes:
+        """The values' bytes as the encoder's tensor carries them (little-endian)."""
+        return self.values.tobytes()
 
 
 def _triple(value: Any, default: tuple[float, float, float]) -> tuple[float, float, float]:
@@ -202,9 +209,10 @@ def check_image(data: bytes, max_image_pixels: int, where: str) -> int:
     return pixels
 
 
-def preprocess(data: bytes, processor: VisionProcessor) -> PixelItem:
-    """The image's encoder input (decode, smart resize, rescale, normalize, patchify). Blocks: call
-    it off the event loop for a large image. Raises ValueError (or OSError) for an undecodable one."""
+def preprocess(data: bytes, processor: VisionProcessor, dtype: str = WIRE_DTYPE) -> PixelItem:
+    """The image's encoder input (decode, smart resize, rescale, normalize, patchify) as ``dtype``
+    (bfloat16 or float32). Blocks: call it off the event loop for a large image. Raises ValueError
+    (or OSError) for an undecodable one."""
     image = _open(data)
     image.load()
     if image.mode != "RGB":
@@ -224,21 +232,34 @@ def preprocess(data: bytes, processor: VisionProcessor) -> PixelItem:
         std = np.asarray(processor.image_std, dtype=np.float32)
         scale = scale / std
         shift = -np.asarray(processor.image_mean, dtype=np.float32) / std
-    pixels = pixels * scale + shift
+    pixels *= scale
+    pixels += shift
+    # Converted before the patches repeat the frame over the temporal patch: half the values to round.
+    values: np.ndarray[Any, Any] = bfloat16_bits(pixels) if dtype == "bfloat16" else pixels
     grid_h, grid_w = height // p, width // p
     # (H, W, C) -> (gh/m, m, p, gw/m, m, p, C) -> (gh/m, gw/m, m, m, C, p, p); the one frame repeated
     # over the temporal patch -> (..., C, T, p, p), flattened per patch: HF's Qwen2VL order.
-    blocks = pixels.reshape(grid_h // m, m, p, grid_w // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
+    blocks = values.reshape(grid_h // m, m, p, grid_w // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
     blocks = np.broadcast_to(blocks[:, :, :, :, :, None], (*blocks.shape[:5], t, p, p))
-    values = np.ascontiguousarray(blocks, dtype=np.float32).reshape(grid_h * grid_w, processor.patch_values)
-    return PixelItem(values, (1, grid_h, grid_w), grid_h * grid_w // (m * m))
+    patches = np.ascontiguousarray(blocks).reshape(grid_h * grid_w, processor.patch_values)
+    return PixelItem(patches, dtype, (1, grid_h, grid_w), grid_h * grid_w // (m * m))
 
 
-def bfloat16_bytes(values: np.ndarray[Any, np.dtype[np.float32]]) -> bytes:
-    """``values`` as little-endian bfloat16 (round to nearest even), the encoder input's wire dtype."""
+def bfloat16_bits(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``values`` (float32) as bfloat16 bits, little-endian uint16 (round to nearest even); the
+    float32 array may be overwritten."""
     bits = np.ascontiguousarray(values, dtype="<f4").view("<u4")
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-    return rounded.astype("<u2").tobytes()
+    lsb = bits >> np.uint32(16)
+    lsb &= np.uint32(1)
+    bits += np.uint32(0x7FFF)
+    bits += lsb
+    bits >>= np.uint32(16)
+    return bits.astype("<u2")
+
+
+def bfloat16_bytes(values: np.ndarray[Any, Any]) -> bytes:
+    """``values`` as little-endian bfloat16 bytes (round to nearest even), the encoder input's wire dtype."""
+    return bfloat16_bits(np.array(values, dtype="<f4")).tobytes()
 
 
 def expand_placeholders(

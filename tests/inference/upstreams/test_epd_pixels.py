@@ -51,7 +51,7 @@ def test_smart_resize_refuses_an_aspect_ratio_above_200() -> None:
 def test_patches_are_in_hf_order_with_the_grid_and_token_count() -> None:
     assert QWEN2_VL is not None
     data = png(300, 200)
-    item = preprocess(data, QWEN2_VL)
+    item = preprocess(data, QWEN2_VL, "float32")
     assert item.values.shape == (14 * 22, 1176) and item.values.dtype == np.float32
     assert item.grid_thw == (1, 14, 22) and item.tokens == 14 * 22 // 4
     # HF's Qwen2VLImageProcessor: resize, rescale, normalize, the frame repeated over the temporal patch,
@@ -61,6 +61,9 @@ def test_patches_are_in_hf_order_with_the_grid_and_token_count() -> None:
     frames = np.stack([image.transpose(2, 0, 1)] * 2)
     hf = frames.reshape(1, 2, 3, 7, 2, 14, 11, 2, 14).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(308, 1176)
     assert np.allclose(item.values, hf, atol=1e-5)
+    # On the wire (the default): the same values as bfloat16.
+    wire = preprocess(data, QWEN2_VL)
+    assert wire.dtype == "bfloat16" and wire.values.shape == (308, 1176) and wire.payload() == bfloat16_bytes(hf)
 
 
 def test_bfloat16_rounds_to_nearest_even() -> None:
