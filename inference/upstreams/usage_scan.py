@@ -56,7 +56,11 @@ _SLOT = {
 def _counts(data: bytes, start: int, end: int, into: list[int]) -> bool:
     """The counts named in ``data[start:end]`` into ``into`` (prompt, completion, cached, reasoning),
     each the highest seen; whether there were any."""
-    found = _COUNT.findall(data, start, end) or _GEMINI_COUNT.findall(data, start, end)
+    return _fold(_COUNT.findall(data, start, end) or _GEMINI_COUNT.findall(data, start, end), into)
+
+
+def _fold(found: list[tuple[bytes, bytes]], into: list[int]) -> bool:
+    """:func:`_counts` of the (name, count) pairs found."""
     if not found:
         return False
     seen = [-1, -1, -1, -1, 0, 0, 0]
@@ -87,10 +91,15 @@ def _holds_object(data: bytes, after: int) -> bool:
 def usage_in_body(body: bytes, key: bytes = _USAGE) -> TokenUsage | None:
     """The usage of a whole answer: the counts after its last ``key`` object; None when it has none."""
     at = body.rfind(key)
-    if at < 0 or not _holds_object(body, at + len(key)):
+    if at < 0 or not (body.startswith(b":{", at + len(key)) or _holds_object(body, at + len(key))):
         return None
+    found = _COUNT.findall(body, at)
+    if len(found) == 2:  # the usual answer (vLLM's, OpenAI's without details): what _counts makes of it
+        (first, prompt), (second, completion) = found
+        if first == b"prompt_tokens" and second == b"completion_tokens":
+            return TokenUsage(int(prompt), int(completion))
     counts = [0, 0, 0, 0]
-    if not _counts(body, at, len(body), counts):
+    if not _fold(found or _GEMINI_COUNT.findall(body, at), counts):
         return None
     return TokenUsage(*counts)
 

@@ -30,6 +30,26 @@ def test_whole_answers_of_each_shape() -> None:
     assert usage_in_body(b'{"data":[]}') is None
 
 
+def test_the_usual_answers_read_as_every_answer_is() -> None:
+    """The prompt and completion pair alone (vLLM's answer, OpenAI's without details) is read without
+    the general fold (D85): the same usage as the fold gives, for it and for its near shapes."""
+    from inference.upstreams.usage_scan import _counts
+
+    bodies = [
+        b'{"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":16,"total_tokens":56}}',
+        b'{"usage": {"prompt_tokens":3,"total_tokens":3,"completion_tokens":0,"prompt_tokens_details":null},"x":null}',
+        b'{"usage":{"completion_tokens":16,"prompt_tokens":40}}',  # the other order: the fold
+        b'{"usage":{"prompt_tokens":4,"prompt_tokens":9}}',
+        b'{"usage":{"input_tokens":4,"output_tokens":2}}',
+        b'{"usage":{"prompt_tokens":4}}',
+        b'{"usage":{"total_input_tokens":4,"total_output_tokens":2,"total_thought_tokens":1}}',
+    ]
+    for body in bodies:
+        counts = [0, 0, 0, 0]
+        at = body.rfind(b'"usage"')
+        assert usage_in_body(body) == (TokenUsage(*counts) if _counts(body, at, len(body), counts) else None), body
+
+
 STREAM = (
     b'data: {"choices":[{"delta":{"content":"a"}}],"usage":null}\n\n'
     b'data: {"choices":[{"delta":{},"finish_reason":"stop"}],"usage":null}\n\n'
