@@ -186,9 +186,15 @@ def smart_resize(height: int, width: int, processor: VisionProcessor) -> tuple[i
 
 
 def _open(data: bytes) -> Image.Image:
+    # The pixel limit is --multimodal-max-image-pixels (check_image), not Pillow's warning; Pillow's own
+    # hard bound (DecompressionBombError, twice Image.MAX_IMAGE_PIXELS) still stands above it.
     with warnings.catch_warnings():
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         return Image.open(io.BytesIO(data))
+
+
+def _too_large(message: str) -> errors.GatewayError:
+    return errors.GatewayError(413, errors.ErrorCode.MULTIMODAL_PAYLOAD_TOO_LARGE, message)
 
 
 def check_image(data: bytes, max_image_pixels: int, where: str) -> int:
@@ -197,15 +203,16 @@ def check_image(data: bytes, max_image_pixels: int, where: str) -> int:
     try:
         image = _open(data)
         width, height = image.size
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning):
+    except Image.DecompressionBombError as error:
+        raise _too_large(f"{where}: {error}") from None
+    except (OSError, ValueError, SyntaxError):
         raise errors.multimodal_not_supported(f"EPD encode: {where} is not an image the gateway can decode") from None
     pixels = width * height
     if max_image_pixels and pixels > max_image_pixels:
-        raise errors.GatewayError(
-            413, errors.ErrorCode.MULTIMODAL_PAYLOAD_TOO_LARGE,
+        raise _too_large(
             f"{where}: an image of {width}x{height} pixels exceeds the limit of {max_image_pixels} pixels "
-            "(--multimodal-max-image-pixels)",
-        )  # fmt: skip
+            "(--multimodal-max-image-pixels)"
+        )
     return pixels
 
 

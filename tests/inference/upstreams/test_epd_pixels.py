@@ -5,6 +5,7 @@ header check's limits."""
 from __future__ import annotations
 
 import io
+import zlib
 
 import numpy as np
 import pytest
@@ -87,3 +88,23 @@ def test_the_header_check_reads_the_size_and_refuses_what_is_too_large_or_not_an
     with pytest.raises(GatewayError) as garbage:
         check_image(b"GIF89a-not-really", 0, "image")
     assert garbage.value.status == 400 and garbage.value.code == "multimodal_not_supported"
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG's signature, IHDR and a tiny IDAT: its size reads, its pixels are not there."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return len(body).to_bytes(4, "big") + kind + body + zlib.crc32(kind + body).to_bytes(4, "big")
+
+    header = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 16))
+
+
+def test_the_pixel_limit_is_the_flag_not_pillows_warning_and_pillows_hard_bound_is_413() -> None:
+    assert check_image(png_header(9500, 9500), 0, "image") == 9500 * 9500  # over Pillow's warning: no limit set
+    with pytest.raises(GatewayError) as limited:
+        check_image(png_header(9500, 9500), 8192 * 8192, "image")
+    assert limited.value.status == 413 and "9500x9500" in limited.value.message
+    with pytest.raises(GatewayError) as bomb:
+        check_image(png_header(20000, 20000), 0, "image")  # over Pillow's own hard bound
+    assert bomb.value.status == 413 and bomb.value.code == "multimodal_payload_too_large"
