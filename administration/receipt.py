@@ -26,12 +26,15 @@ opened. The daphne equivalent is in :mod:`administration.receipt_twisted`.
 from __future__ import annotations
 
 import asyncio
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
 import httptools
+from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from administration.response_cycle import LeanCycle
 from common.config import GatewayConfig
 from inference import errors
 
@@ -118,6 +121,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        if isinstance(self.cycle, LeanCycle):
+            self.cycle.client_left()  # a disconnect watch learns it at once (response_cycle)
 
     def handle_websocket_upgrade(self) -> None:
         self._disarm()
@@ -198,7 +203,53 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._body_bytes = 0
         if self._receipt_timer is not None:
             self._disarm()
-        super().on_headers_complete()
+        self._begin_cycle()
+
+    def _begin_cycle(self) -> None:
+        """uvicorn's ``on_headers_complete`` (0.54), the request's cycle a :class:`LeanCycle`."""
+        parser = self.parser
+        http_version = parser.get_http_version()
+        scope = self.scope
+        scope["method"] = parser.get_method().decode("ascii")
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        if parser.should_upgrade() and self._should_upgrade():
+            return
+        parsed_url = httptools.parse_url(self.url)
+        raw_path = parsed_url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        scope["path"] = self.root_path + path
+        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
+        scope["query_string"] = parsed_url.query or b""
+        if self.limit_concurrency is not None and (
+            len(self.connections) >= self.limit_concurrency or len(self.tasks) >= self.limit_concurrency
+        ):
+            app = service_unavailable
+            self.logger.warning("Exceeded concurrency limit.")
+        else:
+            app = self.app
+        existing_cycle = self.cycle
+        self.cycle = LeanCycle(
+            scope=scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=self.expect_100_continue,
+            keep_alive=http_version != "1.0" and parser.should_keep_alive(),
+            on_response=self.on_response_complete,
+        )
+        self.cycle.loop = self.loop
+        if existing_cycle is None or existing_cycle.response_complete:
+            self._start_asgi_task(self.cycle, app)
+        else:  # pipelined requests wait their turn
+            self.flow.pause_reading()
+            self.pipeline.appendleft((self.cycle, app))
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -254,6 +305,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True
             cycle.message_event.set()
+            if isinstance(cycle, LeanCycle):
+                cycle.client_left()
         if not started:
             self.transport.write(rejection(error))
         self.transport.close()

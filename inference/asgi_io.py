@@ -175,14 +175,36 @@ class DisconnectWatch:
     Start it after the body is read. ``stop()`` before sending the final body message (after the
     response completes, servers report ``http.disconnect`` too). ``fired`` tells whether the
     cancellation came from a disconnect.
+
+    Under uvicorn the request's cycle (:class:`administration.response_cycle.LeanCycle`, the owner of
+    ``receive``) calls back when the client leaves: no task per request (issue 27, D86). Elsewhere
+    (daphne, tests' own ``receive``) a task waits on ``receive`` for ``http.disconnect``.
     """
 
-    __slots__ = ("_task", "_target", "fired")
+    __slots__ = ("_task", "_target", "_cycle", "fired")
 
     def __init__(self, receive: Receive) -> None:
         self.fired = False
-        self._target = asyncio.current_task()
-        self._task: asyncio.Task[None] | None = asyncio.ensure_future(self._watch(receive))
+        self._task: asyncio.Task[None] | None = None
+        self._cycle: Any = None
+        cycle: Any = getattr(receive, "__self__", None)
+        watch = getattr(cycle, "watch_disconnect", None)
+        if watch is not None:
+            # The cycle's loop: asyncio.current_task() without one is a getpid() call on Python 3.11.
+            self._target = asyncio.current_task(cycle.loop)
+            if watch(self._left):
+                self._cycle = cycle
+                return
+        else:
+            self._target = asyncio.current_task()
+        self._task = asyncio.ensure_future(self._watch(receive))
+
+    def _left(self) -> None:
+        """The cycle's callback: the client left while this watch was on."""
+        self._cycle = None
+        if self._target is not None:
+            self.fired = True
+            self._target.cancel()
 
     async def _watch(self, receive: Receive) -> None:
         while True:
@@ -194,6 +216,9 @@ class DisconnectWatch:
                 return
 
     def stop(self) -> None:
+        cycle, self._cycle = self._cycle, None
+        if cycle is not None:
+            cycle.unwatch_disconnect()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
