@@ -12,8 +12,11 @@ from inference.accounting.entry import TokenUsage
 __all__ = ["Delivered", "CLEAN", "BROKEN", "LATER"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Delivered:
+    """Not frozen: a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``,
+    three times a plain one's cost on every answer (D85); nothing changes one once made."""
+
     clean: bool = True  # False: the upstream broke off after the response started
     usage: TokenUsage | None = None  # as the answer reported it; None: it reported none
     # The request goes on after its answer (a background Responses run): whoever runs it on
