@@ -22,6 +22,7 @@ import atexit
 import logging
 import os
 import threading
+from bisect import bisect_left
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Iterable, Sequence
@@ -77,6 +78,33 @@ def _add(counter: Any, *labels: str) -> Callable[[float], None]:
     found = _adds.get(key)
     if found is None:
         found = _adds[key] = _child(counter, *labels)._value.inc
+    return found
+
+
+_observes: dict[tuple[int, tuple[str, ...]], Callable[[float], None]] = {}
+
+
+def _observe(histogram: Any, *labels: str) -> Callable[[float], None]:
+    """The observation of a histogram's labelled child, memoized: its sum's and its bucket's value
+    increments, the bucket found by bisection (the first upper bound at or above the amount, as
+    ``Histogram.observe`` finds it walking the bounds in Python, one frame per bound and a check per
+    call). No exemplars (the gateway records none)."""
+    key = (id(histogram), labels)
+    found = _observes.get(key)
+    if found is None:
+        child = _child(histogram, *labels)
+        add_sum = child._sum.inc
+        add_to = [bucket.inc for bucket in child._buckets]
+        bounds = list(child._upper_bounds)  # ends with +Inf: every amount but NaN has a bucket
+        top = len(bounds)
+
+        def observe(amount: float) -> None:
+            add_sum(amount)
+            at = bisect_left(bounds, amount)
+            if at < top and amount <= bounds[at]:  # NaN is in no bucket, as in prometheus_client
+                add_to[at](1)
+
+        found = _observes[key] = observe
     return found
 
 log = logging.getLogger(__name__)
@@ -399,12 +427,12 @@ class HttpTimer:
         self.responded = False
         self._send = send
         _add(HTTP_REQUESTS, self.method, path)(1)
-        HTTP_ACTIVE.inc()
+        HTTP_ACTIVE._value.inc(1)  # Gauge.inc less its check (an unlabelled gauge is observable)
 
     async def send(self, message: Any) -> None:
         if message["type"] == "http.response.start":
             self.responded = True
-            _child(HTTP_DURATION, self.method, self.path).observe(perf_counter() - self.started)
+            _observe(HTTP_DURATION, self.method, self.path)(perf_counter() - self.started)
             error_code = ""
             for key, value in message.get("headers") or ():
                 if key == b"x-gw-error-code":
@@ -414,7 +442,7 @@ class HttpTimer:
         await self._send(message)
 
     def done(self) -> None:
-        HTTP_ACTIVE.dec()
+        HTTP_ACTIVE._value.inc(-1)  # Gauge.dec
 
 
 def record_rate_limit(allowed: bool) -> None:
@@ -467,7 +495,7 @@ class RouteTimer:
         _add(WORKER_SELECTION, worker_type, connection_mode, self.model, policy)(1)
 
     def finished(self) -> None:
-        _child(ROUTER_DURATION, self.router, self.backend, self.mode, self.model, self.endpoint).observe(
+        _observe(ROUTER_DURATION, self.router, self.backend, self.mode, self.model, self.endpoint)(
             perf_counter() - self.started
         )
 
@@ -491,17 +519,15 @@ class RouteTimer:
 
     # The response writer's stream observer.
     def first_chunk(self, at: float) -> None:
-        _child(TTFT, self.router, self.backend, self.model, self.endpoint).observe(at - self.started)
+        _observe(TTFT, self.router, self.backend, self.model, self.endpoint)(at - self.started)
 
     def stream_ended(self, first_at: float, ended_at: float, events: int) -> None:
         """Generation duration, and TPOT over the events after the first. Engines stream one token
         per event (sglang, vllm), so events stand for tokens; the closing [DONE] is not one."""
-        _child(GENERATION, self.router, self.backend, self.model, self.endpoint).observe(ended_at - self.started)
+        _observe(GENERATION, self.router, self.backend, self.model, self.endpoint)(ended_at - self.started)
         tokens = events - 1
         if tokens >= 2:
-            _child(TPOT, self.router, self.backend, self.model, self.endpoint).observe(
-                (ended_at - first_at) / (tokens - 1)
-            )
+            _observe(TPOT, self.router, self.backend, self.model, self.endpoint)((ended_at - first_at) / (tokens - 1))
 
 
 _token_children: dict[tuple[str, ...], tuple[Any, ...]] = {}

@@ -242,3 +242,23 @@ def test_multiprocess_increments_reach_the_files_when_flushed(tmp_path) -> None:
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(tmp_path))
     assert registry.get_sample_value("gw_worker_cb_outcomes_total", {"worker": "http://f:1", "outcome": "success"}) == 7
+
+
+def test_a_memoized_observation_counts_as_histogram_observe() -> None:
+    """telemetry._observe (bisection over the bounds, the child's values incremented directly) leaves
+    the same buckets, count and sum as prometheus_client's own observe, bounds themselves included."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    bounds = (0.005, 0.01, 0.1, 1.0, 10.0)
+    amounts = [0.0, -1.0, 0.005, 0.0051, 0.01, 0.05, 0.1, 1.0, 9.99, 10.0, 10.01, 1e9, float("inf")]
+    theirs = Histogram("h_theirs", "h", ("path",), buckets=bounds, registry=CollectorRegistry())
+    ours = Histogram("h_ours", "h", ("path",), buckets=bounds, registry=CollectorRegistry())
+    for amount in amounts:
+        theirs.labels("/p").observe(amount)
+        metrics._observe(ours, "/p")(amount)
+
+    def samples(histogram: Histogram) -> list[tuple[str, dict, float]]:
+        [family] = histogram.collect()
+        return [(s.name.split("_", 2)[-1], s.labels, s.value) for s in family.samples if "created" not in s.name]
+
+    assert samples(ours) == samples(theirs)
