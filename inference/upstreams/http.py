@@ -98,7 +98,7 @@ class _Deadline:
     def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
         self.expired = False
         self._pending = False  # a cancellation of ours not yet undone
-        self._task = asyncio.current_task()
+        self._task = asyncio.current_task(loop)
         self._handle = loop.call_later(seconds, self._expire)
 
     def _expire(self) -> None:
@@ -245,8 +245,10 @@ class HttpRelay(Relay):
         self._pools: dict[asyncio.AbstractEventLoop, _IdlePool] = {}
         self._targets: dict[tuple[str, str, str | None], _Target] = {}
 
-    def session(self) -> aiohttp.ClientSession:
-        loop = asyncio.get_running_loop()
+    def session(self, loop: asyncio.AbstractEventLoop | None = None) -> aiohttp.ClientSession:
+        """This loop's session (``loop``: the running one, when the caller has it already)."""
+        if loop is None:
+            loop = asyncio.get_running_loop()
         session = self._sessions.get(loop)
         if session is None or session.closed:
             # No connection cap: a long stream holds its connection for minutes, and a cap would make
@@ -337,8 +339,10 @@ class HttpRelay(Relay):
     async def open(self, request: RelayRequest) -> RelayAnswer:
         target = self._target(request.worker.record, request.path)
         head = self._head(target, request)
-        session = self.session()
+        # Asked once: on Python 3.11 each get_running_loop() or current_task() without a loop is a
+        # getpid() system call (issue 27, D86).
         loop = asyncio.get_running_loop()
+        session = self.session(loop)
         key = target.pooled
         pool = self._pools[loop] if key is not None else None
         deadline = _Deadline(loop, self._request_timeout_secs)
@@ -348,13 +352,20 @@ class HttpRelay(Relay):
                 connector = session.connector
                 assert connector is not None
                 conn = await connector.connect(target.probe, traces=[], timeout=self._timeout)
+                fresh = True
+            else:
+                fresh = False
             protocol: ResponseHandler | None = conn.protocol
             transport = conn.transport
             if protocol is None or transport is None:
                 raise aiohttp.ServerDisconnectedError()
-            protocol.set_response_params(
-                timer=_NO_TIMER, auto_decompress=False, read_bufsize=_READ_BUFSIZE, read_until_eof=True
-            )
+            if fresh:
+                # A connection from the idle pool keeps the parser of its last answer, read to its end
+                # with these same settings, which reads the next (llhttp, keep-alive): a new parser
+                # per request was ~6 us of C (issue 27, D86).
+                protocol.set_response_params(
+                    timer=_NO_TIMER, auto_decompress=False, read_bufsize=_READ_BUFSIZE, read_until_eof=True
+                )
             body = request.body
             if len(body) <= _ONE_WRITE_MAX:
                 transport.write(head + body)

@@ -29,6 +29,27 @@ async def test_sequential_requests_reuse_one_upstream_connection(gateway, worker
     assert len(worker.requests()) == 5 and len(ports) == 1
 
 
+async def test_a_reused_connection_keeps_its_answer_parser(gateway, worker: RunningWorker, monkeypatch) -> None:
+    """The parser of a pooled connection's last answer reads the next one (a whole answer, a stream,
+    chunked and by length, in turns): one parser per connection, not per request (issue 27, D86)."""
+    from aiohttp.client_proto import ResponseHandler
+
+    made: list[int] = []
+    original = ResponseHandler.set_response_params
+
+    def counted(self: ResponseHandler, **params: object) -> None:
+        made.append(id(self))
+        original(self, **params)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ResponseHandler, "set_response_params", counted)
+    for body in (CHAT, {**CHAT, "stream": True}, CHAT, {**CHAT, "stream": True}, CHAT, CHAT):
+        response = await gateway.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200
+        assert response.json()["object"] == "chat.completion" if not body.get("stream") else "data:" in response.text
+    assert len({entry["client_port"] for entry in worker.requests()}) == 1
+    assert len(made) == 1
+
+
 async def test_worker_that_never_answers_gets_504(make_gateway, worker: RunningWorker) -> None:
     mock_state(worker.app).fault_hang = True
     client = make_gateway([record_for(worker)], request_timeout_secs=0.5, retry_max_retries=0)
