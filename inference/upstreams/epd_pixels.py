@@ -27,6 +27,7 @@ import functools
 import io
 import json
 import math
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ OFF_LOOP_PIXELS = 256 * 256  # an image larger than this is decoded and processe
 MAX_ASPECT_RATIO = 200
 WIRE_DTYPE = "bfloat16"
 IMAGE_PAD = "<|image_pad|>"
+_ADDED_PAD = re.compile(rb'\{\s*"id"\s*:\s*(\d+)\s*,\s*"content"\s*:\s*"<\|image_pad\|>"')
 
 # Qwen2-VL's defaults (HF Qwen2VLImageProcessor; smg qwen2_vl.rs) for keys a config leaves out.
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -123,14 +125,13 @@ def _image_token_id(model_dir: Path) -> int | None:
             return token
     except (OSError, ValueError):
         pass
+    # The tokenizer's added token, found without parsing the whole tokenizer.json (megabytes: this runs
+    # once per model directory, at routing, on the event loop).
     try:
-        tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
-        for added in tokenizer.get("added_tokens", ()):
-            if added.get("content") == IMAGE_PAD:
-                return int(added["id"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
+        found = _ADDED_PAD.search((model_dir / "tokenizer.json").read_bytes())
+    except OSError:
+        return None
+    return int(found.group(1)) if found is not None else None
 
 
 @functools.lru_cache(maxsize=64)

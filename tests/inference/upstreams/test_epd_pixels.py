@@ -5,7 +5,9 @@ header check's limits."""
 from __future__ import annotations
 
 import io
+import json
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -108,3 +110,16 @@ def test_the_pixel_limit_is_the_flag_not_pillows_warning_and_pillows_hard_bound_
     with pytest.raises(GatewayError) as bomb:
         check_image(png_header(20000, 20000), 0, "image")  # over Pillow's own hard bound
     assert bomb.value.status == 413 and bomb.value.code == "multimodal_payload_too_large"
+
+
+def test_the_image_pad_token_is_config_jsons_else_the_tokenizers(tmp_path: Path) -> None:
+    qwen3 = FIXTURE_MODELS / "qwen3"
+    for name, source in (("tokenizer.json", qwen3), ("preprocessor_config.json", FIXTURE_MODELS / "qwen2-vl")):
+        (tmp_path / name).symlink_to(source / name)
+    processor = load_vision_processor(str(tmp_path))
+    assert processor is not None and processor.image_token_id == 151655  # <|image_pad|>, an added token
+    (tmp_path / "config.json").write_text(json.dumps({"image_token_id": 151656}))
+    load_vision_processor.cache_clear()
+    processor = load_vision_processor(str(tmp_path / "tokenizer.json"))  # a tokenizer file: its folder is the model's
+    assert processor is not None and processor.image_token_id == 151656
+    assert load_vision_processor(str(qwen3)) is None  # no preprocessor_config.json: no image processor
