@@ -129,7 +129,8 @@ def _encode_plan(
     telemetry.WORKER_SELECTION.labels(WorkerType.ENCODE.value, Transport.GRPC.value, model or "", policy.name).inc(
         len(assignments)
     )
-    return EncodePlan(assignments, tuple(dp.engines.client(a.encoder.handle.record) for a in assignments), processor)
+    clients = tuple(dp.engines.client(a.encoder.handle.record) for a in assignments)
+    return EncodePlan(assignments, clients, processor, pair.context_length)
 
 
 async def admit_pair(dp: DataPlane, pick: Callable[[], PdPair], refused: GatewayError) -> PdPair:

@@ -41,6 +41,7 @@ from typing import Any
 import grpc
 
 from inference import errors
+from inference.pipeline.prompt import check_prompt
 from inference.routing.epd import EncodeAssignment
 from inference.routing.pd import GRPC_DEFAULT_BOOTSTRAP_PORT
 from inference.upstreams.engine import EncodeBootstrap, EngineClient, EngineOutput, EngineRequest, MultimodalSlot
@@ -61,12 +62,13 @@ _random = random.SystemRandom()
 
 @dataclass(frozen=True, slots=True)
 class EncodePlan:
-    """The request's encode assignments, each one's encode worker's engine client, and the model's
-    image processor."""
+    """The request's encode assignments, each one's encode worker's engine client, the model's
+    image processor, and the pair's context window (the smaller of the two; None: unknown)."""
 
     assignments: tuple[EncodeAssignment, ...]
     clients: tuple[EngineClient, ...]
     processor: VisionProcessor
+    context_length: int | None = None
 
 
 # The encode plan of each prefill worker the current request paired (None: no encode stage), set as
@@ -170,12 +172,13 @@ async def with_encode(
     expanded, each item's place in the prompt and embedding rendezvous), run while the items are
     encoded; an encode failure cancels the leg and is raised. Raises 400 multimodal_not_supported
     before any engine is asked for an image that does not decode or a prompt without one image pad
-    token per image."""
+    token per image, 400 context_length_exceeded when the expanded prompt fills the pair's window."""
     pixels = await _pixels(plan)
     pad = plan.processor.image_token_id
     if pad is None:
         raise errors.multimodal_not_supported("EPD encode: the model has no image pad token (config.json image_token_id)")
     input_ids, ranges = expand_placeholders(request.input_ids, pad, [item.tokens for item in pixels])
+    check_prompt(len(input_ids), plan.context_length, "messages")  # the window counts the expanded pads
     slots = tuple(
         MultimodalSlot(assignment.item.content_hash, item.grid_thw, offset, length, pad)
         for assignment, item, (offset, length) in zip(plan.assignments, pixels, ranges)

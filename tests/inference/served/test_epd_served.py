@@ -79,13 +79,16 @@ def data_url(raw: bytes, media_type: str = "image/png") -> str:
     return f"data:{media_type};base64,{base64.b64encode(raw).decode()}"
 
 
-def record(url: str, kind: WorkerType, bootstrap_port: int | None, template: str, model: str = QWEN) -> WorkerRecord:
+def record(
+    url: str, kind: WorkerType, bootstrap_port: int | None, template: str, model: str = QWEN,
+    context_length: int | None = None,
+) -> WorkerRecord:
     family = choose_parsers(QWEN_MODEL)
     return WorkerRecord(
         id=str(uuid.uuid4()), url=url, model_id=QWEN_MODEL, runtime_type="tokenspeed", status=WorkerStatus.READY,
         worker_type=kind, engine=EngineSpec(
             tokenizer=model, chat_template=template, tool_parser=family.tool_parser,
-            reasoning_parser=family.reasoning_parser,
+            reasoning_parser=family.reasoning_parser, context_length=context_length,
         ),
         pd=PdTraits(bootstrap_port=bootstrap_port),
     )
@@ -107,7 +110,9 @@ class Epd:
 
 
 @contextlib.asynccontextmanager
-async def epd(make_gateway: GatewayFactory, tmp_path: Path, **config: Any) -> AsyncIterator[Epd]:
+async def epd(
+    make_gateway: GatewayFactory, tmp_path: Path, context_length: int | None = None, **config: Any
+) -> AsyncIterator[Epd]:
     template = tmp_path / "vision.jinja"
     template.write_text(VISION_TEMPLATE)
     model = vision_model(tmp_path)
@@ -120,8 +125,8 @@ async def epd(make_gateway: GatewayFactory, tmp_path: Path, **config: Any) -> As
     try:
         records = [
             record(encoder.url, WorkerType.ENCODE, encoder.bootstrap_port, str(template), model),
-            record(prefill.url, WorkerType.PREFILL, prefill.bootstrap_port, str(template), model),
-            record(decode.url, WorkerType.DECODE, None, str(template), model),
+            record(prefill.url, WorkerType.PREFILL, prefill.bootstrap_port, str(template), model, context_length),
+            record(decode.url, WorkerType.DECODE, None, str(template), model, context_length),
         ]
         TOKENIZERS.cache.get(model, str(template))
         http = make_gateway(records, history_backend="memory", retry_max_retries=0, **config)
@@ -271,3 +276,15 @@ async def test_a_model_without_an_image_processor_refuses_images(make_gateway: G
             await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG))
         assert refused.value.code == "multimodal_not_supported" and "preprocessor_config.json" in refused.value.message
         assert fleet.encoder.received == [] and not fleet.prefill.pd.received
+
+
+async def test_the_context_window_counts_the_expanded_image_pads(make_gateway: GatewayFactory, tmp_path: Path) -> None:
+    async with epd(make_gateway, tmp_path, context_length=64) as fleet:
+        # The 64x48 image's 4 pads fit the pair's 64-token window; the 300x200 one's 77 do not, though
+        # its unexpanded prompt (one pad) does: 400 before any engine is asked.
+        answer = await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG))
+        assert answer.choices[0].message.content
+        with pytest.raises(openai.BadRequestError) as refused:
+            await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(JPEG))
+        assert refused.value.code == "context_length_exceeded" and len(fleet.encoder.received) == 1
+        assert len(fleet.prefill.pd.received) == 1 and fleet.load(WorkerType.PREFILL).breaker.failures == 0
