@@ -105,19 +105,21 @@ def encode_item(pixels: PixelItem, slot: MultimodalSlot, room: int) -> tokenspee
 
 
 async def _pixels(plan: EncodePlan) -> list[PixelItem]:
-    """Each image's encoder input; a large one (or one whose size is unknown) in a worker thread.
-    Raises 400 multimodal_not_supported for an image that does not decode."""
-    items: list[PixelItem] = []
-    for assignment in plan.assignments:
+    """Each image's encoder input; the large ones (or those whose size is unknown) in worker threads,
+    side by side. Raises 400 multimodal_not_supported for an image that does not decode."""
+
+    async def one(assignment: EncodeAssignment) -> PixelItem:
         item = assignment.item
         try:
             if 0 < item.pixels <= OFF_LOOP_PIXELS:
-                items.append(preprocess(item.data, plan.processor))
-            else:
-                items.append(await asyncio.to_thread(preprocess, item.data, plan.processor))
+                return preprocess(item.data, plan.processor)
+            return await asyncio.to_thread(preprocess, item.data, plan.processor)
         except (OSError, ValueError, SyntaxError) as error:
             raise errors.multimodal_not_supported(f"EPD encode: image {assignment.item_index}: {error}") from None
-    return items
+
+    if len(plan.assignments) == 1:
+        return [await one(plan.assignments[0])]
+    return list(await asyncio.gather(*(one(assignment) for assignment in plan.assignments)))
 
 
 async def _encode(assignment: EncodeAssignment, client: EngineClient, request: tokenspeed_encoder_pb2.EncodeRequest) -> None:
