@@ -12,7 +12,7 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
 
-from typing import Any, cast  # noqa: E402
+from typing import Any, Awaitable, cast  # noqa: E402
 
 from django.core.asgi import get_asgi_application  # noqa: E402
 
@@ -95,13 +95,15 @@ class FixedPaths:
         self.handlers = {"/" + str(route.pattern): route.callback for route in routes}
         self.router = router
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # A plain function returning the handler's (or router's) coroutine: no frame of its own per
+        # request (issue 27, D86). It sits under the lifecycle gate, which awaits it.
         handler = self.handlers.get(scope["path"])
         if handler is None or scope.get("root_path") or "path_remaining" in scope:
-            return await self.router(scope, receive, send)
-        return await handler(
+            return cast(Awaitable[None], self.router(scope, receive, send))
+        return cast(Awaitable[None], handler(
             dict(scope, path_remaining="", url_route={"args": (), "kwargs": {}}), receive, send
-        )  # fmt: skip
+        ))  # fmt: skip
 
 
 async def refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:

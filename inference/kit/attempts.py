@@ -56,9 +56,9 @@ class Answer(Protocol):
 A = TypeVar("A", bound=Answer)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ sets each field through object.__setattr__ (D86)
 class RoutePlan:
-    """What choosing another worker needs, the same for every attempt of one request."""
+    """What choosing another worker needs, the same for every attempt of one request (never changed)."""
 
     endpoint: str  # the route, for metrics
     model: str | None

@@ -21,9 +21,9 @@ __all__ = ["Passed", "Validator", "pass_gate"]
 Validator = Callable[[dict[str, Any]], ValidatedRequest]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ sets each field through object.__setattr__ (D86)
 class Passed:
-    """A request that passed the gate."""
+    """A request that passed the gate (never changed once made)."""
 
     identity: Identity
     raw: bytes  # the body as the client sent it

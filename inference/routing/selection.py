@@ -17,7 +17,7 @@ from inference.routing.request_text import request_text
 __all__ = ["RoutingDecision", "select_worker"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ sets each field through object.__setattr__ (D86)
 class RoutingDecision:
     worker: WorkerHandle
     model: str | None  # canonical model id, None when the request named no model

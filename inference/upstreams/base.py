@@ -25,9 +25,9 @@ from inference.writers import ResponseWriter
 __all__ = ["RelayRequest", "RelayAnswer", "Relay", "RELAYS"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ sets each field through object.__setattr__ (D86)
 class RelayRequest:
-    """One request on its way to a worker."""
+    """One request on its way to a worker (never changed once made)."""
 
     worker: WorkerHandle
     path: str  # the worker route, e.g. "/v1/chat/completions"
