@@ -161,16 +161,21 @@ class EngineAnswer:
             await self.discard()
 
     async def _settle(self) -> None:
-        """Read what the engine still sends, up to :data:`SETTLE_SECS` (the response is written)."""
+        """Read what the engine still sends, up to :data:`SETTLE_SECS` (the response is written). One
+        generation is read in this task (usually it ended with the last output and stops at once: no
+        task and no gather made per request for it)."""
 
         async def drain(generation: _Generation) -> None:
             async for _ in generation.outputs:
                 pass
 
+        generations = self._generations
         try:
-            await asyncio.wait_for(
-                asyncio.gather(*(drain(generation) for generation in self._generations)), SETTLE_SECS
-            )
+            async with asyncio.timeout(SETTLE_SECS):
+                if len(generations) == 1:
+                    await drain(generations[0])
+                else:
+                    await asyncio.gather(*(drain(generation) for generation in generations))
         except Exception:  # timed out (closed with an Abort next) or the stream failed: nothing to tell
             return
 

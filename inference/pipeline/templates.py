@@ -22,6 +22,7 @@ A template that fails while rendering (``raise_exception`` included) raises :cla
 from __future__ import annotations
 
 import json
+import types
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -33,7 +34,9 @@ import jinja2.meta
 from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.parser import Parser
+from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 
 from inference.errors import GatewayError
 from inference.schemas.families import ModelFamily, family_info
@@ -121,9 +124,53 @@ def _tojson(
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+_PLAIN_TYPES = frozenset((str, dict, list, tuple, int, float, bool, type(None), LoopContext, Namespace))
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """``ImmutableSandboxedEnvironment`` with its checks answered faster where the answer is known
+    without them, the same answers (D87): a template reads the messages (plain dicts, lists and
+    strings) and calls their methods on every request, and each access paid the full check.
+
+    - whether an attribute of a plain value (``str``, ``dict``, ``list``, ..., a ``loop`` or a
+      ``namespace()``) is safe depends only on its type and the name (the checks are ``isinstance``
+      tests and the name's prefix): kept per (type, name) once asked;
+    - a name a plain ``dict`` has no attribute of (``message.content``) is its item at once: the
+      lookup the sandbox tries first can only fail (a ``dict`` instance has no attributes of its own);
+    - a built-in method (``content.split``) is always safe to call: it cannot carry the
+      ``unsafe_callable`` or ``alters_data`` marks the sandbox looks for.
+    """
+
+    _safe: dict[tuple[type, str], bool] = {}
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        kind = type(obj)
+        if kind not in _PLAIN_TYPES:
+            return super().is_safe_attribute(obj, attr, value)
+        key = (kind, attr)
+        safe = self._safe.get(key)
+        if safe is None:
+            safe = super().is_safe_attribute(obj, attr, value)
+            if len(self._safe) < 4096:
+                self._safe[key] = safe
+        return safe
+
+    def is_safe_callable(self, obj: Any) -> bool:
+        return type(obj) is types.BuiltinMethodType or super().is_safe_callable(obj)
+
+
 @lru_cache(maxsize=1)
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _Sandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationTag]
     )
     env.filters["tojson"] = _tojson

@@ -136,12 +136,16 @@ class ServedChat(ServedSurface):
         for choice in choices:
             out += self._event_chunk(choice.index, {"role": "assistant", "content": ""}, tally, running)
         await writer.chunk(bytes(out))
+        with_logprobs = self.sampling.logprobs
         try:
             async for choice, added in turn_events(outputs, choices, tally.add):
+                if not with_logprobs and len(added) == 1 and type(added[0]) is not Finished:
+                    await writer.chunk(self._event_bytes(choice.index, added[0], tally, None, False))
+                    continue  # one delta: the usual step, written as the loop below writes it
                 out.clear()
                 logprobs = None
                 for event in added:
-                    if self.sampling.logprobs and len(choice.logprobs) > logprobs_sent[choice.index]:
+                    if with_logprobs and len(choice.logprobs) > logprobs_sent[choice.index]:
                         logprobs = chat_logprobs(target.tokenizer, choice.logprobs[logprobs_sent[choice.index] :])
                         logprobs_sent[choice.index] = len(choice.logprobs)
                     last = isinstance(event, Finished) and all(other.done for other in choices)

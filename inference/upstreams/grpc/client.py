@@ -390,6 +390,9 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
         """The decoded messages that arrived together, each run of chunks of one choice merged into
         one (their token ids, logprobs and latest counts): a burst of tokens costs the pipeline one
         step and the client one write, as an engine's own stream interval would send it."""
+        if not more:  # one message: the usual case while an engine decodes
+            piece = self._decode(first)
+            return [] if piece is None else [piece]
         pieces: list[WireChunk | WireComplete] = []
         for response in (first, *more):
             piece = self._decode(response)
@@ -411,15 +414,17 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
             choice.completion_tokens += len(chunk.token_ids)
         if not chunk.token_ids and chunk.prompt_logprobs is None:
             return None
+        # Positional, in EngineOutput's field order (index, token_ids, prompt, completion, cached and
+        # reasoning tokens, logprobs, prompt logprobs): one per engine message, keywords cost more.
         return EngineOutput(
-            index=chunk.index,
-            token_ids=chunk.token_ids,
-            prompt_tokens=chunk.prompt_tokens,
-            completion_tokens=choice.completion_tokens,
-            cached_tokens=chunk.cached_tokens,
-            reasoning_tokens=chunk.reasoning_tokens,
-            logprobs=chunk.logprobs,
-            prompt_logprobs=chunk.prompt_logprobs,
+            chunk.index,
+            chunk.token_ids,
+            chunk.prompt_tokens,
+            choice.completion_tokens,
+            chunk.cached_tokens,
+            chunk.reasoning_tokens,
+            chunk.logprobs,
+            chunk.prompt_logprobs,
         )
 
     def _fold_complete(self, choice: _Choice, complete: WireComplete) -> EngineOutput:

@@ -138,6 +138,8 @@ class H2Call(Generic[T]):
 
     def drain(self) -> list[T]:
         """Every message that arrived and was not taken yet (none wait)."""
+        if not self._messages:  # the usual case; __anext__ gave the window back when it emptied them
+            return []
         messages = list(self._messages)
         self._messages.clear()
         self._credit()
@@ -160,18 +162,16 @@ class H2Call(Generic[T]):
                 if self.error is not None:
                     raise self.error
                 raise StopAsyncIteration
-            await self._wait()
+            # The wait, written out here (no coroutine of its own to create and resume per message).
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
         message = self._messages.popleft()
         if not self._messages:
             self._credit()
         return message
-
-    async def _wait(self) -> None:
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await waiter
-        finally:
-            self._waiter = None
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -521,15 +521,16 @@ class H2Connection(asyncio.Protocol):
         while rest:
             piece, rest = rest[:limit], rest[limit:]
             frames += _frame(_CONTINUATION, 0 if rest else _END_HEADERS, stream_id, piece)
-        self.transport.write(bytes(frames))
         call._pending = b"\x00" + len(message).to_bytes(4, "big") + message
-        self._send_pending(call)
+        self._send_pending(call, bytes(frames))  # one write: a send per request, not one per frame kind
         return call
 
-    def _send_pending(self, call: H2Call[Any]) -> None:
+    def _send_pending(self, call: H2Call[Any], before: bytes = b"") -> None:
+        """Send what the windows admit of ``call``'s pending bytes, after ``before`` (frames of the
+        same stream to go first, in the same write)."""
         assert self.transport is not None
         pending = call._pending
-        frames = []
+        frames = [before] if before else []
         while pending:
             size = min(len(pending), self.send_window, call.send_window, self._peer_frame)
             if size <= 0:

@@ -125,15 +125,16 @@ class SglangClient(GrpcEngineClient[pb.GenerateResponse]):
         kind = response.WhichOneof("response")
         if kind == "chunk":
             c = response.chunk
+            # Positional (WireChunk's field order): a message per token, and keywords cost ~2 us more.
             return WireChunk(
-                index=c.index,
-                token_ids=tuple(c.token_ids),
-                prompt_tokens=c.prompt_tokens,
-                completion_tokens=c.completion_tokens,
-                cached_tokens=c.cached_tokens,
-                reasoning_tokens=c.reasoning_tokens,
-                logprobs=output_logprobs(c.output_logprobs) if c.HasField("output_logprobs") else None,
-                prompt_logprobs=input_logprobs(c.input_logprobs) if c.HasField("input_logprobs") else None,
+                c.index,
+                tuple(c.token_ids),
+                c.prompt_tokens,
+                c.completion_tokens,
+                c.cached_tokens,
+                c.reasoning_tokens,
+                output_logprobs(c.output_logprobs) if c.HasField("output_logprobs") else None,
+                input_logprobs(c.input_logprobs) if c.HasField("input_logprobs") else None,
             )
         if kind == "complete":
             d = response.complete

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.sandbox
 import pytest
 
 from inference.pipeline import templates
@@ -443,6 +444,52 @@ def test_the_sandbox_refuses_unsafe_access() -> None:
     with pytest.raises(TemplateRenderError):
         render(template, CHAT)
 
+
+
+_SANDBOX_MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi", "name": "ann"}]
+
+
+@pytest.mark.parametrize(
+    ("source", "refused"),
+    [
+        ("{{ messages.append(1) }}", True),  # mutating methods: of a list, a dict, a namespace's list
+        ("{{ messages[0].clear() }}", True),
+        ("{{ messages[0].update({'role': 'x'}) }}", True),
+        ("{% set ns = namespace(items=[]) %}{{ ns.items.append(1) }}", True),
+        ("[{{ messages[0].content._formatter_parser }}]", False),  # private: undefined, rendered empty
+        ("[{% for m in messages %}{{ loop.__class__ }}{% endfor %}]", False),
+        ("[{{ ''.format.__globals__ }}]", False),
+        ("[{{ messages[0].__class__ }}{{ messages[0]._x }}]", False),
+    ],
+)
+def test_the_sandbox_refuses_mutation_and_private_access_every_time(source: str, refused: bool) -> None:
+    """The faster sandbox checks (D87) give the stock sandbox's answers, on the first access and once kept."""
+    stock = jinja2.sandbox.ImmutableSandboxedEnvironment().from_string(source)
+    template = ChatTemplate.build(source)
+    if refused:
+        with pytest.raises(jinja2.exceptions.SecurityError):
+            stock.render(messages=_SANDBOX_MESSAGES)
+        for _ in range(2):
+            with pytest.raises(TemplateRenderError):
+                render(template, _SANDBOX_MESSAGES)
+        return
+    expected = stock.render(messages=_SANDBOX_MESSAGES)
+    assert expected.replace("[", "").replace("]", "") == ""
+    for _ in range(2):
+        assert render(template, _SANDBOX_MESSAGES, add_generation_prompt=False).text == expected
+
+
+def test_the_sandbox_reads_message_fields_and_dict_methods_as_before() -> None:
+    source = (
+        "{% for m in messages %}{{ m.role }}:{{ m.content.split(' ')|length }}:{{ m.get('name', '-') }}:"
+        "{{ m.items()|list|length }}:{{ m.missing is defined }}:{{ m.keys is defined }}:{{ loop.last }};{% endfor %}"
+        "{% set ns = namespace(n=0) %}{% set ns.n = ns.n + 1 %}{{ ns.n }}{{ '{}-{}'.format(1, 2) }}"
+    )
+    messages = _SANDBOX_MESSAGES
+    stock = jinja2.sandbox.ImmutableSandboxedEnvironment().from_string(source).render(messages=messages)
+    assert stock.startswith("system:2:-:2:False:True:False;user:2:ann:3:False:True:True;1")
+    for _ in range(2):
+        assert render(ChatTemplate.build(source), messages, add_generation_prompt=False).text == stock
 
 def test_each_template_text_compiles_once() -> None:
     source = "{{ messages[0].content }}!"

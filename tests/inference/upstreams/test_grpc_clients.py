@@ -24,7 +24,8 @@ from inference.upstreams.engine import (
 )
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.grpc import SglangClient, VllmClient, WorkerChannel, connect, detect_runtime
-from inference.upstreams.grpc.client import GrpcEngineClient
+from inference.upstreams.grpc.client import GrpcEngineClient, WireChunk, _Choice
+from protos import sglang_scheduler_pb2 as sglang_pb
 from standins.grpc_engine import GrpcEngineConfig, GrpcEngineServer, Thinking
 from tests.conftest import free_port, until
 from standins.fixtures import FIXTURE_MODELS as FIXTURES
@@ -383,3 +384,21 @@ def test_worker_urls() -> None:
     assert WorkerChannel("grpcs://h:443").secure
     with pytest.raises(ValueError):
         WorkerChannel("ipc:///tmp/x")
+
+
+def test_a_chunk_is_decoded_and_folded_field_by_field() -> None:
+    """SGLang's chunk to WireChunk to EngineOutput (both built positionally, D87): every count lands
+    in its own field."""
+    response = sglang_pb.GenerateResponse(request_id="r")
+    chunk = response.chunk
+    chunk.index, chunk.prompt_tokens, chunk.completion_tokens = 2, 40, 7
+    chunk.cached_tokens, chunk.reasoning_tokens = 11, 5
+    chunk.token_ids.extend([101, 102])
+    client = SglangClient("grpc://127.0.0.1:1")
+    piece = client._decode(response)
+    assert piece == WireChunk(index=2, token_ids=(101, 102), prompt_tokens=40, completion_tokens=7, cached_tokens=11,
+                              reasoning_tokens=5, logprobs=None, prompt_logprobs=None)  # fmt: skip
+    assert isinstance(piece, WireChunk)
+    output = client._fold_chunk(_Choice(), piece)
+    assert output == EngineOutput(index=2, token_ids=(101, 102), prompt_tokens=40, completion_tokens=7,
+                                  cached_tokens=11, reasoning_tokens=5)  # fmt: skip
