@@ -26,7 +26,10 @@ prompt (~35 tokens) and an ~8k one (``--sizes``). Per case and round: whole answ
 (default 8) concurrent streams of 16 and of 256 tokens: the slope between the two is the CPU per
 output token, what is left at 16 tokens the fixed cost per stream. ``--rounds`` rounds, each over
 every case in a rotated order, so the gateway and smg alternate under the same load; medians with
-min..max, and gateway / smg as the median of the per-round ratios.
+min..max, and gateway / smg as the median of the per-round ratios. ``--before PATH`` adds another
+checkout's gateway (a worktree of the tree before a change) as the target ``before`` in the same
+rounds; ``--gateway-repo PATH`` runs the target ``gateway`` from another checkout too (a worktree of
+the change alone, when the shared checkout holds other work in progress).
 Results: a table on stdout and ``bench/results/grpc-pipeline.json``.
 """
 
@@ -39,7 +42,6 @@ import itertools
 import json
 import random
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -53,8 +55,8 @@ if __package__ in (None, ""):
 from tokenizers import Tokenizer  # noqa: E402
 
 from bench.cpu_cost import cpu_seconds  # noqa: E402
-from bench.gateway import PYTHON, start_gateway, start_grpc_engine  # noqa: E402
-from bench.hotspots import _summary as profile_summary  # noqa: E402
+from bench.gateway import PYTHON, REPO, start_gateway, start_grpc_engine  # noqa: E402
+from bench.hotspots import _summary as profile_summary, stop_profiled  # noqa: E402
 from bench.loadgen import run_wrk, write_script  # noqa: E402
 from bench.nginx import MODEL  # noqa: E402
 from bench.peers import start_smg  # noqa: E402
@@ -77,6 +79,7 @@ from standins.fixtures import FIXTURE_MODELS as FIXTURES
 MARKER = "@@REQ@@"
 SHORT_TOKENS, STREAM_TOKENS, STREAMS = 16, 256, 32
 TARGETS = ("gateway", "smg")
+GATEWAYS = ("gateway", "before")  # "before": --deployment --before PATH, another checkout's gateway
 
 
 @dataclass(frozen=True)
@@ -234,11 +237,13 @@ def _start_target(
     target: str, group: ProcessGroup, work: Path, port: int, engine_url: str, model: Model, args: argparse.Namespace,
     wrap: tuple[str, ...] = (),
 ) -> ManagedProcess:  # fmt: skip
-    if target == "gateway":
+    if target in GATEWAYS:
         metrics = ["--prometheus-host", LOOPBACK, "--prometheus-port", str(free_port())]
+        # bench/messages_vs_chat.py's arguments have neither: this checkout's gateway
+        repo = (args.before if target == "before" else getattr(args, "gateway_repo", REPO)).resolve()
         return start_gateway(
-            group, f"gateway-{port}", port=port, worker_url=engine_url, server="uvicorn", core=args.target_core,
-            data_dir=work / f"data-{port}", extra=metrics + model.flags(), wrap=wrap,
+            group, f"{target}-{port}", port=port, worker_url=engine_url, server="uvicorn", core=args.target_core,
+            data_dir=work / f"data-{port}", extra=metrics + model.flags(), wrap=wrap, repo=repo,
         )  # fmt: skip
     where = work / f"smg-{port}"
     where.mkdir(parents=True, exist_ok=True)
@@ -420,13 +425,7 @@ def profile(args: argparse.Namespace, group: ProcessGroup, work: Path, mode: str
         if sampler is not None:
             sampler.wait(timeout=60)
     finally:
-        if sampler is not None and sampler.poll() is None:
-            sampler.kill()
-        if spy:
-            group.stop(gateway)
-        else:
-            gateway.stop(grace=30, sig=signal.SIGINT)
-            group.processes.remove(gateway)
+        stop_profiled(group, gateway, sampler, spy)
         group.stop(engine)
     if not out.exists():
         return f"no profile written (see {gateway.log_path})"
@@ -438,6 +437,18 @@ def profile(args: argparse.Namespace, group: ProcessGroup, work: Path, mode: str
 
 DEPLOY_STREAM_TOKENS = (16, 256)  # the slope between the two is the CPU per output token
 QWEN3_PARSERS = ["--reasoning-parser", "qwen3", "--tool-call-parser", "qwen"]
+
+
+def add_checked(case: Any, cases: list[Any], failures: dict[str, str]) -> None:
+    """``case`` (a case with ``key`` and ``check()``: its smoke requests) added to ``cases`` when its
+    check passes, else its failure put in ``failures`` and said."""
+    try:
+        case.check()
+    except (StartError, ValueError, KeyError, OSError) as exc:
+        failures[case.key] = str(exc)
+        print(f"  {case.key}: not measured: {exc}", flush=True)
+        return
+    cases.append(case)
 
 
 class DeployCase:
@@ -530,13 +541,7 @@ def run_deployment(args: argparse.Namespace, group: ProcessGroup, work: Path) ->
         for thinking, size in itertools.product(args.thinking, args.sizes):
             case = DeployCase(target, parsers, thinking, size, f"http://{LOOPBACK}:{port}/v1/chat/completions",
                               proc.popen.pid, work, args.variant == "unique")  # fmt: skip
-            try:
-                case.check()
-            except (StartError, ValueError, KeyError, OSError) as exc:
-                failures[case.key] = str(exc)
-                print(f"  {case.key}: not measured: {exc}", flush=True)
-                continue
-            cases.append(case)
+            add_checked(case, cases, failures)
     for number, order in rotations(cases, args.rounds):
         for case in order:
             entry = watched(lambda: case.measure(args), args, case.key, round=number)  # noqa: B023
@@ -552,7 +557,7 @@ def run_deployment(args: argparse.Namespace, group: ProcessGroup, work: Path) ->
         entry["prompt_tokens"] = case.prompt_tokens
         entry["errors"] = sum(r["errors"] for r in case.rounds)
         entry["disturbed_rounds"] = sum(bool(r.get("disturbed")) for r in case.rounds)
-        peer = by_key.get(case.key.replace(case.target, "smg", 1)) if case.target == "gateway" else None
+        peer = by_key.get(case.key.replace(case.target, "smg", 1)) if case.target in GATEWAYS else None
         if peer is not None:
             ratios = {
                 metric: [o[metric] / b[metric] for o, b in zip(case.rounds, peer.rounds) if b[metric] > 0]
@@ -624,6 +629,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--streams", type=int, default=8, help="--deployment: concurrent streams (default 8)")
     add("--whole-connections", type=int, default=16, help="--deployment: wrk connections for whole answers")
     add("--delay-ms", type=float, default=0.0, help="--deployment: the engine's pause before each token")
+    add("--gateway-repo", type=Path, default=REPO,
+        help="the checkout whose gateway is the target 'gateway' (default this one; run with this venv)")
+    add("--before", type=Path, default=None,
+        help="--deployment: also the gateway of this checkout (a worktree of the tree before a change, run with "
+             "this venv) as the target 'before', in the same rounds")
     add("--variant", choices=VARIANTS, default="unique",
         help="--deployment: unique (default: a new number in every prompt, as distinct users send) or cached")
     add("--profile-thinking", choices=("unset", "off", "on"), default="unset",
@@ -639,6 +649,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if set(args.tokenizers) - set(MODELS) or set(args.sizes) - set(SIZES) or set(args.targets) - set(TARGETS):
         parser.error("unknown tokenizer, size or target")
     args.targets = without_missing_smg(args.targets)
+    if args.deployment and args.before is not None:
+        args.targets.insert(0, "before")
     return args
 
 

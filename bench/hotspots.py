@@ -32,12 +32,27 @@ if __package__ in (None, ""):
 from bench.gateway import PYTHON, REPO, start_gateway, start_mock_worker  # noqa: E402
 from bench.loadgen import run_wrk, write_script  # noqa: E402
 from bench.nginx import start_nginx_worker  # noqa: E402
-from bench.procs import LOOPBACK, ProcessGroup, free_port  # noqa: E402
+from bench.procs import LOOPBACK, ManagedProcess, ProcessGroup, free_port  # noqa: E402
 from bench.streaming import run_streams  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 PY_SPY = Path(PYTHON).parent / "py-spy"
 API_KEY = "bench-hotspots-key"
+
+
+def stop_profiled(
+    group: ProcessGroup, gateway: ManagedProcess, sampler: subprocess.Popen[bytes] | None, spy: bool
+) -> None:
+    """Stop a profiled gateway: py-spy's ``sampler`` if still running; then the gateway, sampled by
+    py-spy (``spy``) as any process, or run under cProfile with SIGINT so that the profile is written
+    (uvicorn shuts down, then re-raises it as KeyboardInterrupt; cProfile writes the file on the way out)."""
+    if sampler is not None and sampler.poll() is None:
+        sampler.kill()
+    if spy:
+        group.stop(gateway)
+    else:
+        gateway.stop(grace=30, sig=signal.SIGINT)
+        group.processes.remove(gateway)
 
 
 def profile_mode(
@@ -87,14 +102,7 @@ def profile_mode(
         if sampler is not None:
             sampler.wait(timeout=60)
     finally:
-        if sampler is not None and sampler.poll() is None:
-            sampler.kill()
-        if spy:
-            group.stop(gateway)
-        else:
-            # SIGINT: uvicorn shuts down, then re-raises it as KeyboardInterrupt; cProfile writes the file.
-            gateway.stop(grace=30, sig=signal.SIGINT)
-            group.processes.remove(gateway)
+        stop_profiled(group, gateway, sampler, spy)
         group.stop(worker)
     if not out.exists():
         return f"{mode}: no profile written (see {gateway.log_path})"

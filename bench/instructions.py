@@ -104,6 +104,25 @@ def count(name: str, proc: ManagedProcess, port: int, work: Path, args: argparse
     return per_request
 
 
+def start_counted(
+    group: ProcessGroup, work: Path, number: int, repo: Path, worker_url: str, extra: list[str],
+    api_key: str | None = None,
+) -> tuple[str, ManagedProcess, int]:
+    """The gateway of the checkout at ``repo`` started under callgrind (counting off) in front of
+    ``worker_url``, its data in ``work``/data-``number``; waits for /readiness. Its tag (the dump's
+    name in ``work``), its process and its port."""
+    port = free_port()
+    data = work / f"data-{number}"
+    data.mkdir()
+    argv = gateway_argv(port, worker_url, "uvicorn", api_key=api_key, repo=repo, extra=extra)
+    env = child_env({"GW_DATA_DIR": str(data), "DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
+    tag = f"gateway-{number}"
+    proc = group.start(tag, [*_callgrind(work / f"{tag}.callgrind"), *argv], env=env, cwd=repo)
+    proc.wait_ready(lambda: http_get(f"http://{LOOPBACK}:{port}/readiness", timeout=5.0)[0] == 200,
+                    timeout=START_TIMEOUT_S)  # fmt: skip
+    return tag, proc, port
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000)
@@ -127,16 +146,8 @@ def main() -> int:
         builds = [("gateway", REPO)] if "gateway" in args.targets.split(",") else []
         builds += [(f"gateway@{repo}", repo.resolve()) for repo in args.repo]
         for number, (name, repo) in enumerate(builds):
-            port = free_port()
-            data = work / f"data-{number}"
-            data.mkdir()
-            argv = gateway_argv(port, worker_url, "uvicorn", api_key=args.api_key, repo=repo,
-                                extra=args.gateway_args.split())  # fmt: skip
-            env = child_env({"GW_DATA_DIR": str(data), "DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
-            tag = f"gateway-{number}"
-            proc = group.start(tag, [*_callgrind(work / f"{tag}.callgrind"), *argv], env=env, cwd=repo)
-            proc.wait_ready(lambda: http_get(f"http://{LOOPBACK}:{port}/readiness", timeout=5.0)[0] == 200,
-                            timeout=START_TIMEOUT_S)  # fmt: skip
+            tag, proc, port = start_counted(group, work, number, repo, worker_url, args.gateway_args.split(),
+                                            args.api_key)  # fmt: skip
             results[name] = count(tag, proc, port, work, args)
             group.stop(proc)
         if "smg" in args.targets.split(","):

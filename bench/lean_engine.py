@@ -15,7 +15,9 @@ engine milliseconds per long prompt and would make the engine, not the gateway, 
 - the id range check, done with ``max`` instead of a generator over every id;
 - the copy of each request as a dict for the record (``MessageToDict`` over every prompt id).
 
-``--to-max-tokens`` also makes every request with a token limit run to that limit, as if it had set
+``--stream-delay-only`` keeps ``--delay-ms`` for streamed chunks and sends whole answers at once
+(bench/served_instructions.py: streams paced so the gateway reads one message at a time, whole
+requests not stretched). ``--to-max-tokens`` also makes every request with a token limit run to that limit, as if it had set
 ``ignore_eos`` (bench/messages_vs_chat.py: the Messages API has no ``ignore_eos``, and chat and
 Messages must stream the same number of tokens to compare their cost per token).
 
@@ -75,6 +77,18 @@ def run_to_max_tokens() -> None:
     model_cls.choice = to_limit  # type: ignore[method-assign]
 
 
+def pause_streams_only() -> None:
+    """``--delay-ms`` before each streamed chunk only: a whole answer (its one pause of a step per
+    token) leaves at once, so a bench can pace streams without stretching whole requests."""
+    engine_cls = scripted_engine.ScriptedEngine
+    pause = engine_cls._pause
+
+    async def streamed_only(self: Any, steps: int) -> None:
+        await pause(self, steps if steps == 1 else 0)  # a stream pauses one step at a time
+
+    engine_cls._pause = streamed_only  # type: ignore[method-assign]
+
+
 class _RecentAdds(list[Any]):
     """The ZMQ stand-in's ``state.adds`` keeping only the last 64 raw ADD arrays."""
 
@@ -112,12 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-tokens", type=int, default=1)
     parser.add_argument("--to-max-tokens", action="store_true", help="every request runs to its max tokens")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="the stand-in's pause before each streamed chunk")
+    parser.add_argument("--stream-delay-only", action="store_true",
+                        help="no pause before a whole (non-streamed) answer")  # fmt: skip
     args = parser.parse_args(argv)
     if args.port is None and args.zmq_url is None:
         parser.error("--port or --zmq-url is required")
     make_lean()
     if args.to_max_tokens:
         run_to_max_tokens()
+    if args.stream_delay_only:
+        pause_streams_only()
     if args.zmq_url:
         run_lean_zmq(args.tokenizer, args.model, args.zmq_url, args.chunk_tokens, args.delay_ms)
         return 0

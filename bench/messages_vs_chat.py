@@ -49,6 +49,7 @@ from bench.grpc_pipeline import (  # noqa: E402
     _bases,
     _concrete,
     _start_target,
+    add_checked,
     prompt_text,
     split,
 )
@@ -210,13 +211,7 @@ def run(args: argparse.Namespace, group: ProcessGroup, work: Path) -> tuple[list
         for surface in args.surface:
             case = Case(target, surface, f"http://{LOOPBACK}:{port}", proc.popen.pid, prompt, args.variant == "unique",
                         work)  # fmt: skip
-            try:
-                case.check()
-            except (StartError, ValueError, KeyError, OSError) as exc:
-                failures[case.key] = str(exc)
-                print(f"  {case.key}: not measured: {exc}", flush=True)
-                continue
-            cases.append(case)
+            add_checked(case, cases, failures)
     measure_rounds(cases, args, lambda case: case.key)
     return cases, failures
 
