@@ -22,9 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from django.db import close_old_connections
-
-from administration.db import STORE_ERRORS
+from administration.db import STORE_ERRORS, release_connections
 from administration.registration import (
     JOB_STORE_PATIENCE_SECS,
     RegistrationFailed,
@@ -71,7 +69,7 @@ def run_job(name: str, *args: Any) -> None:
     job = JOBS[name]
     deadline = time.monotonic() + JOB_STORE_PATIENCE_SECS
     while True:
-        close_old_connections()
+        release_connections()
         try:
             job.run(*args)
         except STORE_ERRORS as exc:
@@ -91,7 +89,7 @@ def run_job(name: str, *args: Any) -> None:
             STORE.recovered()
             return
         finally:
-            close_old_connections()
+            release_connections()
         time.sleep(STORE.retry_secs)
 
 
@@ -103,4 +101,4 @@ def _end_failed(job: Job, name: str, args: tuple[Any, ...], message: str) -> Non
     except Exception:
         log.exception("job %s%s could not be recorded as failed", name, args[:1])
     finally:
-        close_old_connections()
+        release_connections()

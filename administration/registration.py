@@ -32,9 +32,9 @@ import uuid
 from typing import Any, Callable
 
 import httpx
-from django.db import close_old_connections
 from django.utils import timezone
 
+from administration.db import release_connections
 from administration.discovery import (
     Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker, discover_provider, http_server_info,
 )
@@ -208,7 +208,7 @@ def _probe_until_up(worker: Worker, generation: int, probe: Callable[[], Discove
                 ) from None
             if _current(worker.pk, generation) is None:
                 raise RegistrationFailed("worker was removed or replaced during registration") from None
-            close_old_connections()  # hold no pooled connection while waiting for the worker
+            release_connections()  # hold no pooled connection while waiting for the worker
             time.sleep(pause)
             pause = min(pause * 2, config.worker_startup_check_interval)
         else:

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 
 from administration.api.errors import worker_error_body
 from administration.api.methods import ControlPlaneView
+from administration.db import on_store_thread
 from administration.lifecycle import LIFECYCLE
 from administration.models import Worker, WorkerType
 from administration.worker_spec import SpecRuleError, SpecTypeError, parse_worker_patch, parse_worker_spec
@@ -137,7 +138,7 @@ class WorkersView(_ControlPlaneView):
 
     def post(self, request: Request) -> Response:
         spec = parse_worker_spec(_json_body(request))
-        worker = create_worker(spec)
+        worker = on_store_thread(create_worker, spec)
         location = f"/workers/{worker.pk}"
         body = {
             "status": "accepted",
