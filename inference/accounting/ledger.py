@@ -15,6 +15,7 @@ __all__ = ["UsageLedger", "Drained", "MinuteKey", "MINUTE_FIELDS"]
 MinuteKey = tuple[str, str, int]  # tenant, model, minute (Unix seconds // 60)
 # The order of a minute's sums: the UsageMinute columns they add to.
 MINUTE_FIELDS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")
+_SUCCESS = Outcome.SUCCESS  # a member read through its enum class is a descriptor call (D85)
 
 
 @dataclass(slots=True)
@@ -44,7 +45,7 @@ class UsageLedger:
             sums = self._minutes[key] = [0, 0, 0, 0, 0, 0]
         usage = entry.usage
         sums[0] += 1
-        if entry.outcome is not Outcome.SUCCESS:
+        if entry.outcome is not _SUCCESS:
             sums[1] += 1
         sums[2] += usage.prompt
         sums[3] += usage.completion

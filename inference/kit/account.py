@@ -25,6 +25,7 @@ from inference.writers import ResponseWriter
 __all__ = ["RequestAccount", "surface_of", "tenant_of", "CLIENT_CLOSED"]
 
 CLIENT_CLOSED = 499  # the status a request the client left is logged with (no response was finished)
+_SUCCESS = Outcome.SUCCESS  # a member read through its enum class is a descriptor call (D85)
 
 _SURFACES = {
     "/v1/chat/completions": "chat",
@@ -130,7 +131,7 @@ class RequestAccount:
             elif status >= 400:
                 outcome = Outcome.CLIENT_ERROR
             else:
-                outcome = Outcome.SUCCESS
+                outcome = _SUCCESS
         usage = self.usage
         if usage is None:
             # The client left mid-answer, or the upstream broke off before it reported its usage.
