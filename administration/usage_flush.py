@@ -151,13 +151,14 @@ _NO_TTFT = -1.0
 
 def _log_row(entry: AccountingEntry, at: Callable[[float], Any], flags: tuple[Any, Any]) -> tuple[Any, ...]:
     """The row of :data:`_LOG_FIELDS` for ``entry`` (``at``: :func:`stored_time`; ``flags``: what
-    False and True are written as)."""
+    False and True are written as). The outcome's text is its ``_value_``: ``.value`` is a property
+    call on Python 3.11, and the member itself a str subclass the SQLite module adapts the slow way."""
     usage = entry.usage
     limit = _LOG_LIMITS
     return (
         at(entry.at), entry.request_id[:limit["request_id"]],
         entry.tenant[:limit["tenant"]], entry.model[:limit["model"]], entry.worker[:limit["worker"]],
-        entry.surface[:limit["surface"]], entry.route[:limit["route"]], entry.status, entry.outcome.value,
+        entry.surface[:limit["surface"]], entry.route[:limit["route"]], entry.status, entry.outcome._value_,
         entry.error_code[:limit["error_code"]], usage.prompt, usage.completion, usage.cached, usage.reasoning,
         flags[type(usage) is EstimatedUsage], entry.latency_secs * 1000.0,
         _NO_TTFT if entry.ttft_secs is None else entry.ttft_secs * 1000.0,

@@ -42,10 +42,14 @@ def surface_of(path: str) -> str:
     return _SURFACES.get(path) or path.rstrip("/").rsplit("/", 1)[-1]
 
 
+_TENANT, _SHARED = IdentityKind.TENANT, IdentityKind.SHARED
+
+
 def tenant_of(identity: Identity) -> str:
-    if identity.kind is IdentityKind.TENANT and identity.tenant_id:
+    kind = identity.kind
+    if kind is _TENANT and identity.tenant_id:
         return identity.tenant_id
-    return SHARED_SCOPE if identity.kind is IdentityKind.SHARED else OPEN_SCOPE
+    return SHARED_SCOPE if kind is _SHARED else OPEN_SCOPE
 
 
 class RequestAccount:
