@@ -31,7 +31,8 @@ from inference.routing.epd import EPD_RUNTIMES, assign_encoders, request_images
 from inference.routing.pd import PdPair, select_pair
 from inference.routing.policies import SelectionRequest
 from inference.routing.request_text import request_text
-from inference.routing.workers import Transport, WorkerKind, WorkerType
+from inference.pipeline.tokenizer_registry import tokenizer_for
+from inference.routing.workers import EngineSpec, Transport, WorkerKind, WorkerType
 from inference.upstreams.epd_encode import EncodePlan, choose_encode
 from inference.upstreams.epd_pixels import load_vision_processor
 
@@ -116,8 +117,16 @@ def _encode_plan(
     items = request_images(body, dp.config.multimodal_max_image_pixels)
     if not items:
         return None
-    model_dir = record.engine.tokenizer if record.engine is not None else None
-    processor = load_vision_processor(model_dir or dp.config.model_path or dp.config.tokenizer_path or "")
+    # The image processor sits beside the model's tokenizer, where that was loaded from (a local
+    # directory, or the files fetched from the model hub or a worker): the tokenizer the request is
+    # served with (the pair's decode worker's, chosen as inference.served.base.engine_target chooses
+    # it), so 503 tokenizer_not_ready while it loads, as the request would get next.
+    served = pair.decode.handle.record
+    spec = served.engine or EngineSpec()
+    tokenizer = tokenizer_for(
+        model or served.model_id or "", location=spec.tokenizer, chat_template=spec.chat_template, fallback=served.url
+    )
+    processor = load_vision_processor(tokenizer.path)
     if processor is None:
         raise errors.multimodal_not_supported(
             "EPD encode: the model has no image processor the gateway runs (preprocessor_config.json, Qwen-VL)"

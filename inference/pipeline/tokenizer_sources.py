@@ -7,10 +7,15 @@ one of:
   the tokenizer.json file itself;
 - a model-hub id (``org/name``): fetched by huggingface_hub's ``snapshot_download`` (its cache,
   ``HF_HOME`` / ``HF_HUB_CACHE``, and ``HF_HUB_OFFLINE`` for a host without the hub), only the
-  tokenizer's files; without huggingface_hub, ``tokenizers``' own ``Tokenizer.from_pretrained``
-  (tokenizer.json alone), saved under ``work_dir``;
+  tokenizer's files and the model's two small configs gRPC EPD reads (:data:`HUB_FILE_PATTERNS`; a
+  file the repository lacks is no error); without huggingface_hub, ``tokenizers``' own
+  ``Tokenizer.from_pretrained`` (tokenizer.json alone), saved under ``work_dir``;
 - a gRPC worker (``grpc://host:port``, ``grpcs://``): the engine's GetTokenizer stream, a zip in
-  chunks checked against its sha256 (:meth:`EngineClient.tokenizer`), unpacked under ``work_dir``.
+  chunks checked against its sha256 (:meth:`EngineClient.tokenizer`), unpacked under ``work_dir``
+  whole (the servicers' bundle holds config.json and preprocessor_config.json beside the tokenizer).
+
+The directory this gives is the loaded tokenizer's ``path``, where gRPC EPD finds the model's image
+processor too (:func:`inference.upstreams.epd_pixels.load_vision_processor`).
 
 Everything here blocks (it runs in a job or on a loading thread, never on the event loop);
 :func:`afetch_worker_tokenizer` is the async part for a caller that has a loop.
@@ -52,8 +57,12 @@ __all__ = [
 HUB_FILE_PATTERNS = [
     "tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json",
     "chat_template.jinja", "chat_template.json", "*.jinja",
+    "config.json", "preprocessor_config.json",
 ]  # fmt: skip
-"""What is fetched of a hub repository: the tokenizer and its templates, never the weights."""
+"""What is fetched of a hub repository: the tokenizer and its templates, never the weights; and, as
+the reference gateway fetches them for a hub model (smg's ``resolve_model_config_dir``), the model's
+config.json (the image pad token's id) and preprocessor_config.json (the image processor gRPC EPD
+runs), both a few KiB. A repository without them (a text model) downloads the rest as before."""
 
 MAX_ARCHIVE_BYTES = 1024 * 1024 * 1024
 """The most a worker's tokenizer archive may unpack to (a tokenizer is tens of MiB at most)."""
@@ -104,7 +113,8 @@ def resolve_tokenizer_source(
     return asyncio.run(afetch_worker_tokenizer(source, destination, api_key=api_key, timeout=timeout))
 
 
-def _from_hub(repo_id: str, work_dir: Path, download: Callable[..., Any] | None = _snapshot_download) -> Path:
+def _from_hub(repo_id: str, work_dir: Path, download: Callable[..., Any] | None = None) -> Path:
+    download = download or _snapshot_download
     try:
         if download is not None:
             return Path(download(repo_id, allow_patterns=HUB_FILE_PATTERNS))

@@ -2,7 +2,9 @@
 
 The reference gateway (smg) turns each image into its model's encoder input in the gateway, and so do
 we, for the Qwen-VL family's processor (Qwen2-VL, Qwen2.5-VL, Qwen3-VL: smg's ``QwenVLProcessorBase``,
-HF's ``Qwen2VLImageProcessor``), read from the model directory's ``preprocessor_config.json``:
+HF's ``Qwen2VLImageProcessor``), read from the model directory's ``preprocessor_config.json`` (the
+directory the model's tokenizer was loaded from: local, or fetched from the model hub or a worker with
+its tokenizer):
 
 - **decode** the image (Pillow) to RGB; its header is read first (:func:`check_image`, cheap, on the
   event loop at routing time) so an image over ``--multimodal-max-image-pixels`` is refused (413
@@ -40,6 +42,7 @@ from inference import errors
 
 __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
+    "MAX_CONFIG_BYTES",
     "OFF_LOOP_PIXELS",
     "PixelItem",
     "VisionProcessor",
@@ -55,6 +58,7 @@ __all__ = [
 
 DEFAULT_MAX_IMAGE_PIXELS = 8192 * 8192  # --multimodal-max-image-pixels: a decoded image's width x height
 OFF_LOOP_PIXELS = 256 * 256  # an image larger than this is decoded and processed in a worker thread
+MAX_CONFIG_BYTES = 1024 * 1024  # config.json / preprocessor_config.json read at most (each is a few KiB)
 MAX_ASPECT_RATIO = 200
 WIRE_DTYPE = "bfloat16"
 IMAGE_PAD = "<|image_pad|>"
@@ -117,10 +121,20 @@ def _triple(value: Any, default: tuple[float, float, float]) -> tuple[float, flo
     return default
 
 
+def _small_json(path: Path) -> Any:
+    """A model config file's JSON (read on the event loop, once per model directory): at most
+    :data:`MAX_CONFIG_BYTES`; raises OSError or ValueError (absent, unreadable, too large, not JSON)."""
+    with path.open("rb") as handle:
+        raw = handle.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
+    return json.loads(raw)
+
+
 def _image_token_id(model_dir: Path) -> int | None:
     try:
-        config = json.loads((model_dir / "config.json").read_text())
-        token = config.get("image_token_id")
+        config = _small_json(model_dir / "config.json")
+        token = config.get("image_token_id") if isinstance(config, dict) else None
         if isinstance(token, int):
             return token
     except (OSError, ValueError):
@@ -137,12 +151,15 @@ def _image_token_id(model_dir: Path) -> int | None:
 @functools.lru_cache(maxsize=64)
 def load_vision_processor(model_dir: str) -> VisionProcessor | None:
     """The Qwen-VL image processor of the model in ``model_dir`` (its ``preprocessor_config.json``),
-    None when the directory has none or it is not a Qwen-VL processor (patch and merge sizes)."""
+    None when the directory has none or it is not a Qwen-VL processor (patch and merge sizes).
+    ``model_dir`` is where the model's tokenizer was loaded from (a local directory, or where a hub
+    id's or a worker's tokenizer files were fetched to: :mod:`inference.pipeline.tokenizer_sources`
+    fetches this file and config.json with them)."""
     path = Path(model_dir).expanduser()
     if path.is_file():  # a tokenizer.json given as the tokenizer's location: the model is its folder
         path = path.parent
     try:
-        config = json.loads((path / "preprocessor_config.json").read_text())
+        config = _small_json(path / "preprocessor_config.json")
     except (OSError, ValueError):
         return None
     if not isinstance(config, dict) or ("merge_size" not in config and "Qwen" not in str(config.get("image_processor_type"))):

@@ -25,6 +25,7 @@ import pytest
 from PIL import Image
 
 from common.telemetry import REGISTRY as METRICS
+from inference.pipeline import tokenizer_sources
 from inference.pipeline.parsers import choose_parsers
 from inference.pipeline.tokenizer_registry import TOKENIZERS
 from inference.routing.breaker import BreakerState
@@ -34,6 +35,7 @@ from inference.upstreams.epd_pixels import load_vision_processor
 from standins.fixtures import FIXTURE_MODELS
 from standins.grpc_encoder import GrpcEncoderServer, GrpcTokenSpeedPdServer
 from standins.grpc_engine import GrpcEngineConfig
+from standins.model_hub import ModelHub
 from standins.pd_worker import PdWorkerConfig
 from tests.conftest import GatewayFactory, until
 from tests.inference.served.conftest import QWEN, QWEN_MODEL
@@ -80,7 +82,7 @@ def data_url(raw: bytes, media_type: str = "image/png") -> str:
 
 
 def record(
-    url: str, kind: WorkerType, bootstrap_port: int | None, template: str, model: str = QWEN,
+    url: str, kind: WorkerType, bootstrap_port: int | None, template: str, model: str | None = QWEN,
     context_length: int | None = None,
 ) -> WorkerRecord:
     family = choose_parsers(QWEN_MODEL)
@@ -111,11 +113,16 @@ class Epd:
 
 @contextlib.asynccontextmanager
 async def epd(
-    make_gateway: GatewayFactory, tmp_path: Path, context_length: int | None = None, **config: Any
+    make_gateway: GatewayFactory, tmp_path: Path, context_length: int | None = None, source: str = "local",
+    **config: Any,
 ) -> AsyncIterator[Epd]:
+    """The fleet on the vision model, its tokenizer (and so its image processor) from ``source``: the
+    local directory, ``"worker"`` (none named: the decode worker's GetTokenizer, the registry's
+    autoload) or a model-hub id (the workers name it)."""
     template = tmp_path / "vision.jinja"
     template.write_text(VISION_TEMPLATE)
     model = vision_model(tmp_path)
+    named = model if source == "local" else None if source == "worker" else source
     engine = GrpcEngineConfig(runtime="tokenspeed", tokenizer=model, model=QWEN_MODEL)
     encoder = GrpcEncoderServer(engine)
     prefill = GrpcTokenSpeedPdServer(engine, PdWorkerConfig("prefill", kv_timeout_s=20))
@@ -124,11 +131,11 @@ async def epd(
         await server.start()
     try:
         records = [
-            record(encoder.url, WorkerType.ENCODE, encoder.bootstrap_port, str(template), model),
-            record(prefill.url, WorkerType.PREFILL, prefill.bootstrap_port, str(template), model, context_length),
-            record(decode.url, WorkerType.DECODE, None, str(template), model, context_length),
+            record(encoder.url, WorkerType.ENCODE, encoder.bootstrap_port, str(template), named),
+            record(prefill.url, WorkerType.PREFILL, prefill.bootstrap_port, str(template), named, context_length),
+            record(decode.url, WorkerType.DECODE, None, str(template), named, context_length),
         ]
-        TOKENIZERS.cache.get(model, str(template))
+        await TOKENIZERS.cache.aget(named or decode.url, str(template))
         http = make_gateway(records, history_backend="memory", retry_max_retries=0, **config)
         yield Epd(http, encoder, prefill, decode)
     finally:
@@ -288,3 +295,32 @@ async def test_the_context_window_counts_the_expanded_image_pads(make_gateway: G
             await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(JPEG))
         assert refused.value.code == "context_length_exceeded" and len(fleet.encoder.received) == 1
         assert len(fleet.prefill.pd.received) == 1 and fleet.load(WorkerType.PREFILL).breaker.failures == 0
+
+
+@pytest.mark.parametrize("source", ["worker", "acme/qwen2-vl"])
+async def test_a_model_whose_tokenizer_is_fetched_brings_its_image_processor(
+    make_gateway: GatewayFactory, tmp_path: Path, source: str, settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A model whose tokenizer comes from a gRPC worker (its GetTokenizer bundle) or the model hub (the
+    stand-in hub, standins.model_hub) has no local directory: its preprocessor_config.json is fetched
+    with the tokenizer, and EPD finds it where the tokenizer was loaded from (D91)."""
+    settings.DATA_DIR = tmp_path / "data"
+    hub = ModelHub(tmp_path / "repos", tmp_path / "hub")
+    monkeypatch.setattr(tokenizer_sources, "_snapshot_download", hub.snapshot_download)
+    model = Path(vision_model(tmp_path))
+    files: dict[str, Path | bytes] = {"model.safetensors": b"weights"}
+    files |= {name: (model / name).resolve() for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json")}
+    hub.repository("acme/qwen2-vl", files)
+    async with epd(make_gateway, tmp_path, source=source) as fleet:
+        answer = await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG, JPEG))
+        assert answer.choices[0].message.content
+        grids = sorted(r["grids"][0] for r in fleet.encoder.received)
+        assert grids == [(1, 4, 4), (1, 14, 22)] and fleet.encoder.invalid == 0
+        mm = fleet.prefill.service.mm_received[-1]
+        assert [(m["placeholders"][0][1], m["placeholder_token_id"]) for m in mm] == [(4, IMAGE_PAD), (77, IMAGE_PAD)]
+        loaded = TOKENIZERS.cache.peek(fleet.decode.url if source == "worker" else source, str(tmp_path / "vision.jinja"))
+        assert loaded is not None and (Path(loaded.path) / "preprocessor_config.json").is_file()
+        fetched_under = settings.DATA_DIR / "tokenizers" / "workers" if source == "worker" else tmp_path / "hub"
+        assert Path(loaded.path).is_relative_to(fetched_under)
+        if source != "worker":
+            assert hub.downloads == [["preprocessor_config.json", "tokenizer.json", "tokenizer_config.json"]]

@@ -15,7 +15,8 @@ from PIL import Image
 
 from inference.errors import GatewayError
 from inference.upstreams.epd_pixels import (
-    VisionProcessor, bfloat16_bytes, check_image, expand_placeholders, load_vision_processor, preprocess, smart_resize,
+    MAX_CONFIG_BYTES, VisionProcessor, bfloat16_bytes, check_image, expand_placeholders, load_vision_processor, preprocess,
+    smart_resize,
 )  # fmt: skip
 from standins.fixtures import FIXTURE_MODELS
 
@@ -123,3 +124,16 @@ def test_the_image_pad_token_is_config_jsons_else_the_tokenizers(tmp_path: Path)
     processor = load_vision_processor(str(tmp_path / "tokenizer.json"))  # a tokenizer file: its folder is the model's
     assert processor is not None and processor.image_token_id == 151656
     assert load_vision_processor(str(qwen3)) is None  # no preprocessor_config.json: no image processor
+
+
+def test_a_config_file_over_the_read_bound_is_not_read(tmp_path: Path) -> None:
+    """The model's config files are read on the event loop, once per directory: at most MAX_CONFIG_BYTES
+    each (a fetched model's files are whatever its hub repository or worker sent)."""
+    config = json.loads((FIXTURE_MODELS / "qwen2-vl" / "preprocessor_config.json").read_text())
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config) + " " * MAX_CONFIG_BYTES)
+    assert load_vision_processor(str(tmp_path)) is None
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    (tmp_path / "config.json").write_text(json.dumps({"image_token_id": 7, "pad": "x" * MAX_CONFIG_BYTES}))
+    load_vision_processor.cache_clear()
+    processor = load_vision_processor(str(tmp_path))
+    assert processor is not None and processor.image_token_id is None  # config.json too large, no tokenizer.json
