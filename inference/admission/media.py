@@ -5,7 +5,9 @@ parts, and base64 ``input_audio`` data) is counted at its decoded size, estimate
 ``len(base64) * 3 // 4``. Remote URLs cost nothing: the gateway does not hold their bytes.
 
 A request whose media alone exceeds the budget is refused with 413 multimodal_payload_too_large.
-Otherwise it reserves its bytes while in flight. When the budget is full it waits, FIFO, for at
+Otherwise it reserves its bytes while in flight. A gRPC EPD request also reserves its images' encoder
+input (the preprocessed tensors the gateway makes and holds until they are sent: D91) on top of its
+inline bytes, through the same wait (``reserve(size, held=...)``). When the budget is full it waits, FIFO, for at
 most :data:`MEDIA_WAIT_SECS` (one second, not the admission queue timeout: media waits while
 already holding a concurrency permit, so the wait is kept short), then gets 429
 multimodal_inflight_budget.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any
+from typing import Any, Mapping
 
 from inference import errors
 
@@ -37,7 +39,7 @@ def _data_url_bytes(value: Any) -> int:
     return (len(value) - comma - 1) * 3 // 4
 
 
-def inline_media_bytes(body: dict[str, Any]) -> int:
+def inline_media_bytes(body: Mapping[str, Any]) -> int:
     """The estimated decoded size of the inline media in a chat request's messages."""
     messages = body.get("messages")
     if not isinstance(messages, list):
@@ -77,7 +79,7 @@ class MediaBudget:
         self.request_limit = max(limit, request_limit or limit)
         self.wait_secs = wait_secs
         self.in_use = 0
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._waiters: deque[tuple[int, int, asyncio.Future[None]]] = deque()
 
     @property
     def queued(self) -> int:
@@ -90,16 +92,18 @@ class MediaBudget:
             raise errors.multimodal_payload_too_large(size, self.request_limit)
         return size
 
-    def _fits(self, size: int) -> bool:
-        return self.in_use + size <= self.limit or not self.in_use
+    def _fits(self, size: int, held: int = 0) -> bool:
+        return self.in_use + size <= self.limit or self.in_use <= held
 
-    async def reserve(self, size: int) -> None:
-        """Reserve ``size`` bytes, waiting FIFO up to ``wait_secs``; 429 after that."""
-        if not self._waiters and self._fits(size):
+    async def reserve(self, size: int, held: int = 0) -> None:
+        """Reserve ``size`` bytes, waiting FIFO up to ``wait_secs``; 429 after that. ``held``: bytes the
+        same request holds already (a request alone may take more than ``limit``, its own bytes
+        included)."""
+        if not self._waiters and self._fits(size, held):
             self.in_use += size
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (size, waiter)
+        entry = (size, held, waiter)
         self._waiters.append(entry)
         try:
             async with asyncio.timeout(self.wait_secs):
@@ -127,11 +131,11 @@ class MediaBudget:
         """Grant waiters in order while the oldest one fits."""
         waiters = self._waiters
         while waiters:
-            size, waiter = waiters[0]
+            size, held, waiter = waiters[0]
             if waiter.done():
                 waiters.popleft()
                 continue
-            if not self._fits(size):
+            if not self._fits(size, held):
                 return
             waiters.popleft()
             self.in_use += size

@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from common import pd_metrics, telemetry
+from inference.admission.media import inline_media_bytes
 from inference.dataplane import DataPlane
 from inference import errors
 from inference.errors import ErrorCode, GatewayError
@@ -34,7 +35,7 @@ from inference.routing.request_text import request_text
 from inference.pipeline.tokenizer_registry import tokenizer_for
 from inference.routing.workers import EngineSpec, Transport, WorkerKind, WorkerType
 from inference.upstreams.epd_encode import EncodePlan, choose_encode
-from inference.upstreams.epd_pixels import load_vision_processor
+from inference.upstreams.epd_pixels import encoder_input_bytes, load_vision_processor, media_too_large
 
 __all__ = ["ADMISSION_POLL_SECS", "admit_pair", "pd_pair_for", "serves_by_epd", "serves_by_pd"]
 
@@ -131,6 +132,18 @@ def _encode_plan(
         raise errors.multimodal_not_supported(
             "EPD encode: the model has no image processor the gateway runs (preprocessor_config.json, Qwen-VL)"
         )
+    # The media budget counts what the gateway holds for the request: its inline bytes (admission) and
+    # the encoder input it makes of them (known from each image's header), 413 when they exceed what
+    # one request may hold; the tensors' bytes are reserved where they are made (epd_encode.with_encode).
+    media, inline, tensors = dp.media, 0, 0
+    if media is not None:
+        inline = inline_media_bytes(body) if body is not None else 0
+        tensors = sum(encoder_input_bytes(item.width, item.height, processor) for item in items)
+        if inline + tensors > media.request_limit:
+            raise media_too_large(
+                f"EPD encode: the images ({inline} bytes inline) make {tensors} bytes of encoder input, "
+                f"more than the in-flight media budget of {media.request_limit} bytes"
+            )
     policy = dp.encode_policy
     assert policy is not None
     assignments = assign_encoders(encoders, items, runtime, model, policy, exclude)
@@ -139,7 +152,7 @@ def _encode_plan(
         len(assignments)
     )
     clients = tuple(dp.engines.client(a.encoder.handle.record) for a in assignments)
-    return EncodePlan(assignments, clients, processor, pair.context_length)
+    return EncodePlan(assignments, clients, processor, pair.context_length, media if tensors else None, tensors, inline)
 
 
 async def admit_pair(dp: DataPlane, pick: Callable[[], PdPair], refused: GatewayError) -> PdPair:

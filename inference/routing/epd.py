@@ -26,7 +26,7 @@ from inference import errors
 from inference.routing.breaker import BreakerState
 from inference.routing.pd import PdMember
 from inference.routing.policies.base import SelectionPolicy, SelectionRequest
-from inference.upstreams.epd_pixels import check_image
+from inference.upstreams.epd_pixels import image_size
 
 __all__ = ["EPD_RUNTIMES", "EncodeAssignment", "MediaItem", "assign_encoders", "request_images"]
 
@@ -43,6 +43,8 @@ class MediaItem:
     media_type: str
     content_hash: bytes
     pixels: int = 0  # width x height from its header (request_images with a pixel limit)
+    width: int = 0
+    height: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +67,8 @@ def _item(data: str, media_type: str, where: str, max_image_pixels: int | None) 
         raise _unsupported(f"{where} is not valid base64") from None
     if not raw:
         raise _unsupported(f"{where} is empty")
-    pixels = 0 if max_image_pixels is None else check_image(raw, max_image_pixels, where)
-    return MediaItem(raw, media_type, hashlib.sha256(raw).digest(), pixels)
+    width, height = (0, 0) if max_image_pixels is None else image_size(raw, max_image_pixels, where)
+    return MediaItem(raw, media_type, hashlib.sha256(raw).digest(), width * height, width, height)
 
 
 def _data_url(url: Any, where: str, max_image_pixels: int | None) -> MediaItem:

@@ -41,6 +41,7 @@ from typing import Any
 import grpc
 
 from inference import errors
+from inference.admission.media import MediaBudget
 from inference.pipeline.prompt import check_prompt
 from inference.routing.epd import EncodeAssignment
 from inference.routing.pd import GRPC_DEFAULT_BOOTSTRAP_PORT
@@ -69,6 +70,11 @@ class EncodePlan:
     clients: tuple[EngineClient, ...]
     processor: VisionProcessor
     context_length: int | None = None
+    # The in-flight media budget and what this request reserves from it for its images' encoder input
+    # (``tensor_bytes``, on top of the ``inline_bytes`` it was admitted with), while the tensors are held.
+    media: MediaBudget | None = None
+    tensor_bytes: int = 0
+    inline_bytes: int = 0
 
 
 # The encode plan of each prefill worker the current request paired (None: no encode stage), set as
@@ -174,30 +180,44 @@ async def with_encode(
     expanded, each item's place in the prompt and embedding rendezvous), run while the items are
     encoded; an encode failure cancels the leg and is raised. Raises 400 multimodal_not_supported
     before any engine is asked for an image that does not decode or a prompt without one image pad
-    token per image, 400 context_length_exceeded when the expanded prompt fills the pair's window."""
-    pixels = await _pixels(plan)
-    pad = plan.processor.image_token_id
-    if pad is None:
-        raise errors.multimodal_not_supported("EPD encode: the model has no image pad token (config.json image_token_id)")
-    input_ids, ranges = expand_placeholders(request.input_ids, pad, [item.tokens for item in pixels])
-    check_prompt(len(input_ids), plan.context_length, "messages")  # the window counts the expanded pads
-    slots = tuple(
-        MultimodalSlot(assignment.item.content_hash, item.grid_thw, offset, length, pad)
-        for assignment, item, (offset, length) in zip(plan.assignments, pixels, ranges)
-    )
-    rooms = [_random.randint(0, MAX_ENCODE_ROOM) for _ in plan.assignments]
-    encodes = [encode_item(item, slot, room) for item, slot, room in zip(pixels, slots, rooms)]
-    del pixels
-    bootstrap = tuple(
-        EncodeBootstrap(
-            item_index=assignment.item_index,
-            bootstrap_host=assignment.encoder.host,
-            bootstrap_port=assignment.encoder.traits.bootstrap_port or GRPC_DEFAULT_BOOTSTRAP_PORT,
-            bootstrap_room=room,
+    token per image, 400 context_length_exceeded when the expanded prompt fills the pair's window;
+    429 multimodal_inflight_budget when the media budget cannot take the encoder input within its wait."""
+    budget, reserved = plan.media, plan.tensor_bytes
+    if budget is not None and reserved:
+        await budget.reserve(reserved, held=plan.inline_bytes)  # before any pixel is made
+    try:
+        pixels = await _pixels(plan)
+        pad = plan.processor.image_token_id
+        if pad is None:
+            raise errors.multimodal_not_supported("EPD encode: the model has no image pad token (config.json image_token_id)")
+        input_ids, ranges = expand_placeholders(request.input_ids, pad, [item.tokens for item in pixels])
+        check_prompt(len(input_ids), plan.context_length, "messages")  # the window counts the expanded pads
+        slots = tuple(
+            MultimodalSlot(assignment.item.content_hash, item.grid_thw, offset, length, pad)
+            for assignment, item, (offset, length) in zip(plan.assignments, pixels, ranges)
         )
-        for assignment, room in zip(plan.assignments, rooms)
-    )
-    encoding = asyncio.ensure_future(_encode_all(plan, encodes))
+        rooms = [_random.randint(0, MAX_ENCODE_ROOM) for _ in plan.assignments]
+        encodes = [encode_item(item, slot, room) for item, slot, room in zip(pixels, slots, rooms)]
+        del pixels
+        bootstrap = tuple(
+            EncodeBootstrap(
+                item_index=assignment.item_index,
+                bootstrap_host=assignment.encoder.host,
+                bootstrap_port=assignment.encoder.traits.bootstrap_port or GRPC_DEFAULT_BOOTSTRAP_PORT,
+                bootstrap_room=room,
+            )
+            for assignment, room in zip(plan.assignments, rooms)
+        )
+        encoding = asyncio.ensure_future(_encode_all(plan, encodes))
+    except BaseException:
+        if budget is not None and reserved:
+            budget.release(reserved)
+        raise
+    # The tensors are held by the encoding alone (not by this generator for the rest of the answer);
+    # their bytes go back to the budget when it ends, whichever way.
+    del encodes
+    if budget is not None and reserved:
+        encoding.add_done_callback(lambda _: budget.release(reserved))
     outputs = generate(dataclasses.replace(request, input_ids=input_ids, encode_bootstrap=bootstrap, multimodal=slots))
     step: asyncio.Future[EngineOutput] | None = None
     try:

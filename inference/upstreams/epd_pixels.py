@@ -49,6 +49,9 @@ __all__ = [
     "bfloat16_bits",
     "bfloat16_bytes",
     "check_image",
+    "encoder_input_bytes",
+    "image_size",
+    "media_too_large",
     "expand_placeholders",
     "WIRE_DTYPE",
     "load_vision_processor",
@@ -211,27 +214,45 @@ def _open(data: bytes) -> Image.Image:
         return Image.open(io.BytesIO(data))
 
 
-def _too_large(message: str) -> errors.GatewayError:
+def media_too_large(message: str) -> errors.GatewayError:
+    """413 multimodal_payload_too_large (spec 1's code for media too large) with its reason."""
     return errors.GatewayError(413, errors.ErrorCode.MULTIMODAL_PAYLOAD_TOO_LARGE, message)
+
 
 
 def check_image(data: bytes, max_image_pixels: int, where: str) -> int:
     """The image's pixel count from its header (not decoded). Raises 400 multimodal_not_supported for
     bytes that are not an image Pillow reads, 413 multimodal_payload_too_large above the limit."""
+    width, height = image_size(data, max_image_pixels, where)
+    return width * height
+
+
+def encoder_input_bytes(width: int, height: int, processor: VisionProcessor, dtype: str = WIRE_DTYPE) -> int:
+    """The bytes of the encoder input :func:`preprocess` makes of a ``width`` x ``height`` image (its
+    patches on the wire), known from the header alone; 0 for a size it refuses (its request fails there)."""
+    try:
+        resized_h, resized_w = smart_resize(height, width, processor) if processor.do_resize else (height, width)
+    except ValueError:
+        return 0
+    patches = (resized_h // processor.patch_size) * (resized_w // processor.patch_size)
+    return patches * processor.patch_values * (2 if dtype == "bfloat16" else 4)
+
+
+def image_size(data: bytes, max_image_pixels: int, where: str) -> tuple[int, int]:
+    """(width, height) from the image's header, checked as :func:`check_image` checks it."""
     try:
         image = _open(data)
         width, height = image.size
     except Image.DecompressionBombError as error:
-        raise _too_large(f"{where}: {error}") from None
+        raise media_too_large(f"{where}: {error}") from None
     except (OSError, ValueError, SyntaxError):
         raise errors.multimodal_not_supported(f"EPD encode: {where} is not an image the gateway can decode") from None
-    pixels = width * height
-    if max_image_pixels and pixels > max_image_pixels:
-        raise _too_large(
+    if max_image_pixels and width * height > max_image_pixels:
+        raise media_too_large(
             f"{where}: an image of {width}x{height} pixels exceeds the limit of {max_image_pixels} pixels "
             "(--multimodal-max-image-pixels)"
         )
-    return pixels
+    return width, height
 
 
 def preprocess(data: bytes, processor: VisionProcessor, dtype: str = WIRE_DTYPE) -> PixelItem:

@@ -106,3 +106,22 @@ async def test_a_processs_share_admits_a_larger_request_when_alone() -> None:
     budget.release(10)
     await budget.reserve(70)
     assert budget.in_use == 70
+
+
+async def test_a_request_adds_to_what_it_holds_alone_or_waits_for_the_others() -> None:
+    """A gRPC EPD request reserves its encoder input on top of the inline bytes it holds (D91): alone,
+    it may go past the budget with them; beside another request's bytes it waits, then gets 429."""
+    budget = MediaBudget(100, wait_secs=0.05)
+    await budget.reserve(30)  # this request's inline bytes
+    await budget.reserve(150, held=30)  # its tensors: no one else holds media
+    assert budget.in_use == 180
+    budget.release(150)
+    await budget.reserve(40)  # another request
+    with pytest.raises(GatewayError) as full:
+        await budget.reserve(50, held=30)
+    assert full.value.code == "multimodal_inflight_budget" and budget.in_use == 70
+    waiting = asyncio.create_task(budget.reserve(50, held=30))
+    await asyncio.sleep(0)
+    budget.release(40)  # the other request ends: this one is alone again
+    await waiting
+    assert budget.in_use == 80

@@ -25,6 +25,7 @@ import pytest
 from PIL import Image
 
 from common.telemetry import REGISTRY as METRICS
+from inference.dataplane import data_plane
 from inference.pipeline import tokenizer_sources
 from inference.pipeline.parsers import choose_parsers
 from inference.pipeline.tokenizer_registry import TOKENIZERS
@@ -324,3 +325,28 @@ async def test_a_model_whose_tokenizer_is_fetched_brings_its_image_processor(
         assert Path(loaded.path).is_relative_to(fetched_under)
         if source != "worker":
             assert hub.downloads == [["preprocessor_config.json", "tokenizer.json", "tokenizer_config.json"]]
+
+
+async def test_the_media_budget_counts_the_encoder_input_the_gateway_makes(
+    make_gateway: GatewayFactory, tmp_path: Path,
+) -> None:
+    """--multimodal-max-inflight-bytes counts what the gateway holds for an EPD request: the inline
+    bytes and the encoder input it makes of them (D91). The 64x48 PNG's input is 16 x 1176 bfloat16
+    values (37,632 bytes), the 300x200 JPEG's 308 x 1176 (724,416 bytes) though its file is a few KiB."""
+    async with epd(make_gateway, tmp_path, multimodal_max_inflight_bytes=200_000) as fleet:
+        media = data_plane().media
+        assert media is not None
+        answer = await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG))
+        assert answer.choices[0].message.content and len(fleet.encoder.received) == 1
+
+        async def released() -> bool:
+            return media.in_use == 0 and media.queued == 0
+
+        await until(released)  # the tensors' bytes when their encode ended, the inline bytes with the request
+        assert len(JPEG) < 200_000
+        with pytest.raises(openai.APIStatusError) as large:
+            await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(JPEG))
+        assert large.value.status_code == 413 and large.value.code == "multimodal_payload_too_large"
+        assert "724416 bytes of encoder input" in large.value.message
+        assert len(fleet.encoder.received) == 1 and len(fleet.prefill.pd.received) == 1  # no worker asked
+        await until(released)

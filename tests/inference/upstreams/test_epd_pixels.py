@@ -15,8 +15,8 @@ from PIL import Image
 
 from inference.errors import GatewayError
 from inference.upstreams.epd_pixels import (
-    MAX_CONFIG_BYTES, VisionProcessor, bfloat16_bytes, check_image, expand_placeholders, load_vision_processor, preprocess,
-    smart_resize,
+    MAX_CONFIG_BYTES, VisionProcessor, bfloat16_bytes, check_image, encoder_input_bytes, expand_placeholders,
+    load_vision_processor, preprocess, smart_resize,
 )  # fmt: skip
 from standins.fixtures import FIXTURE_MODELS
 
@@ -137,3 +137,12 @@ def test_a_config_file_over_the_read_bound_is_not_read(tmp_path: Path) -> None:
     load_vision_processor.cache_clear()
     processor = load_vision_processor(str(tmp_path))
     assert processor is not None and processor.image_token_id is None  # config.json too large, no tokenizer.json
+
+
+@pytest.mark.parametrize(("width", "height"), [(64, 48), (300, 200), (20, 100), (3000, 2000)])
+def test_the_encoder_inputs_size_is_known_from_the_header(width: int, height: int) -> None:
+    """What the media budget reserves for an image (D91) is what preprocess makes of it."""
+    assert QWEN2_VL is not None
+    made = preprocess(png(width, height), QWEN2_VL)
+    assert encoder_input_bytes(width, height, QWEN2_VL) == len(made.payload())
+    assert encoder_input_bytes(10, 3000, QWEN2_VL) == 0  # over 200:1, refused by preprocess: its request fails there
