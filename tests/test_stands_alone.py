@@ -42,5 +42,8 @@ def test_fixtures_are_in_the_repository_with_their_licences_and_sources() -> Non
     for name in models:
         folder = FIXTURE_MODELS / name
         assert (folder / "LICENSE").is_file() and (folder / "SOURCE.md").is_file(), name
-        assert _tracked(f"fixtures/models/{name}/tokenizer_config.json"), f"{name} is not checked in"
+        # every file of the folder checked in (a tokenizer folder's tokenizer_config.json, an image
+        # processor's preprocessor_config.json alike)
+        files = sorted(str(path.relative_to(REPOSITORY)) for path in folder.iterdir() if path.is_file())
+        assert files and _tracked(*files) == files, f"{name} is not checked in"
     assert (FIXTURE_SPECS / "openai" / "openapi.yaml").is_file()
