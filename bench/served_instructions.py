@@ -2,7 +2,8 @@
 before/after figures a loaded machine does not change.
 
 ``.venv/bin/python bench/served_instructions.py [--repo PATH ...] [--no-gateway] [--smg]``
-``[--whole 200] [--streams 8] [--tokens 16,64] [--parsers on|off] [--thinking off|on] [--delay-ms 60]``
+``[--whole 200] [--streams 4] [--tokens 16,64] [--parsers on|off] [--thinking off|on] [--delay-ms 150]``
+``[--in-process]``
 
 The lean engine stand-in (bench/lean_engine.py, Qwen3's fixture tokenizer, one message per token,
 paced ``--delay-ms`` before each so no stream's messages pile up behind the slowed gateway: the
@@ -19,6 +20,13 @@ fixed cost per stream. Each window's count less the background's: an idle window
 (``--idle-seconds``, no request) first gives the target's instructions per second with nothing to
 serve, subtracted for each window's length (a paced stream's window lasts seconds). The client's
 work is not counted.
+
+The gateway's process idles at 3-4M instructions a second under callgrind (smg 0.7M), which buries
+the per-token slope of paced streams. ``--in-process`` counts each build with the ASGI application
+called directly instead (bench/served_inprocess.py run under callgrind in the build's tree: no
+server, no background tasks; the Qwen3 parsers, thinking off): the figures for a before/after per
+output token. Keep the streams from folding (the events per stream near tokens + 4; a gateway slowed
+by valgrind on a busy machine falls behind a fast engine): few streams, a long ``--delay-ms``.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import asyncio
 import itertools
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp  # noqa: E402
 
-from bench.gateway import REPO, grpc_engine_argv  # noqa: E402
+from bench.gateway import PYTHON, REPO, grpc_engine_argv  # noqa: E402
 from bench.grpc_pipeline import MARKER, MODELS, QWEN3_PARSERS, chat_body, prompt_text  # noqa: E402
 from bench.instructions import ALL_CORES, START_TIMEOUT_S, _callgrind, _control, _totals, start_counted  # noqa: E402
 from bench.peers import PEERS, start_smg  # noqa: E402
@@ -129,6 +138,38 @@ def measure(name: str, proc: ManagedProcess, port: int, work: Path, args: argpar
     return out
 
 
+def _trigger(dump: Path) -> str:
+    """The name a dump was made with (``callgrind_control -d NAME``: its ``desc: Trigger: dump NAME``)."""
+    for line in dump.read_text(errors="replace").splitlines():
+        if line.startswith("desc: Trigger:"):
+            return line.rsplit(" ", 1)[-1]
+    return ""
+
+
+def in_process(name: str, number: int, repo: Path, engine_url: str, work: Path, args: argparse.Namespace
+               ) -> dict[str, float]:  # fmt: skip
+    """The build at ``repo`` counted in-process (bench/served_inprocess.py under callgrind: the ASGI
+    app called directly, none of a started gateway's background work; always the Qwen3 parsers,
+    thinking off)."""
+    out_file = work / f"inprocess-{number}.callgrind"
+    low, high = args.tokens
+    argv = [*_callgrind(out_file), PYTHON, str(REPO / "bench" / "served_inprocess.py"), engine_url,
+            "--streams", str(args.streams), "--tokens", f"{low},{high}", "--whole", str(args.whole)]  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(argv, cwd=repo, env=child_env(), capture_output=True, text=True, timeout=3600, check=True)
+    events = json.loads(done.stdout.strip().splitlines()[-1])
+    counts = {_trigger(path): _totals(path) for path in work.glob(f"inprocess-{number}.callgrind.*")}
+    out = {"per_request": counts["whole"] / args.whole, **events}
+    for tokens in (low, high):
+        out[f"per_stream_{tokens}"] = counts[f"stream-{tokens}"] / args.streams
+    out["per_token"] = (out[f"per_stream_{high}"] - out[f"per_stream_{low}"]) / (high - low)
+    out["fixed_per_stream"] = out[f"per_stream_{low}"] - low * out["per_token"]
+    print(f"{name:32} {out['per_request']:12,.0f} /request {out['per_token']:10,.0f} /output token "
+          f"{out['fixed_per_stream']:12,.0f} fixed /stream  events/stream {out[f'events_per_stream_{high}']:.1f} "
+          f"(in-process, {time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, action="append", default=[],
@@ -136,12 +177,15 @@ def main() -> int:
     parser.add_argument("--no-gateway", action="store_true", help="skip this checkout's gateway")
     parser.add_argument("--smg", action="store_true", help="also count smg 1.13.0")
     parser.add_argument("--whole", type=int, default=200)
-    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--tokens", type=lambda s: tuple(int(x) for x in s.split(",")), default=(16, 64))
     parser.add_argument("--parsers", choices=("on", "off"), default="on")
     parser.add_argument("--thinking", choices=("on", "off"), default="off")
-    parser.add_argument("--delay-ms", type=float, default=60.0)
+    parser.add_argument("--delay-ms", type=float, default=150.0)
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="the background's window (subtracted)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="count each build in-process (bench/served_inprocess.py: the ASGI app called directly); "
+                             "smg as a process beside it with --smg")  # fmt: skip
     parser.add_argument("--gateway-args", default="", help="more rungateway arguments for every gateway build")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -162,6 +206,9 @@ def main() -> int:
         builds = [] if args.no_gateway else [("gateway", REPO)]
         builds += [(f"gateway@{repo}", repo.resolve()) for repo in args.repo]
         for number, (name, repo) in enumerate(builds):
+            if args.in_process:
+                results[name] = in_process(name, number, repo, engine_url, work, args)
+                continue
             tag, proc, port = start_counted(group, work, number, repo, engine_url, [*flags, *args.gateway_args.split()])
             results[name] = measure(tag, proc, port, work, args)
             group.stop(proc)
