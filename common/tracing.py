@@ -38,6 +38,7 @@ import os
 from operator import attrgetter
 import random
 import struct
+from collections import deque
 from time import time_ns
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, Sequence, cast
@@ -63,6 +64,8 @@ __all__ = [
     "shutdown",
     "request_span",
     "child",
+    "shape",
+    "start",
     "attempt_span",
     "enter",
     "leave",
@@ -142,13 +145,18 @@ def install(processor: SpanProcessor, sampler: sampling.Sampler | None = None) -
     """Turn tracing on with ``processor`` (the exporter's batch processor; tests: a simple processor
     over the SDK's in-memory exporter). ``sampler`` None: OTEL_TRACES_SAMPLER's (parent-based
     always-on by default). Replaces any processor installed before (which is shut down)."""
-    global ENABLED, _processor, _ended, _sampler, _resource, _FIELDS, _FIELD_NAMES, _W3C_ONLY
+    global ENABLED, _processor, _ended, _queue, _queue_below, _sampler, _resource, _FIELDS, _FIELD_NAMES, _W3C_ONLY
     shutdown()
     _resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME})
     _sampler = sampler if sampler is not None else sampling._get_from_env_or_default()
     _processor = processor
     batch = getattr(processor, "_batch_processor", None) if type(processor) is BatchSpanProcessor else None
     _ended = getattr(batch, "emit", None) or processor.on_end
+    queue = getattr(batch, "_queue", None)
+    size = getattr(batch, "_max_export_batch_size", None)
+    if type(queue) is deque and type(size) is int:
+        # emit's own path while its checks cannot fire: the queue neither full nor at a batch (D89)
+        _queue, _queue_below = queue, min(size, queue.maxlen or 1) - 1
     textmap = propagate.get_global_textmap()
     _FIELDS = frozenset(textmap.fields) | {"traceparent", "tracestate"}
     _FIELD_NAMES = frozenset(name.encode("latin-1") for name in _FIELDS)
@@ -177,10 +185,10 @@ def flush() -> None:
 
 def shutdown() -> None:
     """Export what is pending and stop (the lifecycle's stop)."""
-    global ENABLED, _processor, _ended
+    global ENABLED, _processor, _ended, _queue
     processor = _processor
     ENABLED = False
-    _processor = _ended = None
+    _processor = _ended = _queue = None
     if processor is not None:
         processor.shutdown()
 
@@ -195,6 +203,7 @@ class _Span(Span, ReadableSpan):
     fields every span starts with alike are the class's (an ended or failed span sets its own)."""
 
     _end_time: int | None = None
+    _shape: _Shape
     _status = _UNSET
     _events = ()
     _links = ()
@@ -202,24 +211,26 @@ class _Span(Span, ReadableSpan):
     _instrumentation_info = None
     _built: SpanContext | None = None
 
-    def __init__(
-        self, name: str, trace_id: int, span_id: int, parent_id: int, parent_remote: bool, sampled: bool,
-        trace_state: TraceState | None, kind: SpanKind, attributes: dict[str, Any],
-    ) -> None:  # fmt: skip
-        # ReadableSpan's fields, set here instead of by its constructor (which builds a Resource).
-        self._name = name
-        self._kind = kind
-        self._start_time = time_ns()
-        self._attributes = attributes
-        self._resource = _resource
-        self.trace_id = trace_id
-        self.span_id = span_id
-        self.parent_id = parent_id  # 0: none
-        self.parent_remote = parent_remote
-        self.sampled = sampled
-        self.trace_state = trace_state
+    # Made by _make (ReadableSpan's constructor is not called: it builds a Resource).
+    _start_time: int
+    _attributes: dict[str, Any]  # the span's own (its shape's first ones apart)
+    _resource: Resource
+    trace_id: int
+    span_id: int
+    parent_id: int  # 0: none
+    parent_remote: bool
+    sampled: bool
+    trace_state: TraceState | None
 
     # -- what the SDK reads --
+
+    @property
+    def _name(self) -> str:  # type: ignore[override]
+        return self._shape[0]
+
+    @property
+    def _kind(self) -> SpanKind:  # type: ignore[override]
+        return self._shape[1]
 
     @property
     def _context(self) -> SpanContext:  # type: ignore[override]
@@ -239,7 +250,20 @@ class _Span(Span, ReadableSpan):
 
     @property
     def attributes(self) -> Mapping[str, Any]:
-        return MappingProxyType(self._attributes)  # type: ignore[arg-type]
+        base = self._shape[2]
+        return MappingProxyType({**base, **self._attributes} if base else self._attributes)
+
+    def to_json(self, indent: int | None = 4) -> str:
+        self._unbase()  # ReadableSpan's reads _attributes itself
+        return super().to_json(indent)
+
+    def _unbase(self) -> None:
+        """The shape's first attributes copied into the span's own, its shape a plain one (before one
+        of them is set again, or the name changes)."""
+        shape = self._shape
+        if shape[2]:
+            self._attributes = {**shape[2], **self._attributes}
+            self._shape = _plain(shape[0], shape[1])
 
     def get_span_context(self) -> SpanContext:
         return self._context
@@ -247,10 +271,14 @@ class _Span(Span, ReadableSpan):
     # -- the API --
 
     def set_attribute(self, key: str, value: Any) -> None:
-        self._attributes[key] = value  # type: ignore[index]
+        if key in self._shape[2]:
+            self._unbase()
+        self._attributes[key] = value
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        self._attributes.update(attributes)  # type: ignore[union-attr]
+        if self._shape[2]:
+            self._unbase()
+        self._attributes.update(attributes)
 
     def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
         return None
@@ -259,7 +287,8 @@ class _Span(Span, ReadableSpan):
         return None
 
     def update_name(self, name: str) -> None:
-        self._name = name
+        self._unbase()
+        self._shape = _plain(name, self._shape[1])
 
     def is_recording(self) -> bool:
         return self.sampled and self._end_time is None
@@ -276,27 +305,93 @@ class _Span(Span, ReadableSpan):
             return
         self._end_time = end_time or time_ns()
         if self.sampled:
-            ended = _ended
-            if ended is not None:
-                ended(self)
+            queue = _queue
+            if queue is not None and len(queue) < _queue_below:
+                queue.appendleft(self)
+            else:
+                ended = _ended
+                if ended is not None:
+                    ended(self)
+
+
+_new = object.__new__
+
+
+def _make(
+    shape: _Shape, trace_id: int, span_id: int, parent_id: int, parent_remote: bool, sampled: bool,
+    trace_state: TraceState | None, attributes: dict[str, Any],
+) -> _Span:  # fmt: skip
+    """A started span: its fields set here, without a constructor's call (a class's ``__init__``
+    runs in a frame of its own, a plain function's is inlined: D89); name, kind and first attributes
+    are the shape's."""
+    span: _Span = _new(_Span)
+    span._shape = shape
+    span._start_time = time_ns()
+    span._attributes = attributes
+    span._resource = _resource
+    span.trace_id = trace_id
+    span.span_id = span_id
+    span.parent_id = parent_id
+    span.parent_remote = parent_remote
+    span.sampled = sampled
+    span.trace_state = trace_state
+    return span
 
 
 _ended: Callable[[_Span], None] | None = None
 """Where a sampled span goes when it ends: the batch processor's queue (its ``emit``: the processor's
 ``on_end`` would build the span's context to read the sampled flag this module already knows), or
 another processor's ``on_end``; None: tracing off."""
+_queue: deque[Any] | None = None
+"""The batch processor's queue, which a span ends onto directly (``appendleft``, what ``emit`` does)
+while it holds fewer than :data:`_queue_below` spans: below its batch size and its bound, none of
+``emit``'s other steps applies (a full queue's warning and drop count, the exporter thread's wake-up
+at a full batch; its shutdown check is this module's ``_queue = None``; a forked child's queue is
+remade by the processor's own fork hook). At that length and above, ``emit`` as before (D89)."""
+_queue_below = 0
 
 _MASK64 = (1 << 64) - 1
-_ROUTES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}  # (method, path): span name, attributes
+
+_Shape = tuple[str, SpanKind, Mapping[str, Any], bytes, bytes]
+"""What spans made alike share (D89): name, kind, first attributes (read-only: a span's own are in
+its ``_attributes``, set after), and their wire form made once: the name's and kind's fields, the
+first attributes' fields."""
+_NO_ATTRIBUTES: Mapping[str, Any] = MappingProxyType({})
 
 
-def _route(method: str, path: str) -> tuple[str, dict[str, Any]]:
-    """The request span's name and first attributes for ``method`` and ``path`` (made once a route)."""
+def shape(name: str, kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str, Any] | None = None) -> _Shape:
+    """The shape of spans named ``name`` whose first attributes are ``attributes`` (made once by the
+    caller, kept: see :func:`start`). Those attributes are sent once a span (the OTLP form has no
+    other place for them), encoded once a shape."""
+    first = MappingProxyType(dict(attributes)) if attributes else _NO_ATTRIBUTES
+    return name, kind, first, _name_and_kind(name, kind), b"".join(_attribute(k, v) for k, v in first.items())
+
+
+_PLAIN: dict[str, _Shape] = {}  # by name alone: hashing a SpanKind is a Python call
+
+
+def _plain(name: str, kind: SpanKind) -> _Shape:
+    """The shape of spans named ``name`` without first attributes."""
+    found = _PLAIN.get(name)
+    if found is None or found[1] is not kind:
+        found = shape(name, kind)
+        if len(_PLAIN) >= _MEMO_SIZE:
+            _PLAIN.clear()
+        _PLAIN[name] = found
+    return found
+
+
+_ROUTES: dict[tuple[str, str], _Shape] = {}  # (method, path): the request span's shape
+
+
+def _route(method: str, path: str) -> _Shape:
+    """The request span's shape for ``method`` and ``path``: its name and first attributes (made once
+    a route)."""
     found = _ROUTES.get((method, path))
     if found is None:
-        found = f"{method} {path}", {
+        found = shape(f"{method} {path}", SpanKind.SERVER, {
             "gen_ai.operation.name": operation_of(path), "http.request.method": method, "http.route": path,
-        }  # fmt: skip
+        })  # fmt: skip
         if len(_ROUTES) < 1024:
             _ROUTES[(method, path)] = found
     return found
@@ -311,11 +406,10 @@ def request_span(method: str, path: str, headers: Iterable[tuple[bytes, bytes]])
             if found is None:
                 found = {}
             found[key.decode("latin-1")] = value.decode("latin-1")
-    name, first = _route(method, path)
-    attributes = first.copy()
+    made = _ROUTES.get((method, path)) or _route(method, path)
     if found is None and _sampler is sampling.DEFAULT_ON:  # a root, sampled: one draw for both ids
         ids = _getrandbits(192)
-        return _Span(name, ids >> 64 or 1, ids & _MASK64 or 1, 0, False, True, None, SpanKind.SERVER, attributes)
+        return _make(made, ids >> 64 or 1, ids & _MASK64 or 1, 0, False, True, None, {})
     context = propagate.extract(found) if found else None
     parent = trace.get_current_span(context).get_span_context() if context is not None else None
     if parent is not None and parent.is_valid:
@@ -325,54 +419,59 @@ def request_span(method: str, path: str, headers: Iterable[tuple[bytes, bytes]])
     if _sampler is sampling.DEFAULT_ON:  # parent-based always-on, decided here as it decides
         sampled = parent.trace_flags.sampled if parent_id and parent is not None else True
     else:
-        decision = _sampler.should_sample(context, trace_id, name, SpanKind.SERVER, attributes, None)
+        decision = _sampler.should_sample(context, trace_id, made[0], SpanKind.SERVER, made[2], None)
         if decision.trace_state is not None and len(decision.trace_state):
             state = decision.trace_state
         sampled = decision.decision.is_sampled()
-    return _Span(name, trace_id, _getrandbits(64) or 1, parent_id, remote, sampled, state, SpanKind.SERVER, attributes)
+    return _make(made, trace_id, _getrandbits(64) or 1, parent_id, remote, sampled, state, {})
 
 
 def child(name: str, attributes: Mapping[str, Any] | None = None, kind: SpanKind = SpanKind.INTERNAL) -> Span:
     """A span under the current one (see :func:`enter`), in its trace and sampled as it is. A dict
     given as ``attributes`` becomes the span's own (callers give a fresh one)."""
     owned: dict[str, Any] = attributes if type(attributes) is dict else dict(attributes) if attributes else {}
+    return start(_plain(name, kind), owned)
+
+
+def start(made: _Shape, attributes: dict[str, Any] | None = None) -> Span:
+    """A span of shape ``made`` (see :func:`shape`) under the current one, as :func:`child`;
+    ``attributes`` (a fresh dict, or None) its own."""
+    owned = {} if attributes is None else attributes
     current = _CURRENT.get()
     if current is not None:
-        return _Span(name, current.trace_id, _getrandbits(64) or 1, current.span_id, False, current.sampled,
-                     current.trace_state, kind, owned)
+        return _make(made, current.trace_id, _getrandbits(64) or 1, current.span_id, False, current.sampled,
+                     current.trace_state, owned)
     parent = trace.get_current_span().get_span_context()  # another instrumentation's span, or none
     if not parent.is_valid:  # outside any request: a trace of its own, as the sampler says
         trace_id = _getrandbits(128) or 1
-        sampled = _sampler.should_sample(None, trace_id, name, kind, attributes, None).decision.is_sampled()
-        return _Span(name, trace_id, _getrandbits(64) or 1, 0, False, sampled, None, kind, owned)
-    return _Span(name, parent.trace_id, _getrandbits(64) or 1, parent.span_id, parent.is_remote,
-                 parent.trace_flags.sampled, parent.trace_state, kind, owned)
+        sampled = _sampler.should_sample(None, trace_id, made[0], made[1], {**made[2], **owned}, None).decision.is_sampled()
+        return _make(made, trace_id, _getrandbits(64) or 1, 0, False, sampled, None, owned)
+    return _make(made, parent.trace_id, _getrandbits(64) or 1, parent.span_id, parent.is_remote,
+                 parent.trace_flags.sampled, parent.trace_state, owned)
 
 
 def attempt_span(worker_url: str, worker_id: str, transport: str, model: str | None, number: int) -> Span:
-    """One upstream attempt: a CLIENT span naming the worker (``server.address``/``server.port``)."""
-    name, host, port = _address(worker_url)
+    """One upstream attempt: a CLIENT span naming the worker (``server.address``/``server.port``).
+    ``model`` is the request's, which its request span carries: not repeated here (D89)."""
+    made = _ATTEMPTS.get((worker_url, worker_id, transport)) or _attempt(worker_url, worker_id, transport)
+    return start(made, {"gateway.attempt": number})
+
+
+_ATTEMPTS: dict[tuple[str, str, str], _Shape] = {}
+"""A worker's attempt span shape (name, first attributes), by its URL, id and transport (made once)."""
+
+
+def _attempt(worker_url: str, worker_id: str, transport: str) -> _Shape:
+    host, port = _parse_address(worker_url)
     attributes: dict[str, Any] = {
         "server.address": host, "gateway.worker.id": worker_id, "gateway.worker.transport": transport,
-        "gateway.attempt": number,
     }  # fmt: skip
     if port:
         attributes["server.port"] = port
-    if model:
-        attributes["gen_ai.request.model"] = model
-    return child(name, attributes, SpanKind.CLIENT)
-
-
-_ADDRESSES: dict[str, tuple[str, str, int]] = {}  # a worker URL's attempt span name, host and port
-
-
-def _address(url: str) -> tuple[str, str, int]:
-    found = _ADDRESSES.get(url)
-    if found is None:
-        host, port = _parse_address(url)
-        found = f"attempt {host}", host, port
-        if len(_ADDRESSES) < 65536:
-            _ADDRESSES[url] = found
+    found = shape(f"attempt {host}", SpanKind.CLIENT, attributes)
+    if len(_ATTEMPTS) >= 65536:
+        _ATTEMPTS.clear()
+    _ATTEMPTS[(worker_url, worker_id, transport)] = found
     return found
 
 
@@ -393,14 +492,10 @@ _CURRENT: ContextVar[_Span | None] = ContextVar("gateway_span", default=None)
 context's, which is copied whole on every attach)."""
 
 
-def enter(span: Span) -> Token[_Span | None]:
-    """Make ``span`` the current one (what children and outgoing headers take); :func:`leave` with
-    the token it returns, in the same task."""
-    return _CURRENT.set(cast(_Span, span))
-
-
-def leave(token: Token[_Span | None]) -> None:
-    _CURRENT.reset(token)
+# enter(span): make ``span`` the current one (what children and outgoing headers take); leave(token)
+# with the token it returns, in the same task. The context variable's own methods (no frame of ours).
+enter = cast("Callable[[Span], Token[_Span | None]]", _CURRENT.set)
+leave: Callable[[Token[_Span | None]], None] = _CURRENT.reset
 
 
 def fail(span: Span, error_type: str, description: str | None = None) -> None:
@@ -409,10 +504,14 @@ def fail(span: Span, error_type: str, description: str | None = None) -> None:
     span.set_status(Status(StatusCode.ERROR, description))
 
 
-def end(span: Span, status: int | None = None) -> None:
-    """End ``span``, with the HTTP status it answered (5xx: an error)."""
+def end(span: Span, status: int | None = None, attributes: Mapping[str, Any] | None = None) -> None:
+    """End ``span`` (one of this module's), with ``attributes`` added and the HTTP status it answered
+    (5xx: an error)."""
+    own: dict[str, Any] = span._attributes  # type: ignore[attr-defined]  # this module's span (cast: a call)
+    if attributes:
+        own.update(attributes)
     if status:
-        span.set_attribute("http.response.status_code", status)
+        own["http.response.status_code"] = status
         if status >= 500:
             fail(span, str(status))
     span.end()
@@ -551,7 +650,6 @@ class _Attributes(dict[tuple[str, Any], bytes]):
 _ATTRIBUTES = _Attributes()
 _INTEGERS: dict[tuple[str, Any], bytes] = {}  # looked up for int values alone
 _KEYS: dict[str, bytes] = {}
-_NAMES: dict[str, tuple[SpanKind, bytes]] = {}  # by name alone: hashing a SpanKind is a Python call
 _SPAN_HEADS: dict[int, bytes] = {}  # a span's length: its field's tag and length
 
 
@@ -573,10 +671,8 @@ def _key(key: str) -> bytes:
 
 
 def _name_and_kind(name: str, kind: SpanKind) -> bytes:
-    found = _field(5, name.encode()) + b"\x30" + _varint(kind.value + 1)
-    if len(_NAMES) < _MEMO_SIZE:
-        _NAMES[name] = (kind, found)
-    return found
+    """Span fields 5 (name) and 6 (kind)."""
+    return _field(5, name.encode()) + b"\x30" + _varint(kind.value + 1)
 
 
 def _span_head(size: int) -> bytes:
@@ -598,7 +694,7 @@ def _status_and_flags(span: _Span) -> bytes:
 def _encode_spans(spans: Iterable[_Span], out: list[bytes]) -> None:
     """Each span's field (ScopeSpans field 2) onto ``out``: the ids and times packed at once, the
     name and attributes from the fragments above, in one loop over the batch."""
-    attributes, names, heads, unset = _ATTRIBUTES, _NAMES, _SPAN_HEADS, _UNSET
+    attributes, heads, unset = _ATTRIBUTES, _SPAN_HEADS, _UNSET
     ids, ids_parent, times, join, append = _ID_FIELDS, _ID_FIELDS_PARENT, _TIME_FIELDS, b"".join, out.append
     for span in spans:
         trace_id = span.trace_id
@@ -613,16 +709,17 @@ def _encode_spans(spans: Iterable[_Span], out: list[bytes]) -> None:
                                 parent_id)]  # fmt: skip
         else:
             parts = [ids(_TRACE_ID, trace_id >> 64, trace_id & _MASK64, _SPAN_ID, span.span_id)]
-        name = span._name
-        named = names.get(name)
-        parts.append(named[1] if named is not None and named[0] is span._kind else _name_and_kind(name, span._kind))
+        made = span._shape
+        parts.append(made[3])
         parts.append(times(_START, span._start_time or 0, _END, span._end_time or 0))
+        if made[4]:
+            parts.append(made[4])
         fixed = len(parts)
         try:
-            parts += map(attributes.__getitem__, span._attributes.items())  # type: ignore[union-attr]
+            parts += map(attributes.__getitem__, span._attributes.items())
         except TypeError:  # a list's value: one by one
             del parts[fixed:]
-            parts += [_attribute(key, value) for key, value in span._attributes.items()]  # type: ignore[union-attr]
+            parts += [_attribute(key, value) for key, value in span._attributes.items()]
         if span._status is unset:
             parts.append(_REMOTE_TAIL if parent_id and span.parent_remote else _LOCAL_TAIL)
         else:

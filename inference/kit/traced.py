@@ -45,10 +45,14 @@ class TracedAdmission:
         await self._admission.__aexit__(kind, error, trace)
 
 
+_SELECT = tracing.shape("select_worker")
+
+
 def selected(choose: Callable[[], T], model: str | None) -> T:
     """``choose()`` (the worker selection, or a PD pair's) under a ``select_worker`` span naming the
-    policy and the worker it chose."""
-    span = tracing.child("select_worker", {"gen_ai.request.model": model} if model else None)
+    policy and the worker it chose. The request's model is its request span's and the worker's id
+    its attempt span's: not repeated here (D89)."""
+    span = tracing.start(_SELECT)
     try:
         decision = choose()
     except GatewayError as refused:
@@ -56,14 +60,13 @@ def selected(choose: Callable[[], T], model: str | None) -> T:
         tracing.end(span, refused.status)
         raise
     policy = getattr(decision, "policy", None)
-    if policy:
-        span.set_attribute("gateway.policy", policy)
     worker = getattr(decision, "worker", None) or getattr(getattr(decision, "decode", None), "handle", None)
     record = getattr(worker, "record", None)
     if record is not None:
-        span.set_attribute("gateway.worker.id", record.id)
-        span.set_attribute("gateway.worker.url", record.url)
-    span.end()
+        tracing.end(span, None, {"gateway.policy": policy, "gateway.worker.url": record.url} if policy else
+                    {"gateway.worker.url": record.url})  # fmt: skip
+    else:
+        tracing.end(span, None, {"gateway.policy": policy} if policy else None)
     return decision
 
 
@@ -71,11 +74,12 @@ def close_request(
     span: tracing.Span, status: int, model: str, usage: TokenUsage | None, error: GatewayError | None = None,
 ) -> None:
     """End the request's span with what the request came to (GenAI usage and model, the status)."""
-    if model:
-        span.set_attribute("gen_ai.response.model", model)
-    if usage is not None:
-        span.set_attribute("gen_ai.usage.input_tokens", usage.prompt)
-        span.set_attribute("gen_ai.usage.output_tokens", usage.completion)
     if error is not None:
         tracing.fail(span, str(error.code), error.message)
-    tracing.end(span, status)
+    if usage is not None:
+        tracing.end(span, status, {
+            "gen_ai.response.model": model, "gen_ai.usage.input_tokens": usage.prompt,
+            "gen_ai.usage.output_tokens": usage.completion,
+        } if model else {"gen_ai.usage.input_tokens": usage.prompt, "gen_ai.usage.output_tokens": usage.completion})
+    else:
+        tracing.end(span, status, {"gen_ai.response.model": model} if model else None)

@@ -8,7 +8,7 @@ The OTLP transport itself: tests/e2e/test_tracing_process.py."""
 from __future__ import annotations
 
 import asyncio
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
@@ -278,5 +278,78 @@ def test_the_default_sampler_follows_the_clients_sampled_flag(monkeypatch: pytes
         for headers in ([(b"traceparent", TRACEPARENT["traceparent"].encode())], []):
             tracing.request_span("POST", "/v1/chat/completions", headers).end()
         assert len(exporter.get_finished_spans()) == 2
+    finally:
+        tracing.shutdown()
+
+
+async def test_the_requests_attributes_are_on_its_request_span_only(
+    spans: InMemorySpanExporter, make_gateway: GatewayFactory, worker: RunningWorker
+) -> None:
+    """D89: the request's model is its request span's, the chosen worker's id its attempt span's;
+    select_worker and the attempt do not repeat them (the selection names the policy and the worker's
+    URL, the attempt the worker's address and id)."""
+    record = record_for(worker)
+    gateway = make_gateway([record])
+    assert (await gateway.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    named = by_name(spans)
+    [request], [select], [attempt] = named["POST"], named["select_worker"], named["attempt"]
+    assert (request.attributes or {})["gen_ai.request.model"] == "mock-model"
+    assert "gen_ai.request.model" not in (select.attributes or {})
+    assert "gen_ai.request.model" not in (attempt.attributes or {})
+    assert "gateway.worker.id" not in (select.attributes or {})
+    assert (attempt.attributes or {})["gateway.worker.id"] == record.id
+
+
+def test_a_first_attribute_set_again_or_a_new_name_is_what_is_read_and_sent(spans: InMemorySpanExporter) -> None:
+    """A span's first attributes are its shape's, shared and encoded once (D89): one set again
+    replaces it, in what the span reads and in the wire form; a renamed span keeps them."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = tracing.request_span("POST", "/v1/chat/completions", [])
+    request.set_attribute("http.route", "/v1/other")
+    tracing.end(request, 200)
+    renamed = tracing.request_span("POST", "/v1/chat/completions", [])
+    renamed.update_name("POST /v1/renamed")
+    renamed.end()
+    untouched = tracing.request_span("POST", "/v1/chat/completions", [])
+    untouched.end()
+    first, second, third = spans.get_finished_spans()
+    assert dict(first.attributes or {}) == {
+        "gen_ai.operation.name": "chat", "http.request.method": "POST", "http.route": "/v1/other",
+        "http.response.status_code": 200,
+    }  # fmt: skip
+    assert second.name == "POST /v1/renamed" and (second.attributes or {})["http.route"] == "/v1/chat/completions"
+    assert (third.attributes or {})["http.route"] == "/v1/chat/completions"  # the shape itself unchanged
+    finished = spans.get_finished_spans()
+    assert ExportTraceServiceRequest.FromString(tracing.encode_request(finished)) == encode_spans(finished)
+
+
+def test_spans_reach_the_batch_processors_queue_and_a_full_batch_wakes_its_exporter() -> None:
+    """Ended spans go onto the batch processor's queue directly while it is below a batch (D89); the
+    span that makes a full batch goes through its emit, which wakes the exporter's thread without
+    waiting for the schedule delay (an hour here)."""
+    import threading
+
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    exported: list[ReadableSpan] = []
+    batch_seen = threading.Event()
+
+    class Exporter(SpanExporter):
+        def export(self, batch: Sequence[ReadableSpan]) -> SpanExportResult:
+            exported.extend(batch)
+            batch_seen.set()
+            return SpanExportResult.SUCCESS
+
+    tracing.install(BatchSpanProcessor(Exporter(), schedule_delay_millis=3_600_000, max_export_batch_size=3),
+                    sampler=ALWAYS_ON)  # fmt: skip
+    try:
+        for _ in range(2):
+            tracing.request_span("POST", "/v1/chat/completions", []).end()
+        assert not exported
+        tracing.request_span("POST", "/v1/chat/completions", []).end()
+        assert batch_seen.wait(30)
+        assert len(exported) == 3
     finally:
         tracing.shutdown()
