@@ -23,8 +23,11 @@ generator, attributes in a plain dict, the span context built only when asked), 
 processor when they end, and the OTLP exporter (:class:`_OtlpExporter`, the SDK's with its
 ``Export`` call given bytes) writes their protobuf wire form directly (:func:`encode_request`): the
 resource and scope once, each span's ids and times packed at once, its name and attributes joined
-from fragments encoded once (D81). A sampled span goes straight to the batch processor's queue. The sampler (``OTEL_TRACES_SAMPLER``) decides per request
-span; its children follow it, as parent-based sampling does. The standard environment variables apply:
+from fragments encoded once (D81). Spans made alike share a shape (:func:`shape`: name, kind, first
+attributes and their wire form, made once a route, a worker or a span name), and the request's own
+attributes are on its request span only (D89). A sampled span goes straight to the batch
+processor's queue. The sampler (``OTEL_TRACES_SAMPLER``) decides per request span; its children
+follow it, as parent-based sampling does. The standard environment variables apply:
 ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``
 (default: parent-based always-on), ``OTEL_EXPORTER_OTLP_*`` (endpoint when ``--otlp-traces-endpoint``
 is not given, headers, certificate, compression, timeout), ``OTEL_BSP_*`` and ``OTEL_PROPAGATORS``.
