@@ -128,6 +128,8 @@ class ReasoningParser:
         """Events for the next piece of generated text."""
         if not self._separate:
             return [TextDelta(text)] if text else []
+        if self._state is _State.CONTENT and not self._skip_space and not self._buf:
+            return [TextDelta(text)] if text else []  # after the block: what _advance gives, at once
         self._buf += text
         out: list[ReasoningEvent] = []
         self._advance(out, final=False)
