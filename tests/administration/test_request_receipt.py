@@ -264,3 +264,52 @@ def test_limits_come_from_the_flags() -> None:
     assert ReceiptLimits.of(config) == ReceiptLimits(1000, 7, 2.5, 4.0, 0)
     defaults = ReceiptLimits.of(GatewayConfig())
     assert (defaults.max_head_bytes, defaults.max_headers, defaults.head_timeout_secs) == (65536, 100, 30.0)
+
+
+@pytest.fixture
+async def short_keep_alive() -> AsyncIterator[tuple[str, int]]:
+    """The gateway's protocol with a keep-alive of 0.4 s."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(echo_app, http=bounded_protocol(LIMITS), loop="asyncio", lifespan="on",
+                            log_level="warning", access_log=False, timeout_keep_alive=0.4)  # type: ignore[arg-type]
+    instance = uvicorn.Server(config)
+    task = asyncio.ensure_future(instance.serve(sockets=[sock]))
+    while not instance.started:
+        await asyncio.sleep(0.01)
+    yield sock.getsockname()[:2]
+    instance.should_exit = True
+    await asyncio.wait_for(task, 10)
+
+
+async def test_the_keep_alive_clock_is_one_timer_counted_from_the_last_answer(short_keep_alive: tuple[str, int]) -> None:
+    """Requests in a row keep one keep-alive timer (uvicorn armed and cancelled one per request: D86);
+    a connection answering requests 0.25 s apart for longer than the keep-alive stays open (the time
+    counts from each answer) and is closed once idle for the keep-alive."""
+    reader, writer = await asyncio.open_connection(*short_keep_alive)
+
+    async def one() -> None:
+        writer.write(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert status_of(head) == 200
+        await reader.readexactly(len(b'{"received": 5}'))
+
+    await one()
+    [protocol] = _connections()
+    held = []  # the timers themselves, so no two share an id
+    for _ in range(10):
+        await one()
+        held.append(protocol.timeout_keep_alive_task)
+    assert len({id(timer) for timer in held}) == 1
+    for _ in range(4):  # 1 s of requests 0.25 s apart, past the 0.4 s keep-alive
+        await asyncio.sleep(0.25)
+        await one()
+    assert await asyncio.wait_for(reader.read(), 3) == b""  # idle past 0.4 s: closed by the server
+    writer.close()
+
+
+def _connections() -> list[Any]:
+    import gc
+
+    return [obj for obj in gc.get_objects() if isinstance(obj, BoundedHttpToolsProtocol) and obj.transport is not None
+            and not obj.transport.is_closing()]  # fmt: skip
