@@ -255,6 +255,11 @@ class RegistrySync:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._syncing: asyncio.Task[None] | None = None
+        # One reload or catch-up at a time: the first load's reload (at start, while the command-line
+        # workers' jobs already tell their changes) ran beside a catch-up, and replaced the workers
+        # the catch-up had applied with its older read while keeping the catch-up's place in the log
+        # (a few of 1,000 --worker-urls unrouted until the safety net, D84, D88).
+        self._applying = asyncio.Lock()
         self._dirty = False
         self._reload_wanted = False
         self._follower: asyncio.Task[None] | None = None
@@ -351,6 +356,10 @@ class RegistrySync:
 
     async def arefresh(self) -> RegistrySnapshot:
         """Reload the whole fleet (and the tenant limits) from the store."""
+        async with self._applying:
+            return await self._reload()
+
+    async def _reload(self) -> RegistrySnapshot:
         state = await arun_db(load_fleet_state, self.config)
         self.full_reloads += 1
         self._states = state.workers
@@ -375,6 +384,10 @@ class RegistrySync:
         that follow on from the last change applied say which (no read of the log); otherwise the
         store's log does (a full reload when a change is not a worker's, when there are many, or
         when this process fell behind the log)."""
+        async with self._applying:
+            return await self._catch_up()
+
+    async def _catch_up(self) -> RegistrySnapshot:
         noticed, self._noticed = self._noticed, {}
         behind = time.monotonic() - self._read_at > BEHIND_SECS
         following = None if behind else self._following(noticed)
@@ -393,7 +406,7 @@ class RegistrySync:
         if behind or len(rows) >= CHANGE_BATCH or any(worker_id is None for _, worker_id in fresh):
             log.debug("full reload: %s", "behind the change log" if behind else
                       f"{len(rows)} changes" if len(rows) >= CHANGE_BATCH else "a change not of one worker")
-            return await self.arefresh()
+            return await self._reload()
         self._read_at = time.monotonic()
         if not fresh:
             return self.registry.snapshot

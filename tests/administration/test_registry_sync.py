@@ -23,6 +23,7 @@ from administration.notices import (
     CHANGE_RETENTION, Notice, add_local_listener, changes_since, latest_change, notice_message, parse_notice,
     prune_changes, publish_registry_changed, record_change, remove_local_listener,
 )
+from administration import registry_sync
 from administration.registry_sync import RegistrySync, fleet_aliases, load_fleet_state
 from common.config import GatewayConfig, install_config
 from common.outages import STORE
@@ -428,3 +429,39 @@ def test_a_published_change_tells_listeners_its_number_and_worker() -> None:
                     {"type": "registry.changed", "seq": -1}, {"type": "registry.changed", "seq": 3, "worker": 4},
                     {"type": "registry.changed", "seq": 3, "worker": "None"}):
         assert parse_notice(garbled) is None
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_change_applied_while_the_first_load_reads_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At start the command-line workers' jobs tell their changes while the first reload reads the
+    fleet: the catch-up they start waits for the reload, so the reload's older read never replaces
+    a worker the catch-up applied (a few of 1,000 --worker-urls waited for the safety net, D88)."""
+    config = GatewayConfig(disable_health_check=True)
+    registry = WorkerRegistry()
+    sync = RegistrySync(config, registry=registry)
+    sync._loop = asyncio.get_running_loop()
+    read, go_on = asyncio.Event(), asyncio.Event()
+    load = registry_sync.load_fleet_state
+
+    async def held_arun_db(func: Any, *args: Any) -> Any:
+        result = await arun_db(func, *args)
+        if func is load and not read.is_set():  # the first load's read, held until the test goes on
+            read.set()
+            await go_on.wait()
+        return result
+
+    monkeypatch.setattr(registry_sync, "arun_db", held_arun_db)
+    try:
+        await arun_db(record_change)
+        first = asyncio.ensure_future(sync.arefresh())
+        await read.wait()  # the reload has read the fleet (no worker yet)
+        worker = await _ready("http://127.0.0.1:9/during-the-first-load")
+        sync.received(notice_message(await _changed(worker)))
+        await asyncio.sleep(0.3)  # the catch-up the notice started has had its time (and finished, before)
+        go_on.set()
+        await first
+        await _settled(sync)
+        assert [handle.url for handle in registry.snapshot.workers] == ["http://127.0.0.1:9/during-the-first-load"]
+    finally:
+        go_on.set()
+        await sync.astop()
