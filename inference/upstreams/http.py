@@ -68,15 +68,16 @@ _READ_BUFSIZE = 2**16
 HOLD_BYTES = 256 * 1024
 _ONE_WRITE_MAX = 2**16  # bodies up to this size go out in the same write as the head
 _NO_TIMER = TimerNoop()
-_BREAKS = frozenset(b"\r\n\x00")
 _USAGE_TAIL = 4096  # of an answer relayed through, the end kept to read its usage from
 
 
 def _header_line(name: str, value: str) -> bytes:
-    line = f"{name}: {value}\r\n".encode("latin-1")
-    if _BREAKS.intersection(line[:-2]):
+    """``name: value`` and its CRLF, refused when either holds a CR, LF or NUL (``in`` tests: memchr
+    each; a set's intersection walked the line byte by byte, ~130 instructions a byte: D89)."""
+    line = f"{name}: {value}".encode("latin-1")
+    if b"\r" in line or b"\n" in line or b"\0" in line:
         raise UpstreamFailure(FailureKind.CONNECT, f"header {name} holds a line break")
-    return line
+    return line + b"\r\n"
 
 
 @dataclass(frozen=True, slots=True)

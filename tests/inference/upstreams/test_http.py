@@ -195,3 +195,21 @@ async def test_done_inside_generated_text_does_not_end_the_stream(make_gateway) 
     finally:
         await runner.cleanup()
     assert lines == ['data: {"choices":[{"text":"say [DONE]"}]}', "data: [DONE]"]
+
+
+def test_a_header_line_with_a_break_or_nul_is_refused() -> None:
+    """A forwarded header's name or value holding CR, LF or NUL is never written into the worker's
+    request head (a CONNECT failure); any other latin-1 text is written as given."""
+    import pytest
+
+    from inference.upstreams.failures import FailureKind, UpstreamFailure
+    from inference.upstreams.http import _header_line
+
+    assert _header_line("traceparent", "00-ab-cd-01") == b"traceparent: 00-ab-cd-01\r\n"
+    assert _header_line("x-note", "caf\xe9\t ok") == b"x-note: caf\xe9\t ok\r\n"
+    for bad in ("a\rb", "a\nb", "a\0b", "end\r", "\n"):
+        with pytest.raises(UpstreamFailure) as refused:
+            _header_line("x-note", bad)
+        assert refused.value.kind is FailureKind.CONNECT
+    with pytest.raises(UpstreamFailure):
+        _header_line("x\r\nevil", "v")
