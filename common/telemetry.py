@@ -92,20 +92,24 @@ def _observe(histogram: Any, *labels: str) -> Callable[[float], None]:
     key = (id(histogram), labels)
     found = _observes.get(key)
     if found is None:
-        child = _child(histogram, *labels)
-        add_sum = child._sum.inc
-        add_to = [bucket.inc for bucket in child._buckets]
-        bounds = list(child._upper_bounds)  # ends with +Inf: every amount but NaN has a bucket
-        top = len(bounds)
-
-        def observe(amount: float) -> None:
-            add_sum(amount)
-            at = bisect_left(bounds, amount)
-            if at < top and amount <= bounds[at]:  # NaN is in no bucket, as in prometheus_client
-                add_to[at](1)
-
-        found = _observes[key] = observe
+        found = _observes[key] = _histogram_observe(_child(histogram, *labels))
     return found
+
+
+def _histogram_observe(child: Any) -> Callable[[float], None]:
+    """:func:`_observe` of one histogram child (or an unlabelled histogram itself), not memoized."""
+    add_sum = child._sum.inc
+    add_to = [bucket.inc for bucket in child._buckets]
+    bounds = list(child._upper_bounds)  # ends with +Inf: every amount but NaN has a bucket
+    top = len(bounds)
+
+    def observe(amount: float) -> None:
+        add_sum(amount)
+        at = bisect_left(bounds, amount)
+        if at < top and amount <= bounds[at]:  # NaN is in no bucket, as in prometheus_client
+            add_to[at](1)
+
+    return observe
 
 log = logging.getLogger(__name__)
 
@@ -744,22 +748,38 @@ _STALL_SECS = 0.005
 async def run_sampler(sample: Callable[[], None], interval: float = 1.0) -> None:
     """The event-loop canary (every 10 ms, on the marks of the 10 ms grid the background loops'
     timers share: common/ticks.py), and ``sample`` (the gauges that mirror live state) every
-    ``interval`` seconds."""
+    ``interval`` seconds, until cancelled.
+
+    Each tick is a plain timer callback (``loop.call_at``), not a coroutine sleeping: an idle process
+    wakes 100 times a second for it, and ``asyncio.sleep`` cost each wake a future, a task step one
+    loop iteration later (a second ``epoll_wait``) and a ``getpid`` (D94). The lateness is measured
+    when the timer runs, and the observation goes straight to the histogram's values."""
     loop = asyncio.get_running_loop()
+    observe = _histogram_observe(LOOP_DELAY)
+    stalled = LOOP_STALLS._value.inc
     next_sample = loop.time()
     due = next_mark(loop.time(), 0.0, CANARY_TICK_SECS)
-    while True:
-        await asyncio.sleep(max(0.0, due - loop.time()))
+    handle: asyncio.TimerHandle | None = None
+
+    def tick() -> None:
+        nonlocal due, next_sample, handle
         now = loop.time()
         late = max(0.0, now - due)
         due = max(due + CANARY_TICK_SECS, next_mark(now, 0.0, CANARY_TICK_SECS))  # marks missed are skipped
-        LOOP_DELAY.observe(late)
+        handle = loop.call_at(due, tick)
+        observe(late)
         if late > _STALL_SECS:
-            LOOP_STALLS.inc()
-        if loop.time() >= next_sample:
+            stalled(1)
+        if now >= next_sample:
             next_sample = loop.time() + interval
             try:
                 sample()
                 flush_buffered_metrics()
             except Exception:  # never let a metrics bug stop the sampler
                 log.exception("metrics sampling failed")
+
+    handle = loop.call_at(due, tick)
+    try:
+        await loop.create_future()  # resolved by nothing: the ticks run until this is cancelled
+    finally:
+        handle.cancel()

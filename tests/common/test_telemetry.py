@@ -262,3 +262,48 @@ def test_a_memoized_observation_counts_as_histogram_observe() -> None:
         return [(s.name.split("_", 2)[-1], s.labels, s.value) for s in family.samples if "created" not in s.name]
 
     assert samples(ours) == samples(theirs)
+
+
+def test_an_unlabelled_histogram_observes_as_histogram_observe() -> None:
+    """The canary's observation (telemetry._histogram_observe of the unlabelled histogram) leaves the
+    same buckets, count and sum as prometheus_client's observe."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    bounds = (0.0, 0.001, 0.005, 0.01, 1.0)
+    amounts = [0.0, 0.0005, 0.001, 0.004, 0.02, 3.0]
+    theirs = Histogram("u_theirs", "h", buckets=bounds, registry=CollectorRegistry())
+    ours = Histogram("u_ours", "h", buckets=bounds, registry=CollectorRegistry())
+    observe = metrics._histogram_observe(ours)
+    for amount in amounts:
+        theirs.observe(amount)
+        observe(amount)
+    [mine], [reference] = ours.collect(), theirs.collect()
+    strip = lambda family: [(s.name.split("_", 2)[-1], s.labels, s.value) for s in family.samples if "created" not in s.name]  # noqa: E731
+    assert strip(mine) == strip(reference)
+
+
+async def test_the_canary_observes_its_ticks_samples_and_stops_when_cancelled() -> None:
+    """run_sampler: the canary's ticks reach the loop-delay histogram, ``sample`` runs, and
+    cancelling the sampler stops its timer (no tick after it)."""
+    sampled = asyncio.Event()
+    calls: list[int] = []
+
+    def sample() -> None:
+        calls.append(1)
+        sampled.set()
+
+    def ticks() -> float:
+        return sum(s.value for s in metrics.LOOP_DELAY.collect()[0].samples if s.name.endswith("_count"))
+
+    before = ticks()
+    sampler = asyncio.ensure_future(metrics.run_sampler(sample, interval=3600.0))
+    await asyncio.wait_for(sampled.wait(), 10.0)
+    while ticks() < before + 2:
+        await asyncio.sleep(0.01)
+    sampler.cancel()
+    await asyncio.gather(sampler, return_exceptions=True)
+    assert sampler.cancelled()
+    stopped = ticks()
+    await asyncio.sleep(0.05)
+    assert ticks() == stopped
+    assert calls == [1]
