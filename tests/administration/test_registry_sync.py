@@ -94,6 +94,18 @@ def test_changes_are_logged_by_worker_and_read_in_order() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_newest_change_is_zero_on_an_empty_log_and_follows_deletions() -> None:
+    """latest_change (one written statement, D94): 0 before the first change, the newest number
+    after, the newest remaining one once older changes are pruned."""
+    RegistryChange.objects.all().delete()
+    assert latest_change() == 0
+    first, second = record_change(), record_change()
+    assert latest_change() == second > first
+    RegistryChange.objects.filter(seq=second).delete()
+    assert latest_change() == first
+
+
+@pytest.mark.django_db(transaction=True)
 def test_changes_older_than_the_retention_are_pruned() -> None:
     old = record_change()
     RegistryChange.objects.filter(seq=old).update(at=timezone.now() - CHANGE_RETENTION - timedelta(seconds=1))
