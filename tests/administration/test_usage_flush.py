@@ -89,6 +89,50 @@ def test_log_rows_read_back_as_written_with_times_a_second_shares() -> None:
     assert RequestLogEntry.objects.filter(tokens_estimated=True).count() == 3
 
 
+def test_log_rows_text_read_back_exactly_with_what_copy_escapes() -> None:
+    """Text with COPY's special characters (tab, newline, carriage return, backslash, a backslash-dot
+    line, the text of NULL) and beyond ASCII reads back as written, every column, on both stores (on
+    Postgres the rows go by COPY: D85, amended); latencies and counts exactly too."""
+    texts = ["a\tb", "line\nnext\r\n", "back\\slash\\", "\\.", "\\N", "\\t not a tab", "zé 東京 🙂", "", " ",
+             "'quoted\" \\x41"]
+    ledger = UsageLedger()
+    for n, text in enumerate(texts):
+        made = entry(1_795_840_099.123456 + n, request_id=f"{text}|{n}", tenant=text, model=text)
+        made.worker, made.surface, made.route, made.error_code = text, text[:16], text, text[:16]
+        made.latency_secs, made.ttft_secs = 0.1 + n / 3, None if n % 2 else n / 7
+        ledger.add(made)
+    write_usage(ledger.drain())
+    rows = list(RequestLogEntry.objects.order_by("id"))
+    assert [(row.request_id, row.tenant, row.model, row.worker, row.surface, row.route, row.error_code)
+            for row in rows] == [(f"{text}|{n}", text, text, text, text[:16], text, text[:16])
+                                 for n, text in enumerate(texts)]
+    assert [(row.latency_ms, row.ttft_ms, row.prompt_tokens, row.completion_tokens, row.cached_tokens,
+             row.reasoning_tokens, row.status, row.outcome) for row in rows] == [
+        ((0.1 + n / 3) * 1000.0, None if n % 2 else n / 7 * 1000.0, 10, 5, 2, 1, 200, "success")
+        for n in range(len(texts))]
+
+
+def test_the_log_rows_write_is_seen_inside_the_flush_transaction() -> None:
+    """The log's rows are written by a statement the connection's execute wrappers see, inside the
+    flush's transaction: on Postgres the COPY (which psycopg runs outside Django's cursor.execute)
+    goes through them too, so what counts a flush's statements counts it (D85, amended)."""
+    ledger = UsageLedger()
+    for n in range(5):
+        ledger.add(entry(MINUTE * 60 + n))
+    seen: list[tuple[str, bool, bool]] = []
+
+    def watch(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if not sql.startswith("BEGIN"):
+            seen.append((sql.split(" ", 1)[0], many, connection.in_atomic_block))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(watch):
+        write_usage(ledger.drain())
+    log_write = "COPY" if connection.vendor == "postgresql" else "INSERT"
+    assert seen == [("INSERT", False, True), (log_write, True, True)]
+    assert RequestLogEntry.objects.count() == 5
+
+
 async def test_a_flush_adds_to_the_stored_sums_and_inserts_the_log_rows() -> None:
     ledger = UsageLedger()
     flusher = UsageFlusher(GatewayConfig(), lambda: ledger)
