@@ -32,7 +32,7 @@ from inference.pipeline.target import EngineTarget
 from inference.upstreams.engine import EngineOutput, EngineRequest, SamplingParams
 from inference.writers import ResponseWriter
 
-__all__ = ["ChatTurn", "TargetOf", "TurnRun", "TurnDeliver", "turn_events"]
+__all__ = ["ChatTurn", "TargetOf", "TurnRun", "TurnDeliver", "turn_events", "turn_step"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,14 +71,23 @@ async def turn_events(
     ends when every choice is done (the caller's closing of ``outputs`` then aborts the engine if it
     was not)."""
     async for output in outputs:
-        choice = choices[output.index]
-        events = choice.step(output)
-        if choice.completion_tokens < output.completion_tokens:  # a stop inside the output ended the count
-            output = replace(output, completion_tokens=choice.completion_tokens)
-        count(output, choice.reasoning_tokens)
+        choice, events = turn_step(output, choices, count)
         yield choice, events
         if choice.done and all(other.done for other in choices):  # only a step that ended its choice can end all
             return
+
+
+def turn_step(
+    output: EngineOutput, choices: list[ChoiceOutput], count: Callable[[EngineOutput, int], None]
+) -> tuple[ChoiceOutput, list[Event]]:
+    """One engine output of :func:`turn_events`, for a reader that iterates the outputs itself (one
+    generator less per token); it ends when the returned choice is done and every other one is."""
+    choice = choices[output.index]
+    events = choice.step(output)
+    if choice.completion_tokens < output.completion_tokens:  # a stop inside the output ended the count
+        output = replace(output, completion_tokens=choice.completion_tokens)
+    count(output, choice.reasoning_tokens)
+    return choice, events
 
 
 class ChatTurn:

@@ -21,7 +21,7 @@ stopped on its own).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Protocol, cast
 
 from inference.pipeline.events import Event, Finished, ReasoningDelta, TextDelta, ToolCallDelta
 from inference.pipeline.reasoning import ReasoningParser, ReasoningTokenCount
@@ -169,8 +169,9 @@ class ChoiceOutput:
         if not text:
             return []
         self.text_length += len(text)
+        # feed() hands back a list of its own making: taken as it is (no copy per token).
         pieces: list[ReasoningDelta | TextDelta] = (
-            list(self._reasoning.feed(text)) if self._reasoning is not None else [TextDelta(text)]
+            self._reasoning.feed(text) if self._reasoning is not None else [TextDelta(text)]
         )
         return self._content(pieces)
 
@@ -183,7 +184,7 @@ class ChoiceOutput:
 
     def _content(self, pieces: list[ReasoningDelta | TextDelta]) -> list[Event]:
         if self._tools is None:
-            return list(pieces)
+            return cast(list[Event], pieces)  # the caller's own new list: no copy
         events: list[Event] = []
         for piece in pieces:
             if isinstance(piece, TextDelta):

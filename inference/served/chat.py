@@ -31,7 +31,7 @@ from inference.schemas.profiles import Profile, detect_profile
 from inference.pipeline.target import EngineTarget
 from inference.served.base import ServedRequest, ServedSurface
 from inference.pipeline.turn import chat_turn
-from inference.pipeline.chat_turn import ChatTurn, TurnRun, turn_events
+from inference.pipeline.chat_turn import ChatTurn, TurnRun, turn_events, turn_step
 from inference.pipeline.engine_answer import EngineAnswer
 from inference.served.openai_shapes import chat_logprobs, usage_json
 from inference.upstreams.engine import EngineOutput
@@ -42,6 +42,7 @@ __all__ = ["ServedChat"]
 
 _OPENAI_FINISH = {"abort": "stop"}  # the engine's own abort is not an OpenAI finish reason
 _TEXT_TAIL = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+_CONTENT_KEY = b',"delta":{"content":'
 
 
 class ServedChat(ServedSurface):
@@ -137,11 +138,21 @@ class ServedChat(ServedSurface):
             out += self._event_chunk(choice.index, {"role": "assistant", "content": ""}, tally, running)
         await writer.chunk(bytes(out))
         with_logprobs = self.sampling.logprobs
+        # A content delta's chunk straight from the per-stream bytes when _event_bytes would write it so.
+        plain = not with_logprobs and not running and not self.usage_on_finish
+        text_chunk = self._text_chunk
+        count = tally.add
         try:
-            async for choice, added in turn_events(outputs, choices, tally.add):
-                if not with_logprobs and len(added) == 1 and type(added[0]) is not Finished:
-                    await writer.chunk(self._event_bytes(choice.index, added[0], tally, None, False))
-                    continue  # one delta: the usual step, written as the loop below writes it
+            async for output in outputs:  # turn_events written out: one generator less per token
+                choice, added = turn_step(output, choices, count)
+                if not with_logprobs and len(added) == 1:
+                    event = added[0]
+                    if plain and type(event) is TextDelta:
+                        await writer.chunk(text_chunk(choice.index, _CONTENT_KEY, event.text))
+                        continue  # one content delta: the usual step
+                    if type(event) is not Finished:
+                        await writer.chunk(self._event_bytes(choice.index, event, tally, None, False))
+                        continue  # one delta: written as the loop below writes it
                 out.clear()
                 logprobs = None
                 for event in added:
@@ -153,6 +164,10 @@ class ServedChat(ServedSurface):
                     logprobs = None
                 if out:
                     await writer.chunk(bytes(out))
+                # Only a step that ended its choice can end all (its events close with Finished: not
+                # one of the single deltas above).
+                if choice.done and all(other.done for other in choices):
+                    break
         except UpstreamFailure as failure:
             await writer.break_stream(errors.stream_failed(failure.detail))
             return Delivered(False, token_usage(tally.usage()))
@@ -193,7 +208,7 @@ class ServedChat(ServedSurface):
         if logprobs is None and not running and not self.usage_on_finish:
             kind = type(event)
             if kind is TextDelta:
-                return self._text_chunk(index, b',"delta":{"content":', event.text)  # type: ignore[union-attr]
+                return self._text_chunk(index, _CONTENT_KEY, event.text)  # type: ignore[union-attr]
             if kind is ReasoningDelta:
                 return self._text_chunk(index, b',"delta":{"reasoning_content":', event.text)  # type: ignore[union-attr]
         if isinstance(event, TextDelta):

@@ -27,7 +27,7 @@ import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, AsyncIterator, Awaitable, ClassVar, NamedTuple, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, ClassVar, NamedTuple, Protocol
 
 from inference.routing.load_report import EngineLoad
 from inference.routing.workers import Transport, WorkerRecord, transport_of
@@ -38,7 +38,8 @@ __all__ = [
     "ENGINE_CLIENTS", "ENGINE_CONNECTORS", "CommandResult", "Constraint", "ConstraintKind",
     "DisaggregationParams", "EmbedRequest", "EncodeBootstrap", "EmbedResult", "EngineClient", "EngineClients", "EngineConnect",
     "EngineHealth", "EngineKey", "EngineOutput", "EngineRequest", "Finish", "FinishReason", "KvTransfer", "ModelInfo",
-    "ProfileOptions", "SamplingParams", "TokenLogprobs", "TokenizerBundle", "connect_engine", "engine_connector",
+    "ENGINE_OUTPUT_STEP", "ProfileOptions", "SamplingParams", "TokenLogprobs", "TokenizerBundle", "connect_engine",
+    "engine_connector",
 ]  # fmt: skip
 
 
@@ -248,6 +249,44 @@ class EngineOutput:
     @property
     def finished(self) -> bool:
         return self.finish is not None
+
+
+class _EngineOutputStep:
+    """Builds a mid-stream :class:`EngineOutput` (no finish, no speculative counts, no KV handoff)
+    at a quarter of the frozen constructor's cost (~0.9 against ~4 us: it sets each slot with a
+    plain store instead of ``object.__setattr__``), then makes the instance an :class:`EngineOutput`
+    (the same slots in the same order, so the layouts match): what comes out is as frozen as one
+    built by the constructor. One is made per engine message. Never used as a type of its own."""
+
+    __slots__ = EngineOutput.__slots__
+
+    def __init__(
+        self, index: int, token_ids: tuple[int, ...], prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+        reasoning_tokens: int, logprobs: tuple[TokenLogprobs, ...] | None,
+        prompt_logprobs: tuple[TokenLogprobs | None, ...] | None,
+    ) -> None:  # fmt: skip
+        self.index = index
+        self.token_ids = token_ids
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.cached_tokens = cached_tokens
+        self.reasoning_tokens = reasoning_tokens
+        self.logprobs = logprobs
+        self.prompt_logprobs = prompt_logprobs
+        self.finish = None
+        self.spec_accepted_tokens = 0
+        self.spec_draft_tokens = 0
+        self.kv_transfer_params = None
+        self.__class__ = EngineOutput  # type: ignore[assignment]
+
+
+ENGINE_OUTPUT_STEP: Callable[
+    [int, tuple[int, ...], int, int, int, int, tuple[TokenLogprobs, ...] | None, tuple[TokenLogprobs | None, ...] | None],
+    EngineOutput,
+] = _EngineOutputStep  # type: ignore[assignment]
+"""``ENGINE_OUTPUT_STEP(index, token_ids, prompt_tokens, completion_tokens, cached_tokens,
+reasoning_tokens, logprobs, prompt_logprobs)``: an :class:`EngineOutput` with the other fields at
+their defaults, equal to the constructor's, built cheaply (see :class:`_EngineOutputStep`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from google.protobuf.json_format import MessageToDict
 from common import tracing
 from inference.routing.load_report import EngineLoad
 from inference.upstreams.engine import (
+    ENGINE_OUTPUT_STEP,
     CommandResult,
     EmbedResult,
     EngineClient,
@@ -344,7 +345,14 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
                 call = await self._start_generate(request)
                 drain = getattr(call, "drain", None)  # the event-loop reader hands over what arrived
                 async for response in call:
-                    pieces = self._pieces(response, drain() if drain is not None else ())
+                    more = drain() if drain is not None else ()
+                    if more:
+                        pieces: Iterable[WireChunk | WireComplete] = self._pieces(response, more)
+                    else:  # one message: the usual case while an engine decodes
+                        one = self._decode(response)
+                        if one is None:
+                            continue
+                        pieces = (one,)
                     for piece in pieces:
                         if not 0 <= piece.index < len(choices):
                             raise UpstreamFailure(
@@ -414,9 +422,9 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
             choice.completion_tokens += len(chunk.token_ids)
         if not chunk.token_ids and chunk.prompt_logprobs is None:
             return None
-        # Positional, in EngineOutput's field order (index, token_ids, prompt, completion, cached and
-        # reasoning tokens, logprobs, prompt logprobs): one per engine message, keywords cost more.
-        return EngineOutput(
+        # One per engine message: the cheap builder (positional, in EngineOutput's field order: index,
+        # token_ids, prompt, completion, cached and reasoning tokens, logprobs, prompt logprobs).
+        return ENGINE_OUTPUT_STEP(
             chunk.index,
             chunk.token_ids,
             chunk.prompt_tokens,

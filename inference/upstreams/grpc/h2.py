@@ -197,6 +197,23 @@ class H2Call(Generic[T]):
     def _data(self, payload: bytes, end_stream: bool, flow: int) -> None:
         self._uncredited += flow
         buffer = self._buffer
+        if (
+            not buffer and len(payload) > 5 and not payload[0]
+            and int.from_bytes(payload[1:5], "big") == len(payload) - 5
+        ):  # fmt: skip
+            # One whole uncompressed message in this frame and nothing held: the usual case while an
+            # engine decodes, read without the buffer's copies (what the loop below does with it).
+            try:
+                self._messages.append(self._decode(payload[5:]))
+            except Exception as exc:  # noqa: BLE001 - a message that does not parse ends the call
+                self._finish(GrpcStatusError(GrpcStatus.INTERNAL, f"a message did not parse: {exc}"))
+                self._connection.reset(self.stream_id)
+                return
+            if end_stream:
+                self._finish(GrpcStatusError(GrpcStatus.INTERNAL, "the stream ended without a status"))
+            else:
+                self._wake()
+            return
         buffer += payload
         start = 0
         size = len(buffer)
@@ -330,7 +347,10 @@ class H2Connection(asyncio.Protocol):
             self._frame(head & 0xFF, flags, stream_id & 0x7FFFFFFF, payload)
             if self.failed is not None:
                 return
-        self._buffer = bytearray(buffer[start:]) if start < size else bytearray()
+        if start < size:
+            self._buffer = bytearray(buffer[start:])
+        elif self._buffer:
+            self._buffer = bytearray()
 
     # -- frames ----------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from inference.routing.workers import Transport
 from inference.upstreams.engine import (
     ENGINE_CLIENTS,
     ENGINE_CONNECTORS,
+    ENGINE_OUTPUT_STEP,
     CommandResult,
     Constraint,
     ConstraintKind,
@@ -270,6 +271,24 @@ def test_value_types_are_frozen_slotted_and_hashable(value: Any) -> None:
         value.extra = 1
     assert not hasattr(value, "__dict__")
     assert hash(value) == hash(dataclasses.replace(value))
+
+
+def test_the_cheap_step_builder_makes_a_frozen_engine_output_equal_to_the_constructors() -> None:
+    logprobs = (TokenLogprobs(7, -0.5),)
+    built = ENGINE_OUTPUT_STEP(1, (7,), 10, 3, 4, 2, logprobs, (None,))
+    expected = EngineOutput(1, (7,), 10, 3, 4, 2, logprobs, (None,))
+    assert type(built) is EngineOutput
+    # Every field read (a slot the builder left unset would raise here), each in its own place.
+    assert [getattr(built, f.name) for f in dataclasses.fields(EngineOutput)] == [
+        getattr(expected, f.name) for f in dataclasses.fields(EngineOutput)
+    ]
+    assert built == expected and hash(built) == hash(expected)
+    assert dataclasses.replace(built, completion_tokens=5).completion_tokens == 5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.completion_tokens = 9  # type: ignore[misc]
+    with pytest.raises((dataclasses.FrozenInstanceError, AttributeError, TypeError)):
+        built.extra = 1  # type: ignore[attr-defined]
+    assert not hasattr(built, "__dict__") and not built.finished
 
 
 def test_a_request_is_rebuilt_not_mutated() -> None:
