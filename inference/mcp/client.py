@@ -27,21 +27,28 @@ import logging
 import re
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from functools import cache
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, TypeVar
 from urllib.parse import urlsplit
 
 import httpx2
-import mcp_types
 import orjson
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from common.config import GatewayConfig
 from common.ssrf import SYNTAX_ONLY, SsrfPolicy, SsrfRefused, target_of
 from common.ssrf_http import ResponseBudget, ResponseTooLarge, guarded_http_client
 from inference.mcp.errors import McpConnectError, McpListToolsError, McpServerParamsError
+
+if TYPE_CHECKING:
+    import mcp_types
+    from mcp import Client
+    from mcp.shared.exceptions import MCPError
+
+# The ``mcp`` SDK (with its ``mcp_types`` models, ~1.4k pydantic classes) is imported by the code that
+# opens a session or reads its answers, not at this module's import: every gateway imports this module
+# (the Messages and Responses routes), and the SDK was the largest share of start-up (issue 26 item 5)
+# for a gateway that never opens an MCP session.
 
 __all__ = [
     "CONNECTIONS_PER_SESSION",
@@ -64,7 +71,19 @@ MAX_LIST_PAGES = 64  # pages of one tools/list walk (a paginator that never ends
 CONNECTIONS_PER_SESSION = 8  # sockets one session may hold (the SSE stream and concurrent calls)
 MAX_HEADERS = 32  # headers a caller may set for one server
 MAX_HEADER_BYTES = 16 * 1024  # their names and values together
-CLIENT_INFO = mcp_types.Implementation(name="inference-gateway", version="1")
+
+
+@cache
+def _client_info() -> mcp_types.Implementation:
+    import mcp_types
+
+    return mcp_types.Implementation(name="inference-gateway", version="1")
+
+
+def _mcp_error() -> type[MCPError]:
+    from mcp.shared.exceptions import MCPError
+
+    return MCPError
 
 # Headers the transport owns: the caller may not set them (Authorization goes in ``authorization``).
 _OWNED_HEADERS = frozenset(
@@ -209,6 +228,8 @@ def _cap_text(text: str, limit: int) -> tuple[str, bool]:
 
 
 def _block_text(block: Any) -> str | None:
+    import mcp_types
+
     if isinstance(block, mcp_types.TextContent):
         return block.text
     if isinstance(block, mcp_types.EmbeddedResource) and isinstance(block.resource, mcp_types.TextResourceContents):
@@ -294,7 +315,7 @@ class McpSession:
             return self._error(refused.reason, refused=refused)
         if self._budget.exceeded or _find(exc, ResponseTooLarge) is not None:
             return self._error(f"an answer exceeded {self.limits.max_response_bytes} bytes")
-        mcp_error = _find(exc, MCPError)
+        mcp_error = _find(exc, _mcp_error())
         if mcp_error is not None:
             return self._error(f"the server answered the handshake with an error ({mcp_error.code}: {mcp_error.message})")
         if _find(exc, httpx2.TimeoutException) is not None:
@@ -341,6 +362,9 @@ class McpSession:
     async def _run(self, policy: SsrfPolicy) -> None:
         """The session's own task: holds the SDK's transport and session contexts open until
         :meth:`aclose` (or the server goes away)."""
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+
         assert self._ready is not None
         limits = self.limits
         http_timeout = httpx2.Timeout(
@@ -360,7 +384,7 @@ class McpSession:
                     self.params.url, http_client=http, max_sse_event_size=limits.max_response_bytes
                 )
                 async with Client(
-                    transport, cache=None, client_info=CLIENT_INFO, read_timeout_seconds=limits.tool_timeout_secs
+                    transport, cache=None, client_info=_client_info(), read_timeout_seconds=limits.tool_timeout_secs
                 ) as client:
                     self._client = client
                     self._ready.set_result(None)
@@ -478,7 +502,7 @@ class McpSession:
             ) from None
         except _SessionLost:
             raise self._error(self._lost_reason(), listing=True) from None
-        except MCPError as exc:
+        except _mcp_error() as exc:
             if self._budget.exceeded:
                 raise self._error(f"an answer exceeded {self.limits.max_response_bytes} bytes", listing=True) from None
             raise self._error(f"tools/list failed ({exc.code}: {exc.message})", listing=True) from None
@@ -514,11 +538,13 @@ class McpSession:
             return _failure("timeout", f"the MCP tool call timed out after {limits.tool_timeout_secs:g}s")
         except _SessionLost:
             return _failure("connection", self._lost_reason())
-        except MCPError as exc:
+        except _mcp_error() as exc:
             if self._budget.exceeded:
                 self._budget.exceeded = False
                 return _failure("too_large", f"the MCP server's answer exceeded {limits.max_response_bytes} bytes")
-            if exc.code == mcp_types.REQUEST_TIMEOUT:
+            from mcp_types import REQUEST_TIMEOUT
+
+            if exc.code == REQUEST_TIMEOUT:
                 return _failure("timeout", f"the MCP tool call timed out after {limits.tool_timeout_secs:g}s")
             return _failure("protocol", f"MCP error {exc.code}: {exc.message}", exc.code)
         except ValidationError:

@@ -42,12 +42,17 @@ from inference.upstreams import connect_engine
 from inference.upstreams.failures import UpstreamFailure
 from inference.upstreams.registry import UnknownUpstream
 
-try:  # the hub client comes with ``tokenizers``; without it, the library's own download
-    from huggingface_hub import snapshot_download as _hub_snapshot_download
-except ImportError:  # pragma: no cover - huggingface_hub is installed with tokenizers
-    _hub_snapshot_download = None  # type: ignore[assignment]
+_snapshot_download: Callable[..., Any] | None = None  # a stand-in for the hub client's (tests)
 
-_snapshot_download: Callable[..., Any] | None = _hub_snapshot_download
+
+def _hub_snapshot_download() -> Callable[..., Any] | None:
+    """The hub client's ``snapshot_download``, imported when a hub id is first fetched rather than at
+    every start (issue 26 item 5); None without it (``tokenizers``' own download is used)."""
+    try:  # the hub client comes with ``tokenizers``; without it, the library's own download
+        from huggingface_hub import snapshot_download
+    except ImportError:  # pragma: no cover - huggingface_hub is installed with tokenizers
+        return None
+    return snapshot_download
 
 __all__ = [
     "SourceKind", "source_kind", "resolve_tokenizer_source", "afetch_worker_tokenizer", "unpack_tokenizer_archive",
@@ -114,7 +119,7 @@ def resolve_tokenizer_source(
 
 
 def _from_hub(repo_id: str, work_dir: Path, download: Callable[..., Any] | None = None) -> Path:
-    download = download or _snapshot_download
+    download = download or _snapshot_download or _hub_snapshot_download()
     try:
         if download is not None:
             return Path(download(repo_id, allow_patterns=HUB_FILE_PATTERNS))
