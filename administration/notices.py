@@ -110,7 +110,7 @@ def latest_change() -> int:
     connection = connections[router.db_for_read(RegistryChange)]
     with connection.cursor() as cursor:
         quote = connection.ops.quote_name
-        cursor.execute(f"SELECT MAX({quote(meta.pk.column)}) FROM {quote(meta.db_table)}")
+        cursor.execute(f"SELECT MAX({quote('seq')}) FROM {quote(meta.db_table)}")  # the primary key's column
         row = cursor.fetchone()
     return int(row[0] or 0) if row else 0
 
