@@ -33,12 +33,16 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from PIL import Image
 
 from inference import errors
+
+if TYPE_CHECKING:
+    import numpy as np
+# numpy is imported by the functions that compute pixels (an image request to an EPD worker), not
+# at this module's import, which every gateway start makes (issue 26 item 5).
 
 __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
@@ -259,6 +263,8 @@ def preprocess(data: bytes, processor: VisionProcessor, dtype: str = WIRE_DTYPE)
     """The image's encoder input (decode, smart resize, rescale, normalize, patchify) as ``dtype``
     (bfloat16 or float32). Blocks: call it off the event loop for a large image. Raises ValueError
     (or OSError) for an undecodable one."""
+    import numpy as np
+
     image = _open(data)
     image.load()
     if image.mode != "RGB":
@@ -294,6 +300,8 @@ def preprocess(data: bytes, processor: VisionProcessor, dtype: str = WIRE_DTYPE)
 def bfloat16_bits(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """``values`` (float32) as bfloat16 bits, little-endian uint16 (round to nearest even); the
     float32 array may be overwritten."""
+    import numpy as np
+
     bits = np.ascontiguousarray(values, dtype="<f4").view("<u4")
     lsb = bits >> np.uint32(16)
     lsb &= np.uint32(1)
@@ -305,6 +313,8 @@ def bfloat16_bits(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 def bfloat16_bytes(values: np.ndarray[Any, Any]) -> bytes:
     """``values`` as little-endian bfloat16 bytes (round to nearest even), the encoder input's wire dtype."""
+    import numpy as np
+
     return bfloat16_bits(np.array(values, dtype="<f4")).tobytes()
 
 

@@ -1,6 +1,6 @@
 """What a gateway imports to start: the libraries only some gateways use (the ``mcp`` SDK for MCP
 tool loops, kubernetes_asyncio for the Kubernetes discovery provider, huggingface_hub for hub
-tokenizers) are imported when first used, not by the modules every start imports (issue 26 item 5:
+tokenizers, numpy for an EPD worker's image pixels) are imported when first used, not by the modules every start imports (issue 26 item 5:
 they were about a third of start-up's CPU)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ django.setup()
 import administration.lifecycle
 import administration.management.commands.rungateway
 import gateway_project.asgi
-print(' '.join(sorted(name for name in ('mcp', 'mcp_types', 'kubernetes_asyncio', 'huggingface_hub') if name in sys.modules)))
+print(' '.join(sorted(name for name in ('mcp', 'mcp_types', 'kubernetes_asyncio', 'huggingface_hub', 'numpy') if name in sys.modules)))
 """
 
 
