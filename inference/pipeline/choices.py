@@ -63,7 +63,7 @@ class ChoiceOutput:
     """One choice of one request. Not thread-safe."""
 
     __slots__ = (
-        "index", "_detokenizer", "_stops", "_options", "_reasoning", "_reasoning_count", "_tools", "done",
+        "index", "_detokenizer", "_stops", "_matching", "_options", "_reasoning", "_reasoning_count", "_tools", "done",
         "completion_tokens", "reasoning_tokens", "logprobs", "text_length",
     )  # fmt: skip
 
@@ -75,6 +75,7 @@ class ChoiceOutput:
             kept_special_ids=options.kept_special_ids,
         )
         self._stops = StopMatcher(options.stops, no_stop_trim=options.no_stop_trim)
+        self._matching = self._stops.active  # stop strings to match (without, feed() hands text on as it is)
         self._reasoning = options.reasoning() if options.reasoning is not None else None
         self._reasoning_count = (
             ReasoningTokenCount(self._reasoning, options.reasoning_end_id) if self._reasoning is not None else None
@@ -103,7 +104,7 @@ class ChoiceOutput:
             counted = min(counted, before + at + 1)  # through the stop token
         ending = at is not None or output.finish is not None
         detokenizer = self._detokenizer
-        if len(ids) > 1 and self._stops.active:
+        if len(ids) > 1 and self._matching:
             start = detokenizer.copy()
             text = detokenizer.step(ids)
             if ending:
@@ -119,7 +120,8 @@ class ChoiceOutput:
             text = detokenizer.step(ids)
             if ending:
                 text += detokenizer.flush()
-            text = self._stops.feed(text)
+            if self._matching:
+                text = self._stops.feed(text)
         self.completion_tokens = max(self.completion_tokens, counted)
         if output.logprobs is not None:
             self.logprobs.extend(output.logprobs[: len(ids)])

@@ -169,8 +169,8 @@ class H2Call(Generic[T]):
             finally:
                 self._waiter = None
         message = self._messages.popleft()
-        if not self._messages:
-            self._credit()
+        if not self._messages and self._uncredited >= self._connection.credit_after:
+            self._credit()  # (its test written out: most messages leave nothing to give back)
         return message
 
     def _wake(self) -> None:
@@ -359,11 +359,15 @@ class H2Connection(asyncio.Protocol):
             self._protocol_error("a header block was interrupted")
             return
         if kind == _DATA:
-            self._consume(len(payload))
+            flow = len(payload)
+            consumed = self._consumed + flow  # _consume written out: a DATA frame per engine message
+            if consumed >= _REOPEN_AFTER and self.transport is not None:
+                self.transport.write(_frame(_WINDOW_UPDATE, 0, 0, consumed.to_bytes(4, "big")))
+                consumed = 0
+            self._consumed = consumed
             call = self._calls.get(stream_id)
             if call is None:
                 return
-            flow = len(payload)
             if flags & _PADDED:
                 payload = payload[1 : len(payload) - payload[0]]
             call._data(payload, bool(flags & _END_STREAM), flow)
