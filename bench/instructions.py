@@ -4,6 +4,7 @@ machine does not change (CPU time per request swings with the load of other work
 ``.venv/bin/python bench/instructions.py [--requests 1000] [--targets gateway,smg] [--api-key KEY]``
 ``[--repo PATH]`` (another checkout's build of the gateway, run with this venv, as ``gateway@PATH``)
 ``[--gateway-args '...']`` (more ``rungateway`` arguments for every gateway build)
+``[--stream]`` (streamed chats of ``--stream-tokens`` tokens from the Python mock worker instead)
 
 Each target runs under ``valgrind --tool=callgrind --instr-atstart=no`` in front of one nginx worker
 answering a fixed ``chat.completion`` (bench/nginx.py), health checks on as deployed. Once it is ready
@@ -12,6 +13,11 @@ the bench sends a warm-up of requests, turns counting on (``callgrind_control -i
 and dumps: the count covers every thread of the target's process (the gateway's serving loop and its
 helper threads; smg's runtime) for exactly those requests, and the background work (health checks,
 samplers) of that window. The client's work is not counted.
+
+With ``--stream`` the worker is ``standins/mock_worker.py`` (one event per token, ``--stream-delay-ms``
+apart, so they come one by one; with none it sends them at once and they arrive as one chunk) and every
+request asks for a stream without ``stream_options``: the case where the gateway asks the worker for
+usage and takes its usage-only event out (docs/DECISIONS.md D66, D85). The worker is not counted.
 
 Instructions are not CPU time: an interpreter and compiled code retire instructions at different
 rates, and callgrind does not count the kernel. Use them beside ``bench/cpu_cost.py --relay`` (CPU
@@ -36,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp  # noqa: E402
 
-from bench.gateway import REPO, gateway_argv  # noqa: E402
+from bench.gateway import REPO, gateway_argv, start_mock_worker  # noqa: E402
 from bench.nginx import start_nginx_worker  # noqa: E402
 from bench.peers import PEERS, start_smg  # noqa: E402
 from bench.procs import LOOPBACK, ManagedProcess, ProcessGroup, child_env, free_port, http_get  # noqa: E402
@@ -48,13 +54,14 @@ BODY = json.dumps(
     {"model": "bench-model", "messages": [{"role": "system", "content": "You are terse."},
                                          {"role": "user", "content": "hello"}]}
 ).encode()
+STREAM_BODY = json.dumps({**json.loads(BODY), "stream": True}).encode()
 
 
 def _callgrind(out: Path) -> list[str]:
     return ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
 
 
-async def _send(url: str, count: int, concurrency: int, api_key: str | None) -> None:
+async def _send(url: str, count: int, concurrency: int, api_key: str | None, body: bytes = BODY) -> None:
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -65,7 +72,7 @@ async def _send(url: str, count: int, concurrency: int, api_key: str | None) -> 
             nonlocal remaining
             while remaining > 0:
                 remaining -= 1
-                async with session.post(url, data=BODY, headers=headers) as response:
+                async with session.post(url, data=body, headers=headers) as response:
                     await response.read()
                     if response.status != 200:
                         raise RuntimeError(f"{url}: {response.status}")
@@ -88,11 +95,12 @@ def _totals(dump: Path) -> int:
 def count(name: str, proc: ManagedProcess, port: int, work: Path, args: argparse.Namespace) -> float:
     """Instructions per request of one target started under callgrind: warmed up, then counted."""
     url = f"http://{LOOPBACK}:{port}/v1/chat/completions"
-    asyncio.run(_send(url, WARM_UP, args.concurrency, args.api_key))
+    body = STREAM_BODY if args.stream else BODY
+    asyncio.run(_send(url, WARM_UP, args.concurrency, args.api_key, body))
     pid = str(proc.popen.pid)
     _control("-i", "on", pid)
     started = time.monotonic()
-    asyncio.run(_send(url, args.requests, args.concurrency, args.api_key))
+    asyncio.run(_send(url, args.requests, args.concurrency, args.api_key, body))
     _control("-i", "off", pid)
     _control(f"--dump=counted-{args.requests}", pid)
     dumps = sorted(work.glob(f"{name}.callgrind.*"), key=lambda path: path.stat().st_mtime)
@@ -133,6 +141,11 @@ def main() -> int:
                         "(e.g. '--request-log-max-rows 0')")  # fmt: skip
     parser.add_argument("--repo", type=Path, action="append", default=[],
                         help="also measure the gateway of this checkout (run with this venv)")  # fmt: skip
+    parser.add_argument("--stream", action="store_true",
+                        help="streamed chats from the Python mock worker (the gateway asks it for usage)")  # fmt: skip
+    parser.add_argument("--stream-tokens", type=int, default=16)
+    parser.add_argument("--stream-delay-ms", type=float, default=1.0,
+                        help="the mock worker's pause before each event (its events then come one by one)")  # fmt: skip
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind (callgrind) is needed: apt-get install valgrind", file=sys.stderr)
@@ -141,7 +154,11 @@ def main() -> int:
     results: dict[str, float] = {}
     with ProcessGroup(work / "logs") as group:
         worker_port = free_port()
-        start_nginx_worker(group, work / "nginx", worker_port, core=ALL_CORES)
+        if args.stream:
+            start_mock_worker(group, port=worker_port, tokens=args.stream_tokens, delay_ms=args.stream_delay_ms,
+                              core=ALL_CORES)  # fmt: skip
+        else:
+            start_nginx_worker(group, work / "nginx", worker_port, core=ALL_CORES)
         worker_url = f"http://{LOOPBACK}:{worker_port}"
         builds = [("gateway", REPO)] if "gateway" in args.targets.split(",") else []
         builds += [(f"gateway@{repo}", repo.resolve()) for repo in args.repo]

@@ -84,6 +84,9 @@ def _servable(record: WorkerRecord) -> bool:
 _USAGE_OPTION_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
 
 
+_ASK_USAGE = b'{"stream_options":{"include_usage":true},'
+
+
 def path_takes_usage_option(path: str) -> bool:
     """Whether a stream on ``path`` reports usage only when asked (``stream_options.include_usage``)."""
     return path in _USAGE_OPTION_PATHS
@@ -260,6 +263,10 @@ class SurfaceRoute:
                 given = options if isinstance(options, dict) else {}
                 relayed_body = {**body, "stream_options": {**given, "include_usage": True}}
                 added_usage = True
+                if not modified and "stream_options" not in body and payload[:1] == b"{":
+                    # The client's own bytes with the option put first (the body has no such key to
+                    # repeat), not the whole body written again (D85).
+                    rewritten.append(_ASK_USAGE + payload[1:])
         worker = decision.worker
         transport = worker.record.transport
         route.selected(worker.record.worker_type, transport, decision.policy, transport)

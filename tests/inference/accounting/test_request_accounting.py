@@ -91,6 +91,16 @@ async def test_a_stream_the_client_asked_no_usage_of_is_accounted_and_passed_on_
     assert entry.outcome is Outcome.SUCCESS and entry.ttft_secs is not None and entry.ttft_secs <= entry.latency_secs
 
 
+async def test_the_usage_option_asked_of_the_worker_keeps_the_clients_body(
+    gateway: httpx.AsyncClient, worker: RunningWorker
+) -> None:
+    # The option is put into the client's own bytes (D85): the worker reads every other field as sent.
+    body = {**CHAT, "stream": True, "temperature": 0.5, "user": "u-1"}
+    async with gateway.stream("POST", "/v1/chat/completions", json=body) as response:
+        b"".join([chunk async for chunk in response.aiter_raw()])
+    assert worker.requests()[-1]["json"] == {**body, "stream_options": {"include_usage": True}}
+
+
 async def test_a_stream_with_include_usage_is_accounted_once(gateway: httpx.AsyncClient, worker: RunningWorker) -> None:
     body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
     async with gateway.stream("POST", "/v1/chat/completions", json=body) as response:
