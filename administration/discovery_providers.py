@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from administration.discovery_reconcile import DiscoveryProvider
 from administration.file_discovery import FileDiscovery
+from administration.pod_discovery import PodDiscovery
 from common.config import GatewayConfig
 
 __all__ = ["discovery_provider_for"]
@@ -16,8 +17,4 @@ def discovery_provider_for(config: GatewayConfig) -> DiscoveryProvider | None:
         return None
     if config.discovery_provider == "file":
         return FileDiscovery(config)
-    # Imported here: kubernetes_asyncio is the larger share of this import, and a gateway without
-    # the Kubernetes provider (most of them) need not pay for it at every start (issue 26 item 5).
-    from administration.pod_discovery import PodDiscovery
-
     return PodDiscovery(config)

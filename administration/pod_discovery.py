@@ -26,18 +26,19 @@ import asyncio
 import logging
 import os
 import random
-from typing import Any, Mapping
+import functools
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Mapping
 
 import aiohttp
 import orjson
-from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio import watch as kube_watch
-from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from administration.discovery_reconcile import DiscoveredWorker, Publish
 from administration.models import WorkerType
 from common.config import GatewayConfig
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 __all__ = ["PodDiscovery", "worker_of_pod", "list_selector", "BOOTSTRAP_PORT_ANNOTATION"]
 
@@ -142,7 +143,20 @@ class _Pause:
         self.secs = min(self.secs * 2, MAX_PAUSE_SECS)
 
 
-_API_ERRORS = (ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError)
+@functools.cache
+def _kubernetes() -> SimpleNamespace:
+    """kubernetes_asyncio, imported when the provider first runs rather than with this module: the
+    providers' module is imported at every gateway start, and most gateways run no Kubernetes
+    discovery (issue 26 item 5, start-up's imports)."""
+    from kubernetes_asyncio import config, watch
+    from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    return SimpleNamespace(
+        config=config, watch=watch, ApiClient=ApiClient, Configuration=Configuration, CoreV1Api=CoreV1Api,
+        ApiException=ApiException,
+        api_errors=(ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError),
+    )
 
 
 class PodDiscovery:
@@ -161,15 +175,17 @@ class PodDiscovery:
         self._pause = _Pause()
 
     async def _client(self) -> ApiClient:
-        configuration = Configuration()
+        kube = _kubernetes()
+        configuration = kube.Configuration()
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            kube_config.load_incluster_config(client_configuration=configuration)
+            kube.config.load_incluster_config(client_configuration=configuration)
         else:
-            await kube_config.load_kube_config(
+            await kube.config.load_kube_config(
                 config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration,
                 persist_config=False,
             )
-        return ApiClient(configuration=configuration)
+        api_client: ApiClient = kube.ApiClient(configuration=configuration)
+        return api_client
 
     def _call(self, api: CoreV1Api, **query: Any) -> Any:
         namespace = self.config.service_discovery_namespace
@@ -191,13 +207,14 @@ class PodDiscovery:
 
     async def run(self, publish: Publish) -> None:
         pause = self._pause
+        kube = _kubernetes()
         api_client: ApiClient | None = None
         try:
             while True:
                 try:
                     if api_client is None:
                         api_client = await self._client()
-                    api = CoreV1Api(api_client)
+                    api = kube.CoreV1Api(api_client)
                     if self.resource_version is None:
                         await self._list(api)
                         self._publish(publish)
@@ -206,7 +223,7 @@ class PodDiscovery:
                         pause.reset()
                     else:  # ended before any event: do not spin on a server that closes at once
                         await pause.sleep()
-                except ApiException as exc:
+                except kube.ApiException as exc:
                     if exc.status == 410:
                         log.info("discovery: the pods' resourceVersion %s expired (410 Gone); listing again",
                                  self.resource_version)
@@ -215,10 +232,10 @@ class PodDiscovery:
                     log.warning("discovery: Kubernetes API error %s %s; retrying in %.1f s",
                                 exc.status, exc.reason, pause.secs)
                     await pause.sleep()
-                except kube_config.ConfigException as exc:
+                except kube.config.ConfigException as exc:
                     log.warning("discovery: no Kubernetes credentials (%s); retrying in %.1f s", exc, pause.secs)
                     await pause.sleep()
-                except _API_ERRORS as exc:
+                except kube.api_errors as exc:
                     log.warning("discovery: Kubernetes API unreachable (%s: %s); retrying in %.1f s",
                                 type(exc).__name__, exc, pause.secs)
                     await pause.sleep()
@@ -244,7 +261,7 @@ class PodDiscovery:
             finally:
                 response.release()
             if not 200 <= response.status <= 299:
-                raise ApiException(status=response.status, reason=body[:200].decode(errors="replace"))
+                raise _kubernetes().ApiException(status=response.status, reason=body[:200].decode(errors="replace"))
             page = orjson.loads(body)
             metadata = page.get("metadata") or {}
             version = version or metadata.get("resourceVersion")
@@ -265,7 +282,7 @@ class PodDiscovery:
         self.watches += 1
         seen = False
         timeout = aiohttp.ClientTimeout(connect=CONNECT_TIMEOUT_SECS, sock_read=WATCH_TIMEOUT_SECS + 30)
-        async with kube_watch.Watch(return_type="object") as stream:
+        async with _kubernetes().watch.Watch(return_type="object") as stream:
             events = stream.stream(
                 self._call, api, resource_version=self.resource_version, timeout_seconds=WATCH_TIMEOUT_SECS,
                 allow_watch_bookmarks=True, _request_timeout=timeout,
