@@ -8,7 +8,7 @@ request a thread of its own."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 from django.db import connection
@@ -20,18 +20,9 @@ from administration.db import release_connections
 from administration.job_runner import run_job
 from administration.jobs import wait_for_local_jobs
 from administration.models import JobState, JobType, Worker, WorkerStatus
-from common.config import GatewayConfig, install_config
+from tests.administration.job_fixtures import jobs_end_at_once  # noqa: F401 (autouse here)
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _jobs_end() -> Iterator[None]:
-    """A job a test's POST queues gives up at once (nothing listens at its URL) and is waited for."""
-    install_config(GatewayConfig(worker_startup_timeout_secs=0.1, worker_startup_check_interval=0.1), export=False)
-    yield
-    wait_for_local_jobs()
-    install_config(GatewayConfig(), export=False)
 
 
 def _in_a_thread(work: Callable[[], Any]) -> Any:

@@ -12,30 +12,19 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from typing import Iterator
 
 import pytest
 from django.test import Client
 from django.utils import timezone
 
 from administration.job_runner import JOBS, run_job
-from administration.jobs import wait_for_local_jobs
 from administration.models import JobState, JobType, RegisteredTokenizer, TokenizerStatus, Worker, WorkerStatus
 from administration.tokenizer_jobs import ABANDONED_AFTER, clock
-from common.config import GatewayConfig, install_config
+from tests.administration.job_fixtures import jobs_end_at_once  # noqa: F401 (autouse here)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 URL = "http://127.0.0.1:9"  # never reached by the jobs under test: each fails before it connects
-
-
-@pytest.fixture(autouse=True)
-def _jobs_end() -> Iterator[None]:
-    """A job a test's POST queues (on a job thread) gives up at once and is waited for."""
-    install_config(GatewayConfig(worker_startup_timeout_secs=0.1, worker_startup_check_interval=0.1), export=False)
-    yield
-    wait_for_local_jobs()
-    install_config(GatewayConfig(), export=False)
 
 
 def _stored_worker(*, registered: bool, api_key: str = "", job_type: str = JobType.ADD) -> Worker:
