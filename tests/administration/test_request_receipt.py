@@ -5,6 +5,7 @@ a small application; clients on raw sockets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -64,14 +65,13 @@ def counting(limits: ReceiptLimits) -> type[BoundedHttpToolsProtocol]:
     return Counting
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[tuple[str, int]]:
-    DISCONNECTS.clear()
-    ACCEPTED.clear()
+@contextlib.asynccontextmanager
+async def serving(protocol: type[BoundedHttpToolsProtocol], **options: Any) -> AsyncIterator[tuple[str, int]]:
+    """uvicorn serving the echo application with ``protocol`` on a free loopback port."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(echo_app, http=counting(LIMITS), loop="asyncio", lifespan="on",
-                            log_level="warning", access_log=False)
+    config = uvicorn.Config(echo_app, http=protocol, loop="asyncio", lifespan="on",  # type: ignore[arg-type]
+                            log_level="warning", access_log=False, **options)
     instance = uvicorn.Server(config)
     task = asyncio.ensure_future(instance.serve(sockets=[sock]))
     while not instance.started:
@@ -79,6 +79,14 @@ async def server() -> AsyncIterator[tuple[str, int]]:
     yield sock.getsockname()[:2]
     instance.should_exit = True
     await asyncio.wait_for(task, 10)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[str, int]]:
+    DISCONNECTS.clear()
+    ACCEPTED.clear()
+    async with serving(counting(LIMITS)) as address:
+        yield address
 
 
 async def exchange(address: tuple[str, int], *parts: bytes, pause: float = 0.0, wait: float = 5.0) -> bytes:
@@ -269,17 +277,8 @@ def test_limits_come_from_the_flags() -> None:
 @pytest.fixture
 async def short_keep_alive() -> AsyncIterator[tuple[str, int]]:
     """The gateway's protocol with a keep-alive of 0.4 s."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(echo_app, http=bounded_protocol(LIMITS), loop="asyncio", lifespan="on",
-                            log_level="warning", access_log=False, timeout_keep_alive=0.4)  # type: ignore[arg-type]
-    instance = uvicorn.Server(config)
-    task = asyncio.ensure_future(instance.serve(sockets=[sock]))
-    while not instance.started:
-        await asyncio.sleep(0.01)
-    yield sock.getsockname()[:2]
-    instance.should_exit = True
-    await asyncio.wait_for(task, 10)
+    async with serving(bounded_protocol(LIMITS), timeout_keep_alive=0.4) as address:
+        yield address
 
 
 async def test_the_keep_alive_clock_is_one_timer_counted_from_the_last_answer(short_keep_alive: tuple[str, int]) -> None:
