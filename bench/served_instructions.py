@@ -130,11 +130,17 @@ def measure(name: str, proc: ManagedProcess, port: int, work: Path, args: argpar
                                  lambda body=body: asyncio.run(_send(url, body, args.streams, args.streams)))  # fmt: skip
         out[f"per_stream_{tokens}"] = total / args.streams
         out[f"events_per_stream_{tokens}"] = events / args.streams
+    return _sloped(name, out, low, high, f"{time.monotonic() - started:.0f} s")
+
+
+def _sloped(name: str, out: dict[str, float], low: int, high: int, note: str) -> dict[str, float]:
+    """``out`` with the per-token slope between the ``low`` and ``high`` token streams and the fixed
+    cost per stream it leaves, printed in one line."""
     out["per_token"] = (out[f"per_stream_{high}"] - out[f"per_stream_{low}"]) / (high - low)
     out["fixed_per_stream"] = out[f"per_stream_{low}"] - low * out["per_token"]
     print(f"{name:32} {out['per_request']:12,.0f} /request {out['per_token']:10,.0f} /output token "
-          f"{out['fixed_per_stream']:12,.0f} fixed /stream  events/stream {out[f'events_per_stream_{high}']:.0f} "
-          f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
+          f"{out['fixed_per_stream']:12,.0f} fixed /stream  events/stream {out[f'events_per_stream_{high}']:.1f} "
+          f"({note})", flush=True)  # fmt: skip
     return out
 
 
@@ -162,12 +168,7 @@ def in_process(name: str, number: int, repo: Path, engine_url: str, work: Path, 
     out = {"per_request": counts["whole"] / args.whole, **events}
     for tokens in (low, high):
         out[f"per_stream_{tokens}"] = counts[f"stream-{tokens}"] / args.streams
-    out["per_token"] = (out[f"per_stream_{high}"] - out[f"per_stream_{low}"]) / (high - low)
-    out["fixed_per_stream"] = out[f"per_stream_{low}"] - low * out["per_token"]
-    print(f"{name:32} {out['per_request']:12,.0f} /request {out['per_token']:10,.0f} /output token "
-          f"{out['fixed_per_stream']:12,.0f} fixed /stream  events/stream {out[f'events_per_stream_{high}']:.1f} "
-          f"(in-process, {time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
-    return out
+    return _sloped(name, out, low, high, f"in-process, {time.monotonic() - started:.0f} s")
 
 
 def main() -> int:
