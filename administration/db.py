@@ -18,6 +18,7 @@ opened for that request alone.
 from __future__ import annotations
 
 import contextvars
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
@@ -73,7 +74,18 @@ def release_connections() -> None:
                 connection.close()
 
 
-_store_threads: ThreadPoolExecutor | None = None
+_store_pool: list[ThreadPoolExecutor] = []
+_store_pool_lock = threading.Lock()
+
+
+def _store_threads() -> ThreadPoolExecutor:
+    """The store threads, made once under a lock: POSTs arrive on threads of their own (Django's
+    ASGI handler), and two first ones together must not each make a pool."""
+    if not _store_pool:
+        with _store_pool_lock:
+            if not _store_pool:
+                _store_pool.append(ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-store"))
+    return _store_pool[0]
 
 
 def on_store_thread(func: Callable[..., T], *args: Any) -> T:
@@ -82,13 +94,10 @@ def on_store_thread(func: Callable[..., T], *args: Any) -> T:
     own thread is made for that request (Django's ASGI handler) and opening the file parses the
     schema again, about a millisecond of CPU per POST /workers at fleet size. In place on a pooled
     store, and inside a transaction (a test's, ATOMIC_REQUESTS), which the work must see."""
-    global _store_threads
     if connections["default"].vendor != "sqlite" or connections["default"].in_atomic_block:
         return func(*args)
-    if _store_threads is None:
-        _store_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-store")
     context = contextvars.copy_context()  # the request's context (tracing, logging) goes with it
-    return _store_threads.submit(context.run, _releasing, func, *args).result()
+    return _store_threads().submit(context.run, _releasing, func, *args).result()
 
 
 def _releasing(func: Callable[..., T], *args: Any) -> T:

@@ -8,6 +8,7 @@ request a thread of its own."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable
 
 import pytest
@@ -16,6 +17,7 @@ from django.db.backends.signals import connection_created
 from django.test import Client
 from django.utils import timezone
 
+from administration import db
 from administration.db import release_connections
 from administration.job_runner import run_job
 from administration.jobs import wait_for_local_jobs
@@ -98,3 +100,28 @@ def test_posts_from_threads_of_their_own_open_the_store_once() -> None:
     finally:
         connection_created.disconnect(count)
     assert opened == []
+
+
+def test_first_posts_arriving_together_share_one_store_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two first POSTs on threads of their own make one pool between them: the pool is made under a
+    lock (a second one would keep its own threads and connections for the process's life)."""
+    monkeypatch.setattr(db, "_store_pool", [])
+    made: list[object] = []
+    real = db.ThreadPoolExecutor
+
+    class SlowPool(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(self)
+            time.sleep(0.05)  # widens the window in which a second thread could make its own
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(db, "ThreadPoolExecutor", SlowPool)
+    pools: list[object] = []
+    threads = [threading.Thread(target=lambda: pools.append(db._store_threads())) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(made) == 1
+    assert len(pools) == 8 and all(pool is made[0] for pool in pools)
+    made[0].shutdown()  # type: ignore[attr-defined]
