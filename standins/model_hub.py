@@ -6,8 +6,11 @@
 chosen by ``allow_patterns`` with the client's own filter (``huggingface_hub.utils.filter_repo_objects``),
 copied into a snapshot folder under ``cache``, whose path it returns. An unknown repository raises
 the client's ``RepositoryNotFoundError``. ``downloads`` records each call's file names.
+:meth:`ModelHub.file_sizes` is the hub's file listing (``model_info(files_metadata=True)``): each
+file's size by name.
 
-Tests put it in place of the client (``inference.pipeline.tokenizer_sources._snapshot_download``).
+Tests put it in place of the client (``inference.pipeline.tokenizer_sources._snapshot_download`` and
+``_hub_file_sizes``; :meth:`ModelHub.install` sets both).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any
 import httpx2
 from huggingface_hub.errors import RepositoryNotFoundError
 from huggingface_hub.utils import filter_repo_objects
+
+from inference.pipeline import tokenizer_sources
 
 __all__ = ["ModelHub"]
 
@@ -45,15 +50,28 @@ class ModelHub:
                 target.symlink_to(source)
         return folder
 
-    def snapshot_download(
-        self, repo_id: str, *, allow_patterns: list[str] | str | None = None, **_: Any
-    ) -> str:
+    def install(self, monkeypatch: Any) -> None:
+        """Put this hub in place of the hub client for a test (a pytest ``monkeypatch``)."""
+        monkeypatch.setattr(tokenizer_sources, "_snapshot_download", self.snapshot_download)
+        monkeypatch.setattr(tokenizer_sources, "_hub_file_sizes", self.file_sizes)
+
+    def _folder(self, repo_id: str) -> Path:
         folder = self.root / repo_id
         if not folder.is_dir():
             request = httpx2.Request("GET", f"https://hub.invalid/api/models/{repo_id}")
             raise RepositoryNotFoundError(
                 f"{repo_id} is not on the stand-in hub", response=httpx2.Response(404, request=request)
             )
+        return folder
+
+    def file_sizes(self, repo_id: str) -> dict[str, int]:
+        folder = self._folder(repo_id)
+        return {path.name: path.stat().st_size for path in folder.iterdir() if path.is_file()}
+
+    def snapshot_download(
+        self, repo_id: str, *, allow_patterns: list[str] | str | None = None, **_: Any
+    ) -> str:
+        folder = self._folder(repo_id)
         names = sorted(path.name for path in folder.iterdir() if path.is_file())
         chosen = list(filter_repo_objects(names, allow_patterns=allow_patterns))
         self.downloads.append(chosen)

@@ -8,7 +8,9 @@ one of:
 - a model-hub id (``org/name``): fetched by huggingface_hub's ``snapshot_download`` (its cache,
   ``HF_HOME`` / ``HF_HUB_CACHE``, and ``HF_HUB_OFFLINE`` for a host without the hub), only the
   tokenizer's files and the model's two small configs gRPC EPD reads (:data:`HUB_FILE_PATTERNS`; a
-  file the repository lacks is no error); without huggingface_hub, ``tokenizers``' own
+  file the repository lacks is no error), refused before anything is downloaded when those files
+  come to more than :data:`MAX_ARCHIVE_BYTES` (the hub's file listing; not checked offline, where
+  only the cache is read); without huggingface_hub, ``tokenizers``' own
   ``Tokenizer.from_pretrained`` (tokenizer.json alone), saved under ``work_dir``;
 - a gRPC worker (``grpc://host:port``, ``grpcs://``): the engine's GetTokenizer stream, a zip in
   chunks checked against its sha256 (:meth:`EngineClient.tokenizer`), unpacked under ``work_dir``
@@ -39,10 +41,12 @@ from tokenizers import Tokenizer
 
 from inference.pipeline.tokenizers import TokenizerLoadError
 from inference.upstreams import connect_engine
+from inference.upstreams.engine import MAX_TOKENIZER_BYTES
 from inference.upstreams.failures import UpstreamFailure
 from inference.upstreams.registry import UnknownUpstream
 
 _snapshot_download: Callable[..., Any] | None = None  # a stand-in for the hub client's (tests)
+_hub_file_sizes: Callable[[str], dict[str, int] | None] | None = None  # and for its file listing (tests)
 
 
 def _hub_snapshot_download() -> Callable[..., Any] | None:
@@ -53,6 +57,34 @@ def _hub_snapshot_download() -> Callable[..., Any] | None:
     except ImportError:  # pragma: no cover - huggingface_hub is installed with tokenizers
         return None
     return snapshot_download
+
+
+def _hub_listing(repo_id: str) -> dict[str, int] | None:
+    """The sizes of a hub repository's files by name, from the hub's listing; None on a host set
+    offline (``HF_HUB_OFFLINE``), where the download reads the cache alone."""
+    if _hub_file_sizes is not None:
+        return _hub_file_sizes(repo_id)
+    from huggingface_hub import HfApi, constants
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    info = HfApi().model_info(repo_id, files_metadata=True)
+    return {sibling.rfilename: sibling.size or 0 for sibling in info.siblings or ()}
+
+
+def _check_hub_size(repo_id: str) -> None:
+    """Refuse a repository whose files the gateway would fetch come to more than a tokenizer may
+    take (:data:`MAX_ARCHIVE_BYTES`), before any is downloaded; the weights are never counted."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    sizes = _hub_listing(repo_id)
+    if sizes is None:
+        return
+    total = sum(sizes[name] for name in filter_repo_objects(list(sizes), allow_patterns=HUB_FILE_PATTERNS))
+    if total > MAX_ARCHIVE_BYTES:
+        raise TokenizerLoadError(
+            f"its tokenizer files come to {total} bytes, more than the {MAX_ARCHIVE_BYTES} a tokenizer may take"
+        )
 
 __all__ = [
     "SourceKind", "source_kind", "resolve_tokenizer_source", "afetch_worker_tokenizer", "unpack_tokenizer_archive",
@@ -69,8 +101,9 @@ the reference gateway fetches them for a hub model (smg's ``resolve_model_config
 config.json (the image pad token's id) and preprocessor_config.json (the image processor gRPC EPD
 runs), both a few KiB. A repository without them (a text model) downloads the rest as before."""
 
-MAX_ARCHIVE_BYTES = 1024 * 1024 * 1024
-"""The most a worker's tokenizer archive may unpack to (a tokenizer is tens of MiB at most)."""
+MAX_ARCHIVE_BYTES = MAX_TOKENIZER_BYTES
+"""The most a worker's tokenizer archive may unpack to, and a hub repository's fetched files may
+come to (a tokenizer is tens of MiB at most)."""
 
 WORKER_FETCH_TIMEOUT_SECS = 120.0
 
@@ -122,6 +155,7 @@ def _from_hub(repo_id: str, work_dir: Path, download: Callable[..., Any] | None 
     download = download or _snapshot_download or _hub_snapshot_download()
     try:
         if download is not None:
+            _check_hub_size(repo_id)
             return Path(download(repo_id, allow_patterns=HUB_FILE_PATTERNS))
         destination = work_dir / "hub" / _slug(repo_id)
         tokenizer = Tokenizer.from_pretrained(repo_id)
@@ -162,7 +196,7 @@ def unpack_tokenizer_archive(data: bytes, destination: Path) -> None:
     with archive:
         members = [info for info in archive.infolist() if not info.is_dir()]
         if sum(info.file_size for info in members) > MAX_ARCHIVE_BYTES:
-            raise TokenizerLoadError("the tokenizer archive unpacks to more than 1 GiB")
+            raise TokenizerLoadError(f"the tokenizer archive unpacks to more than {MAX_ARCHIVE_BYTES} bytes")
         destination.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=destination.parent))
         try:

@@ -38,7 +38,7 @@ __all__ = [
     "ENGINE_CLIENTS", "ENGINE_CONNECTORS", "CommandResult", "Constraint", "ConstraintKind",
     "DisaggregationParams", "EmbedRequest", "EncodeBootstrap", "EmbedResult", "EngineClient", "EngineClients", "EngineConnect",
     "EngineHealth", "EngineKey", "EngineOutput", "EngineRequest", "Finish", "FinishReason", "KvTransfer", "ModelInfo",
-    "ENGINE_OUTPUT_STEP", "ProfileOptions", "SamplingParams", "TokenLogprobs", "TokenizerBundle", "connect_engine",
+    "ENGINE_OUTPUT_STEP", "MAX_TOKENIZER_BYTES", "ProfileOptions", "SamplingParams", "TokenLogprobs", "TokenizerBundle", "connect_engine",
     "engine_connector",
 ]  # fmt: skip
 
@@ -333,6 +333,11 @@ class ProfileOptions:
     with_stack: bool | None = None
     record_shapes: bool | None = None
     profile_by_stage: bool = False
+
+
+MAX_TOKENIZER_BYTES = 1024 * 1024 * 1024
+"""The most a tokenizer may take: a worker's GetTokenizer archive as it arrives (the stream is cut
+there) and unpacked, and a hub repository's fetched files (a tokenizer is tens of MiB at most)."""
 
 
 @dataclass(frozen=True, slots=True)

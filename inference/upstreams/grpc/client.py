@@ -35,6 +35,7 @@ from google.protobuf.json_format import MessageToDict
 
 from common import tracing
 from inference.routing.load_report import EngineLoad
+from inference.upstreams import engine as engine_limits
 from inference.upstreams.engine import (
     ENGINE_OUTPUT_STEP,
     CommandResult,
@@ -477,12 +478,22 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
 
     async def _fetch_tokenizer(self, call: grpc.aio.UnaryStreamCall[Any, Any]) -> TokenizerBundle:
         """Collect a GetTokenizer stream (zip bytes in chunks, the sha256 on the last one) and
-        check the digest."""
+        check the digest; the stream is cut once it brings more than a tokenizer may take
+        (:data:`MAX_TOKENIZER_BYTES`), rather than held whole."""
         parts: list[bytes] = []
         digest = ""
+        received = 0
         try:
             async for chunk in call:
                 parts.append(bytes(chunk.data))
+                received += len(parts[-1])
+                if received > engine_limits.MAX_TOKENIZER_BYTES:
+                    call.cancel()
+                    raise UpstreamFailure(
+                        FailureKind.BROKEN,
+                        f"{self.runtime} GetTokenizer: the archive is larger than "
+                        f"{engine_limits.MAX_TOKENIZER_BYTES} bytes",
+                    )
                 if chunk.sha256:
                     digest = str(chunk.sha256)
         except grpc.aio.AioRpcError as error:

@@ -24,7 +24,7 @@ VISION_CONFIG = FIXTURE_MODELS / "qwen2-vl" / "preprocessor_config.json"
 @pytest.fixture
 def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModelHub:
     stand_in = ModelHub(tmp_path / "repos", tmp_path / "cache")
-    monkeypatch.setattr(tokenizer_sources, "_snapshot_download", stand_in.snapshot_download)
+    stand_in.install(monkeypatch)
     return stand_in
 
 
@@ -50,3 +50,18 @@ def test_a_hub_text_model_without_them_loads_as_before(hub: ModelHub, tmp_path: 
     assert load_vision_processor(str(location)) is None  # no image processor: EPD refuses images, text is served
     with pytest.raises(TokenizerLoadError, match="model hub"):
         resolve_tokenizer_source("acme/absent", work_dir=tmp_path / "work")
+
+
+def test_a_hub_repository_whose_tokenizer_files_are_too_large_is_refused_before_downloading(
+    hub: ModelHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files the gateway would fetch are summed from the hub's listing first (the weights never
+    count): past MAX_ARCHIVE_BYTES nothing is downloaded and the load fails with the reason."""
+    size = (QWEN / "tokenizer.json").stat().st_size
+    hub.repository("acme/huge", {"tokenizer.json": QWEN / "tokenizer.json", "model.safetensors": b"w" * 4096})
+    monkeypatch.setattr(tokenizer_sources, "MAX_ARCHIVE_BYTES", size + 4095)  # the weights would pass it
+    assert load_tokenizer(resolve_tokenizer_source("acme/huge", work_dir=tmp_path / "work")).vocab_size > 0
+    monkeypatch.setattr(tokenizer_sources, "MAX_ARCHIVE_BYTES", size - 1)
+    with pytest.raises(TokenizerLoadError, match=f"come to {size} bytes, more than the {size - 1}"):
+        resolve_tokenizer_source("acme/huge", work_dir=tmp_path / "work")
+    assert hub.downloads == [["tokenizer.json"]]  # the first load's only

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from inference.routing.workers import Transport
+from inference.upstreams import engine as engine_module
 from inference.upstreams.engine import (
     ENGINE_CLIENTS,
     Constraint,
@@ -428,6 +429,18 @@ async def test_tokenizer_stream_is_checked_against_its_sha256(
     server.state.tokenizer_sha256 = "0" * 64
     with pytest.raises(UpstreamFailure, match="sha256"):
         await client.tokenizer()
+
+
+async def test_a_tokenizer_stream_larger_than_a_tokenizer_may_take_is_cut(
+    engine: tuple[GrpcEngineServer, GrpcEngineClient[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The archive is not held whole past MAX_TOKENIZER_BYTES: the stream is cut with a failure."""
+    server, client = engine
+    size = len((await client.tokenizer()).data)
+    monkeypatch.setattr(engine_module, "MAX_TOKENIZER_BYTES", size // 2)
+    with pytest.raises(UpstreamFailure, match=f"larger than {size // 2} bytes") as failure:
+        await client.tokenizer()
+    assert failure.value.kind is FailureKind.BROKEN
 
 
 async def test_detection_by_health_check_picks_each_of_the_five_runtimes() -> None:
