@@ -16,15 +16,15 @@ One socket set per worker, shared by its ``dp_size`` engines:
   fans them out. The engine has no tokenizer: the first configured EOS id goes in
   ``eos_token_id``, the others into ``stop_token_ids`` (unless ``ignore_eos``), and ``max_tokens``
   is clamped to the context window the engine reported.
-- **Demultiplexing.** One reader (the event loop's callback on the output socket's FD) decodes
-  each step and routes each EngineCoreOutput by request id to that generation's inbox (a deque and
-  one waiter); the generator turns them into neutral :class:`EngineOutput`: outputs of one choice
+- **Demultiplexing.** One reader (the output socket is a ZMTP endpoint of the event loop itself,
+  :mod:`.zmtp`, D95) decodes each step and routes each EngineCoreOutput by request id to that
+  generation's inbox (a deque and one waiter); the generator turns them into neutral :class:`EngineOutput`: outputs of one choice
   queued together fold into one, and a request that is not streamed gets one output per choice, at
   its end (as a gRPC engine answers it). Closing or cancelling the generator sends ABORT for the choices still
   running. Logprobs and prompt logprobs (vLLM's tensors, inline or in aux frames) are decoded by
   :mod:`.logprobs`; one that does not decode ends the generation with an ``UpstreamFailure``.
-- **Death.** ``ENGINE_CORE_DEAD`` on the output socket, an engine's connection to it dropping
-  (socket monitor), or :meth:`health` timing out ends every request in flight at once with an
+- **Death.** ``ENGINE_CORE_DEAD`` on the output socket, an engine's connection to it dropping,
+  or :meth:`health` timing out ends every request in flight at once with an
   ``UpstreamFailure`` (BROKEN), and the worker stays unserved until its engines handshake again.
 - **Load.** The scheduler stats piggy-backed on each EngineCoreOutputs are kept per rank and
   answered by :meth:`loads` without a call.
@@ -46,8 +46,9 @@ One socket set per worker, shared by its ``dp_size`` engines:
   host's run directory. One process (N = 1) binds all three itself, as before.
 
 Nothing here blocks the event loop: the handshake and input sockets are ``zmq.asyncio`` sockets
-(sends first tried without waiting), the output socket is read without blocking from the event
-loop's reader callback on its FD.
+(sends first tried without waiting); the output socket is not libzmq's but a Unix socket server of
+the event loop speaking ZMTP (:mod:`.zmtp`): the engines' PUSH sockets cannot tell, and a message
+costs no libzmq signalling between threads.
 """
 
 from __future__ import annotations
@@ -68,7 +69,6 @@ import msgspec
 import orjson
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import recv_monitor_message
 
 from common.serving import serving_place
 from inference.routing.load_report import EngineLoad
@@ -87,18 +87,18 @@ from inference.upstreams.engine import (
 )
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.zmq import codec
-from inference.upstreams.zmq.addresses import ZmqAddressError, ZmqAddresses, bind, fnv1a_64, zmq_addresses
+from inference.upstreams.zmq.addresses import ZmqAddressError, ZmqAddresses, bind, fnv1a_64, ipc_path, zmq_addresses
 from inference.upstreams.zmq.logprobs import ChoiceLogprobs, TensorError
 from inference.upstreams.zmq.ranks import EngineRank, RankState
 from inference.upstreams.zmq.requests import engine_core_request, finish_of
 from inference.upstreams.zmq.tensors import inline_aux_frames
+from inference.upstreams.zmq.zmtp import PullServer
 
 __all__ = ["EngineRank", "ZmqEngineClient"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_HEALTH_TIMEOUT_SECS = 5.0
-OUTPUT_BATCH = 64  # output messages taken per wake-up of the output loop, at most
 HEALTH_UTILITY = "is_sleeping"  # a utility every EngineCore answers, cheaply
 PROBE_SECS = 0.5  # how often an engine not heard from is asked for
 STATS_SHARE_SECS = 1.0  # several serving processes: how often the stats received are shared, at most
@@ -262,10 +262,8 @@ class ZmqEngineClient(EngineClient):
         self._context: zmq.asyncio.Context | None = None
         self._handshake: zmq.asyncio.Socket | None = None
         self._input: zmq.asyncio.Socket | None = None
-        self._output: zmq.asyncio.Socket | None = None
         self._input_plain: zmq.Socket[bytes] | None = None  # the input socket, sent on without waiting
-        self._output_plain: zmq.Socket[bytes] | None = None  # the same socket, read by the loop's reader callback
-        self._output_fd: int | None = None
+        self._output: PullServer | None = None  # the engines' outputs (ZMTP on the event loop, D95)
         self._tasks: list[asyncio.Task[None]] = []
         self._first_handshake: asyncio.Future[None] | None = None  # the first wait for the engines (open)
         self._handshake_busy = False  # the handshake address was held by another process at the last try
@@ -335,26 +333,22 @@ class ZmqEngineClient(EngineClient):
             inputs.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone engine is an error, not a silent drop
             inputs.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted engine takes its identity back
             bind(inputs, self.addresses.input)
-            output = context.socket(zmq.PULL)
-            sockets.append(output)
-            output.setsockopt(zmq.LINGER, 0)
-            monitor = output.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            bind(output, self.addresses.output)
+            output = PullServer(ipc_path(self.addresses.output), self._output_message, self._output_lost)
+            try:
+                output.start()
+            except OSError as exc:
+                raise ZmqAddressError(f"cannot bind {self.addresses.output}: {exc}") from None
         except BaseException:
             context.destroy(linger=0)
             raise
         self._context, self._input, self._output = context, inputs, output
         self._input_plain = zmq.Socket.shadow(inputs.underlying)
-        self._tasks = [
-            asyncio.create_task(self._registration_loop(inputs), name=f"zmq-input {self.url}"),
-            asyncio.create_task(self._monitor_loop(monitor), name=f"zmq-monitor {self.url}"),
-        ]
+        self._tasks = [asyncio.create_task(self._registration_loop(inputs), name=f"zmq-input {self.url}")]
         if handshake is not None:
             self._serve_handshake(handshake)
         self._tasks.append(asyncio.create_task(self._probe_loop(), name=f"zmq-probe {self.url}"))
         if self.stats_path is not None:
             self._tasks.append(asyncio.create_task(self._share_stats_loop(), name=f"zmq-stats {self.url}"))
-        self._watch_output(output)
 
     def _handshake_socket(self, context: zmq.asyncio.Context) -> zmq.asyncio.Socket:
         handshake = context.socket(zmq.ROUTER)
@@ -421,13 +415,11 @@ class ZmqEngineClient(EngineClient):
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self._unwatch_output()
-        self._fail_all(f"the ZMQ worker {self.url} was closed")
         if self._output is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._output.disable_monitor()
+            self._output.close()
+        self._fail_all(f"the ZMQ worker {self.url} was closed")
         if self._context is not None:
-            self._context.destroy(linger=0)  # closes every socket, the monitor's too
+            self._context.destroy(linger=0)  # closes every socket
         self._context = self._handshake = self._input = self._output = self._input_plain = None
 
     # Background tasks.
@@ -596,53 +588,6 @@ class ZmqEngineClient(EngineClient):
             if not rank.ready_response and isinstance(facts.get("ready_response"), dict):
                 rank.ready_response = facts["ready_response"]
 
-    def _watch_output(self, socket: zmq.asyncio.Socket) -> None:
-        """Read the output socket from the event loop's own reader callback: a plain socket on the
-        same ZMQ socket, its FD watched with ``add_reader``, every queued message taken without
-        waiting. No future and no pyzmq event bookkeeping per message (an awaited ``zmq.asyncio``
-        receive costs both), which was most of what a ZMQ request cost the gateway more than a gRPC
-        one (bench/zmq_vs_grpc.py)."""
-        plain: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)
-        loop = asyncio.get_running_loop()
-        fd: int = plain.FD
-        self._output_plain, self._output_fd = plain, fd
-        loop.add_reader(fd, self._output_readable)
-        loop.call_soon(self._output_readable)  # anything queued before the FD was watched
-
-    def _unwatch_output(self) -> None:
-        if self._output_fd is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed already
-                asyncio.get_running_loop().remove_reader(self._output_fd)
-        self._output_plain = self._output_fd = None
-
-    def _output_readable(self) -> None:
-        """Take the queued output messages (up to OUTPUT_BATCH, then again after the loop ran the
-        others). ZMQ's FD is edge-triggered: it signals a change, not pending messages, so reading
-        stops only at EAGAIN (which re-arms it), or continues on a later loop turn by itself."""
-        socket = self._output_plain
-        if socket is None:
-            return
-        recv = socket.recv
-        try:
-            for _ in range(OUTPUT_BATCH):
-                # A frame rather than recv_multipart: its ``more`` is read without a getsockopt
-                # (pyzmq's costs about a microsecond), and a multipart message is there whole.
-                try:
-                    frame = recv(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    return
-                frames = [frame.bytes]
-                while frame.more:  # aux frames (tensors) follow
-                    frame = recv(zmq.NOBLOCK, copy=False)
-                    frames.append(frame.bytes)
-                self._output_message(frames)
-        except zmq.ZMQError as exc:  # closed meanwhile
-            logger.warning("ZMQ worker %s: reading outputs failed: %s", self.url, exc)
-            return
-        except Exception:  # a bug in handling one message must not stop the reading
-            logger.exception("ZMQ worker %s: handling an output message failed", self.url)
-        asyncio.get_running_loop().call_soon(self._output_readable)
-
     def _output_message(self, frames: list[bytes]) -> None:
         if len(frames) == 1 and frames[0] == codec.ENGINE_CORE_DEAD:
             self._engines_died("the engine core died (ENGINE_CORE_DEAD)")
@@ -654,12 +599,9 @@ class ZmqEngineClient(EngineClient):
             return
         self._take(outputs, frames)
 
-    async def _monitor_loop(self, monitor: zmq.asyncio.Socket) -> None:
-        """An engine's connection to the output socket dropping: its process is gone."""
-        while True:
-            event = await recv_monitor_message(monitor)
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                self._engines_died("an engine's connection to the gateway dropped")
+    def _output_lost(self) -> None:
+        """An engine's connection to the output socket dropped: its process is gone."""
+        self._engines_died("an engine's connection to the gateway dropped")
 
     # State.
 
