@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
+    "DEFAULT_PROCESSOR_CONFIGS",
     "MAX_CONFIG_BYTES",
     "OFF_LOOP_PIXELS",
     "PixelItem",
@@ -120,6 +121,19 @@ class PixelItem:
         return self.values.tobytes()
 
 
+# A model directory with a config.json of a Qwen-VL family and no preprocessor_config.json gets its
+# family's default processor (smg falls back to its processor's defaults the same way): Qwen2-VL and
+# Qwen2.5-VL HF Qwen2VLImageProcessor's (VisionProcessor's own defaults), Qwen3-VL smg
+# qwen3_vl.rs's (patch 16, mean and std 0.5, 65,536..16,777,216 pixels: Qwen3-VL's shipped config).
+_QWEN2_VL: dict[str, Any] = {"merge_size": 2}
+_QWEN3_VL: dict[str, Any] = {
+    "merge_size": 2, "patch_size": 16, "min_pixels": 65536, "max_pixels": 16777216, "image_mean": 0.5, "image_std": 0.5,
+}  # fmt: skip
+DEFAULT_PROCESSOR_CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen2_vl": _QWEN2_VL, "qwen2_5_vl": _QWEN2_VL, "qwen3_vl": _QWEN3_VL, "qwen3_vl_moe": _QWEN3_VL,
+}  # fmt: skip
+
+
 def _triple(value: Any, default: tuple[float, float, float]) -> tuple[float, float, float]:
     if isinstance(value, (int, float)):
         return (float(value),) * 3
@@ -138,14 +152,19 @@ def _small_json(path: Path) -> Any:
     return json.loads(raw)
 
 
-def _image_token_id(model_dir: Path) -> int | None:
+def _model_config(model_dir: Path) -> dict[str, Any]:
+    """The model's ``config.json``, or {} when it is absent, unreadable, too large or not an object."""
     try:
         config = _small_json(model_dir / "config.json")
-        token = config.get("image_token_id") if isinstance(config, dict) else None
-        if isinstance(token, int):
-            return token
     except (OSError, ValueError):
-        pass
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _image_token_id(model_dir: Path) -> int | None:
+    token = _model_config(model_dir).get("image_token_id")
+    if isinstance(token, int):
+        return token
     # The tokenizer's added token, found without parsing the whole tokenizer.json (megabytes: this runs
     # once per model directory, at routing, on the event loop).
     try:
@@ -157,8 +176,10 @@ def _image_token_id(model_dir: Path) -> int | None:
 
 @functools.lru_cache(maxsize=64)
 def load_vision_processor(model_dir: str) -> VisionProcessor | None:
-    """The Qwen-VL image processor of the model in ``model_dir`` (its ``preprocessor_config.json``),
-    None when the directory has none or it is not a Qwen-VL processor (patch and merge sizes).
+    """The Qwen-VL image processor of the model in ``model_dir`` (its ``preprocessor_config.json``;
+    without one, its family's defaults when ``config.json``'s ``model_type`` is a Qwen-VL family:
+    :data:`DEFAULT_PROCESSOR_CONFIGS`), None when there is neither or it is not a Qwen-VL processor
+    (patch and merge sizes).
     ``model_dir`` is where the model's tokenizer was loaded from (a local directory, or where a hub
     id's or a worker's tokenizer files were fetched to: :mod:`inference.pipeline.tokenizer_sources`
     fetches this file and config.json with them)."""
@@ -167,6 +188,10 @@ def load_vision_processor(model_dir: str) -> VisionProcessor | None:
         path = path.parent
     try:
         config = _small_json(path / "preprocessor_config.json")
+    except FileNotFoundError:  # the family's defaults, when config.json names a Qwen-VL family
+        config = DEFAULT_PROCESSOR_CONFIGS.get(str(_model_config(path).get("model_type")))
+        if config is None:
+            return None
     except (OSError, ValueError):
         return None
     if not isinstance(config, dict) or ("merge_size" not in config and "Qwen" not in str(config.get("image_processor_type"))):

@@ -13,6 +13,7 @@ import base64
 import contextlib
 import hashlib
 import io
+import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -283,6 +284,28 @@ async def test_a_model_without_an_image_processor_refuses_images(make_gateway: G
             await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG))
         assert refused.value.code == "multimodal_not_supported" and "preprocessor_config.json" in refused.value.message
         assert fleet.encoder.received == [] and not fleet.prefill.pd.received
+
+
+async def test_a_qwen_vl_model_without_preprocessor_config_uses_its_familys_defaults(
+    make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """config.json names a Qwen-VL family and there is no preprocessor_config.json: the family's default
+    processor (as smg falls back to its processor's defaults); another family still gets 400."""
+    async with epd(make_gateway, tmp_path) as fleet:
+        model = tmp_path / "qwen2-vl"
+        (model / "preprocessor_config.json").unlink()
+        (model / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
+        load_vision_processor.cache_clear()
+        answer = await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG))
+        assert answer.choices[0].message.content
+        [sent] = fleet.encoder.received
+        assert (sent["grids"], sent["shapes"], sent["dtypes"]) == ([(1, 4, 4)], [[16, 1176]], ["bfloat16"])
+        assert fleet.encoder.invalid == 0
+        (model / "config.json").write_text(json.dumps({"model_type": "llava"}))
+        load_vision_processor.cache_clear()
+        with pytest.raises(openai.BadRequestError) as refused:
+            await fleet.sdk().chat.completions.create(model=QWEN_MODEL, messages=image_chat(PNG))
+        assert refused.value.code == "multimodal_not_supported" and len(fleet.encoder.received) == 1
 
 
 async def test_the_context_window_counts_the_expanded_image_pads(make_gateway: GatewayFactory, tmp_path: Path) -> None:
