@@ -152,7 +152,9 @@ def _encode_plan(
         len(assignments)
     )
     clients = tuple(dp.engines.client(a.encoder.handle.record) for a in assignments)
-    return EncodePlan(assignments, clients, processor, pair.context_length, media if tensors else None, tensors, inline)
+    return EncodePlan(
+        assignments, clients, processor, pair.context_length, media if tensors else None, tensors, inline, model=model
+    )
 
 
 async def admit_pair(dp: DataPlane, pick: Callable[[], PdPair], refused: GatewayError) -> PdPair:

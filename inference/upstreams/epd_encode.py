@@ -40,6 +40,7 @@ from typing import Any
 
 import grpc
 
+from common.mm_metrics import record_mm_processing
 from inference import errors
 from inference.admission.media import MediaBudget
 from inference.pipeline.prompt import check_prompt
@@ -75,6 +76,7 @@ class EncodePlan:
     media: MediaBudget | None = None
     tensor_bytes: int = 0
     inline_bytes: int = 0
+    model: str | None = None  # the request's model (gw_mm_processing_total)
 
 
 # The encode plan of each prefill worker the current request paired (None: no encode stage), set as
@@ -187,6 +189,7 @@ async def with_encode(
         await budget.reserve(reserved, held=plan.inline_bytes)  # before any pixel is made
     try:
         pixels = await _pixels(plan)
+        record_mm_processing(plan.model, "router", "epd", len(pixels))
         pad = plan.processor.image_token_id
         if pad is None:
             raise errors.multimodal_not_supported("EPD encode: the model has no image pad token (config.json image_token_id)")

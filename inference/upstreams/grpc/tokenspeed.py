@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import grpc
 
+from common.mm_metrics import record_mm_tensor
 from inference.routing.workers import Transport
 from inference.upstreams.engine import (
     ENGINE_CLIENTS,
@@ -47,8 +48,10 @@ __all__ = ["TokenSpeedClient", "multimodal_item"]
 def multimodal_item(slot: MultimodalSlot, encoder_input: pb.TensorData | None = None) -> pb.MultimodalItem:
     """One image item of ``mm_inputs`` (the reference's layout): IMAGE, its content hash, its
     ``image_grid_thw`` (int64 [1, 3]) in ``model_specific_tensors``, its placeholder range and token,
-    and ``encoder_input`` when given (an encode worker's item; the EPD prefill's has none)."""
+    and ``encoder_input`` when given (an encode worker's item; the EPD prefill's has none). Each
+    tensor counts in gw_mm_tensors_total (inline)."""
     grid = pb.TensorData(shape=[1, 3], dtype="int64", inline=b"".join(v.to_bytes(8, "little") for v in slot.grid_thw))
+    record_mm_tensor("tokenspeed", len(grid.inline))
     item = pb.MultimodalItem(
         modality=common_pb2.IMAGE, content_hash=slot.content_hash, model_specific_tensors={"image_grid_thw": grid},
         placeholders=[pb.PlaceholderRange(offset=slot.offset, length=slot.length)],
@@ -56,6 +59,7 @@ def multimodal_item(slot: MultimodalSlot, encoder_input: pb.TensorData | None = 
     )  # fmt: skip
     if encoder_input is not None:
         item.encoder_input.CopyFrom(encoder_input)
+        record_mm_tensor("tokenspeed", len(encoder_input.inline))
     return item
 
 
