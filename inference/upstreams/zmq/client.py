@@ -18,11 +18,12 @@ One socket set per worker, shared by its ``dp_size`` engines:
   is clamped to the context window the engine reported.
 - **Demultiplexing.** One reader (the output socket is a ZMTP endpoint of the event loop itself,
   :mod:`.zmtp`, D95) decodes each step and routes each EngineCoreOutput by request id to that
-  generation's inbox (a deque and one waiter); the generator turns them into neutral :class:`EngineOutput`: outputs of one choice
-  queued together fold into one, and a request that is not streamed gets one output per choice, at
-  its end (as a gRPC engine answers it). Closing or cancelling the generator sends ABORT for the choices still
-  running. Logprobs and prompt logprobs (vLLM's tensors, inline or in aux frames) are decoded by
-  :mod:`.logprobs`; one that does not decode ends the generation with an ``UpstreamFailure``.
+  generation's inbox (a deque and one waiter); the generator turns them into neutral
+  :class:`EngineOutput`: outputs of one choice queued together fold into one, and a request that
+  is not streamed gets one output per choice, at its end (as a gRPC engine answers it). Closing or
+  cancelling the generator sends ABORT for the choices still running. Logprobs and prompt logprobs
+  (vLLM's tensors, inline or in aux frames) are decoded by :mod:`.logprobs`; one that does not
+  decode ends the generation with an ``UpstreamFailure``.
 - **Death.** ``ENGINE_CORE_DEAD`` on the output socket, an engine's connection to it dropping,
   or :meth:`health` timing out ends every request in flight at once with an
   ``UpstreamFailure`` (BROKEN), and the worker stays unserved until its engines handshake again.
@@ -74,6 +75,7 @@ from common.serving import serving_place
 from inference.routing.load_report import EngineLoad
 from inference.routing.workers import EngineSpec, WorkerRecord
 from inference.upstreams.engine import (
+    ENGINE_OUTPUT_STEP,
     CommandResult,
     EngineClient,
     EngineHealth,
@@ -207,6 +209,9 @@ class _Run:
             self.prompt_logprobs = prompt_logprobs
 
     def output(self, prompt_tokens: int) -> EngineOutput:
+        if self.finish is None:  # mid-stream: the cheap builder, as the gRPC client's (one per streamed event)
+            return ENGINE_OUTPUT_STEP(self.index, tuple(self.token_ids), prompt_tokens, self.completion, self.cached, 0,
+                                      self.logprobs, self.prompt_logprobs)  # fmt: skip
         return EngineOutput(
             index=self.index, token_ids=tuple(self.token_ids), prompt_tokens=prompt_tokens,
             completion_tokens=self.completion, cached_tokens=self.cached, logprobs=self.logprobs,
