@@ -153,7 +153,7 @@ class RequestAccount:
         dp = self.dp
         dp.account(entry)
         if usage.prompt or usage.completion or usage.cached or usage.reasoning:
-            tenant = self.tenant if dp.config.usage_metrics_tenant_label else ""
-            telemetry.record_tokens(
-                self.timer, self.model, tenant, usage.prompt, usage.completion, usage.cached, usage.reasoning
+            # The token counters on /metrics, folded in off the request path (telemetry.fold_tokens, D96).
+            telemetry.note_tokens(
+                (self.timer, self.model, self.tenant if dp.config.usage_metrics_tenant_label else "", usage)
             )

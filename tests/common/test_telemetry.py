@@ -4,6 +4,7 @@ the separate metrics listener."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import AsyncIterator
 
 import httpx
@@ -12,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common import telemetry as metrics
 from administration.metrics_server import MetricsListener
+from inference.accounting import TokenUsage
 from inference.gauges import sample_live_gauges
 from inference.routing.registry import REGISTRY
 from tests.conftest import free_port, record_for
@@ -307,3 +309,54 @@ async def test_the_canary_observes_its_ticks_samples_and_stops_when_cancelled() 
     await asyncio.sleep(0.05)
     assert ticks() == stopped
     assert calls == [1]
+
+
+def test_noted_tokens_are_folded_exactly_while_requests_note_more() -> None:
+    """The request path notes tokens without a lock (D96): notes made on several threads while folds
+    run on others are each counted once, and a read of the registry folds what is left first."""
+    labels = {"model": "fold-model", "tenant": "", "token_type": "prompt"}
+    before = metrics.REGISTRY.get_sample_value("gw_usage_tokens_total", labels) or 0.0
+    usage = TokenUsage(3, 0)
+
+    def note() -> None:
+        for _ in range(2_000):
+            metrics.note_tokens((None, "fold-model", "", usage))
+
+    def fold() -> None:
+        for _ in range(200):
+            metrics.fold_tokens()
+
+    threads = [threading.Thread(target=work) for work in (note, note, note, fold, fold)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert metrics.REGISTRY.get_sample_value("gw_usage_tokens_total", labels) - before == 3 * 2_000 * 3
+
+
+def test_multiprocess_noted_tokens_reach_the_files_when_flushed(tmp_path) -> None:
+    """In multiprocess mode the tokens noted by accounted requests are folded into their counters by
+    the sampler's flush (D96), so the process that exports the files sees them."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "from prometheus_client import CollectorRegistry, multiprocess\n"
+        "from common import telemetry as metrics\n"
+        "from inference.accounting import TokenUsage\n"
+        "def total(kind):\n"
+        "    registry = CollectorRegistry()\n"
+        "    multiprocess.MultiProcessCollector(registry)\n"
+        "    return registry.get_sample_value('gw_usage_tokens_total', {'model': 'm', 'tenant': '', 'token_type': kind}) or 0\n"
+        "for _ in range(4):\n"
+        "    metrics.note_tokens((None, 'm', '', TokenUsage(10, 2, 1, 0)))\n"
+        "assert total('prompt') == 0, total('prompt')\n"
+        "metrics.flush_buffered_metrics()\n"
+        "assert (total('prompt'), total('completion'), total('cached')) == (40, 8, 4)\n"
+    )
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
