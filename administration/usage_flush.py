@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import chain
 from typing import Any, Callable
 
 from django.core.exceptions import ImproperlyConfigured
@@ -117,18 +119,23 @@ if set(_LOG_COLUMNS) != set(_LOG_FIELDS):  # a field added to the model is writt
     raise ImproperlyConfigured(f"the request log's fields changed: {sorted(set(_LOG_COLUMNS) ^ set(_LOG_FIELDS))}")
 
 
+_DIGITS3 = [f"{n:03d}" for n in range(1000)]
+
+
 def stored_time(copied: bool = False) -> Callable[[float], Any]:
     """Unix seconds to the value the backend stores for a DateTimeField: what
     ``connection.ops.adapt_datetimefield_value`` gives for the aware datetime. On SQLite that is the
     text of the naive time in the connection's zone, made here directly: Django's adapter checks each
     value (expression, awareness, settings), and a datetime made, replaced and formatted per row cost
     about a fifth of the row's write. A second's text is made once (the rows of one flush share a few
-    seconds) and its microseconds, rounded as ``datetime.fromtimestamp`` rounds them, appended.
+    seconds) and its microseconds, rounded as ``datetime.fromtimestamp`` rounds them, appended as two
+    texts of three digits from a table (a ``:06d`` format was a third of a row's time text: D96).
     ``copied`` (Postgres's COPY): the same text of the UTC time with its offset, ``+00:00``, which
     the server reads as the time itself (psycopg would format a datetime per row, a quarter of it)."""
     if connection.vendor == "sqlite" or copied:
         zone, offset = (UTC, "+00:00") if copied else (connection.timezone, "")
         seconds: dict[int, str] = {}
+        digits = _DIGITS3
 
         def text(at: float) -> str:
             whole = int(at)
@@ -138,7 +145,9 @@ def stored_time(copied: bool = False) -> Callable[[float], Any]:
             second = seconds.get(whole)
             if second is None:
                 second = seconds[whole] = str(datetime.fromtimestamp(whole, zone).replace(tzinfo=None))
-            return f"{second}.{micros:06d}{offset}" if micros else f"{second}{offset}"
+            if not micros:
+                return f"{second}{offset}"
+            return f"{second}.{digits[micros // 1000]}{digits[micros % 1000]}{offset}"
 
         return text
     adapt = connection.ops.adapt_datetimefield_value
@@ -149,46 +158,88 @@ def stored_time(copied: bool = False) -> Callable[[float], Any]:
 # SQLite module looks for an adapter, and fails at some length, for every parameter that is not an
 # int, float, str or bytes, None and bool included.
 _NO_TTFT = -1.0
+# SQLite: the log's rows go by statements of this many rows at most (32 x 17 parameters, under the 999
+# of older SQLite builds), and fewer by halves for the rest of a batch: six statement texts in all,
+# each compiled once and kept in the connection's statement cache (D96).
+_SQLITE_CHUNK_ROWS = 32
 
 
-def _log_row(entry: AccountingEntry, at: Callable[[float], Any], flags: tuple[Any, Any],
-             no_ttft: Any = _NO_TTFT) -> tuple[Any, ...]:
-    """The row of :data:`_LOG_FIELDS` for ``entry`` (``at``: :func:`stored_time`; ``flags``: what
-    False and True are written as; ``no_ttft``: what no time to first token is written as). The
-    outcome's text is its ``_value_``: ``.value`` is a property call on Python 3.11, and the member
-    itself a str subclass the SQLite module adapts the slow way."""
-    usage = entry.usage
+def _log_rows(entries: list[AccountingEntry], at: Callable[[float], Any], flags: tuple[Any, Any],
+              no_ttft: Any = _NO_TTFT) -> list[tuple[Any, ...]]:
+    """The rows of :data:`_LOG_FIELDS` for ``entries`` (``at``: :func:`stored_time`; ``flags``: what
+    False and True are written as; ``no_ttft``: what no time to first token is written as), text cut
+    to its column's length. One comprehension, the lengths in locals: a call and a dict lookup per
+    row and per column were about a third of a row's making (D96). The outcome's text is its
+    ``_value_``: ``.value`` is a property call on Python 3.11, and the member itself a str subclass the
+    SQLite module adapts the slow way."""
     limit = _LOG_LIMITS
-    return (
-        at(entry.at), entry.request_id[:limit["request_id"]],
-        entry.tenant[:limit["tenant"]], entry.model[:limit["model"]], entry.worker[:limit["worker"]],
-        entry.surface[:limit["surface"]], entry.route[:limit["route"]], entry.status, entry.outcome._value_,
-        entry.error_code[:limit["error_code"]], usage.prompt, usage.completion, usage.cached, usage.reasoning,
-        flags[type(usage) is EstimatedUsage], entry.latency_secs * 1000.0,
-        no_ttft if entry.ttft_secs is None else entry.ttft_secs * 1000.0,
-    )  # fmt: skip
+    request_id, tenant, model, worker = limit["request_id"], limit["tenant"], limit["model"], limit["worker"]
+    surface, route, error_code = limit["surface"], limit["route"], limit["error_code"]
+    estimated = EstimatedUsage
+    return [
+        (
+            at(entry.at), entry.request_id[:request_id], entry.tenant[:tenant], entry.model[:model],
+            entry.worker[:worker], entry.surface[:surface], entry.route[:route], entry.status, entry.outcome._value_,
+            entry.error_code[:error_code],
+            # the usage read once: a name bound in the row's first use, read left to right
+            (usage := entry.usage).prompt, usage.completion, usage.cached, usage.reasoning,
+            flags[type(usage) is estimated], entry.latency_secs * 1000.0,
+            no_ttft if entry.ttft_secs is None else entry.ttft_secs * 1000.0,
+        )
+        for entry in entries
+    ]  # fmt: skip
 
 
 def _insert_log(entries: list[AccountingEntry]) -> None:
-    """The request log's rows in one INSERT executed for every row (SQLite), or one COPY (Postgres).
-    Not the ORM's bulk_create: a model instance per row and every field prepared through it cost about
-    four times the row's own insert (issue 27, D82: a fifth of a relayed request's CPU went to the
-    flusher's thread). On SQLite a boolean is written as the integer it stores (0 or 1) and no
-    parameter is None (D85)."""
+    """The request log's rows in multi-row INSERTs (SQLite), or one COPY (Postgres). Not the ORM's
+    bulk_create: a model instance per row and every field prepared through it cost about four times
+    the row's own insert (issue 27, D82: a fifth of a relayed request's CPU went to the flusher's
+    thread). On SQLite a boolean is written as the integer it stores (0 or 1) and no parameter is None
+    (D85)."""
     quote = connection.ops.quote_name
     table = quote(RequestLogEntry._meta.db_table)
     columns = ", ".join(quote(_LOG_COLUMNS[name]) for name in _LOG_FIELDS)
     if connection.vendor == "postgresql":
-        at = stored_time(copied=True)
-        rows = [_log_row(entry, at, (False, True), None) for entry in entries]
-        _copy_log(f"COPY {table} ({columns}) FROM STDIN", rows)
+        _copy_log(f"COPY {table} ({columns}) FROM STDIN", _log_rows(entries, stored_time(copied=True), (False, True), None))
         return
-    at = stored_time()
-    values = ", ".join(["%s"] * (len(_LOG_FIELDS) - 1) + [f"NULLIF(%s, {_NO_TTFT})"])
+    one = "(" + ", ".join(["?"] * (len(_LOG_FIELDS) - 1) + [f"NULLIF(?, {_NO_TTFT})"]) + ")"
+    _insert_sqlite_log(f"INSERT INTO {table} ({columns}) VALUES ", one, _log_rows(entries, stored_time(), (0, 1)))
+
+
+def _insert_sqlite_log(head: str, one: str, rows: list[tuple[Any, ...]]) -> None:
+    """``rows`` inserted on SQLite by statements of :data:`_SQLITE_CHUNK_ROWS` rows, the rest by one
+    statement each of 16, 8, 4, 2 and 1 rows as it needs: a statement executed once per row cost each
+    row its own run of the statement (the table's AUTOINCREMENT counter read and written, the module's
+    reset and step) and a row of 41k instructions came to 32k in chunks (D96). The qmark statements go
+    to the sqlite3 cursor itself (Django's cursor would rewrite placeholders in the long text at every
+    execution: D85 found multi-row statements dearer through it), and the whole write runs through
+    the connection's execute wrappers as one statement with many parameter rows, as an
+    ``executemany`` does (what watches a flush's statements sees one), with Django's error wrapping."""
+    width = len(rows[0])
+    texts: dict[int, str] = {}
+
+    def statement(count: int) -> str:
+        text = texts.get(count)
+        if text is None:
+            text = texts[count] = head + ", ".join([one] * count)
+        return text
+
+    def insert(sql: str, rows: list[tuple[Any, ...]], many: bool, context: dict[str, Any]) -> None:
+        connection.validate_no_broken_transaction()
+        with connection.wrap_database_errors:
+            execute = sqlite3.Cursor.execute  # the module's own, not Django's placeholder rewrite
+            raw = context["cursor"].cursor
+            params = list(chain.from_iterable(rows))
+            done, total = 0, len(rows)
+            count = _SQLITE_CHUNK_ROWS
+            while done < total:
+                while done + count > total:
+                    count //= 2
+                execute(raw, statement(count), params[done * width:(done + count) * width])
+                done += count
+
     with connection.cursor() as cursor:
-        cursor.executemany(
-            f"INSERT INTO {table} ({columns}) VALUES ({values})", [_log_row(entry, at, (0, 1)) for entry in entries]
-        )
+        cursor._execute_with_wrappers(statement(1), rows, True, insert)
 
 
 def _copy_log(sql: str, rows: list[tuple[Any, ...]]) -> None:
