@@ -9,7 +9,7 @@ means vllm; else /server_info answering means sglang; else generic.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable, Generator, Mapping
 
 import httpx
 import httpx2
@@ -19,7 +19,8 @@ from inference.routing.workers import RuntimeType
 from inference.upstreams.provider_models import LISTING_TIMEOUT_SECS, fetch_provider_models, listing_request
 
 __all__ = [
-    "Discovery", "WorkerUnreachable", "WorkerRefused", "discover_http_worker", "discover_provider", "http_server_info",
+    "Discovery", "WorkerUnreachable", "WorkerRefused", "discover_http_worker", "adiscover_http_worker", "json_answer",
+    "probe_headers", "discover_provider", "http_server_info",
 ]
 
 
@@ -59,22 +60,58 @@ def _get_json(client: httpx.Client, url: str, headers: dict[str, str]) -> Any | 
         response = client.get(url, headers=headers)
     except httpx.TransportError as exc:
         raise WorkerUnreachable(f"{_why(exc)} for {url}") from None
-    if response.status_code in (401, 403):
+    return json_answer(response.status_code, response.json, url, headers)
+
+
+def json_answer(status: int, parse: Callable[[], Any], url: str, headers: Mapping[str, str]) -> Any | None:
+    """What a probe makes of an answer, whichever client asked: refused (401, 403) raises
+    WorkerRefused, another non-2xx is None, a body that is not JSON is ``{}``."""
+    if status in (401, 403):
         given = "the API key given" if headers else "no API key"
-        raise WorkerRefused(f"worker refused {given}: HTTP {response.status_code} for {url}")
-    if not response.is_success:
+        raise WorkerRefused(f"worker refused {given}: HTTP {status} for {url}")
+    if not 200 <= status < 300:
         return None
     try:
-        return response.json()
+        return parse()
     except ValueError:
         return {}
+
+
+def probe_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def discover_http_worker(
     client: httpx.Client, base_url: str, api_key: str | None, runtime_type: str = RuntimeType.UNSPECIFIED
 ) -> Discovery:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    listing = _get_json(client, f"{base_url}/v1/models", headers)
+    headers = probe_headers(api_key)
+    steps = _discovery_steps(base_url, runtime_type)
+    try:
+        url = next(steps)
+        while True:
+            url = steps.send(_get_json(client, url, headers))
+    except StopIteration as done:
+        return done.value
+
+
+async def adiscover_http_worker(
+    get_json: Callable[[str], Awaitable[Any | None]], base_url: str, runtime_type: str = RuntimeType.UNSPECIFIED
+) -> Discovery:
+    """:func:`discover_http_worker` over another client: ``get_json(url)`` answers each GET as
+    :func:`json_answer` does (and raises WorkerUnreachable when it gets no answer)."""
+    steps = _discovery_steps(base_url, runtime_type)
+    try:
+        url = next(steps)
+        while True:
+            url = steps.send(await get_json(url))
+    except StopIteration as done:
+        return done.value
+
+
+def _discovery_steps(base_url: str, runtime_type: str) -> Generator[str, Any | None, Discovery]:
+    """What discovery asks a worker, one URL at a time (each GET's JSON answer, or None, is sent
+    back), and what it makes of the answers: the same steps whichever client asks."""
+    listing = yield f"{base_url}/v1/models"
     model_ids: list[str] = []
     owned_by = ""
     if isinstance(listing, dict) and isinstance(listing.get("data"), list):
@@ -85,14 +122,14 @@ def discover_http_worker(
     if runtime_type == RuntimeType.UNSPECIFIED:
         runtime_type = _OWNED_BY.get(owned_by.lower(), "")
         if not runtime_type:
-            if _get_json(client, f"{base_url}/version", headers) is not None:
+            if (yield f"{base_url}/version") is not None:
                 runtime_type = RuntimeType.VLLM
-            elif _get_json(client, f"{base_url}/server_info", headers) is not None:
+            elif (yield f"{base_url}/server_info") is not None:
                 runtime_type = RuntimeType.SGLANG
             else:
                 runtime_type = RuntimeType.GENERIC
     labels: dict[str, str] = {}
-    info = _get_json(client, f"{base_url}/get_model_info", headers)
+    info = yield f"{base_url}/get_model_info"
     if isinstance(info, dict):
         for key in ("model_path", "tokenizer_path", "served_model_name"):
             if isinstance(info.get(key), str) and info[key]:
@@ -105,7 +142,7 @@ def discover_http_worker(
 def http_server_info(client: httpx.Client, base_url: str, api_key: str | None) -> dict[str, Any] | None:
     """The worker's server information (SGLang: /server_info, older releases /get_server_info, with
     its server arguments such as dp_size at the top); None when it answers neither."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = probe_headers(api_key)
     for route in ("/server_info", "/get_server_info"):
         info = _get_json(client, f"{base_url}{route}", headers)
         if isinstance(info, dict) and info:

@@ -23,7 +23,9 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass, replace
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
+
+from django.db import transaction
 
 from administration.db import STORE_ERRORS, arun_db
 from administration.kv_engine_reread import reread_kv_engine_id, rereads_kv_engine_id
@@ -32,12 +34,12 @@ from common.telemetry import record_health_check
 from common.ticks import sleep_to_mark
 from administration.models import Worker, WorkerStatus, WorkerType
 from administration.reachability import Reachability
-from administration.notices import publish_registry_changed
+from administration.notices import publish_registry_changed, publish_registry_changes
 from inference.dataplane import data_plane
 from inference.routing.workers import WorkerRecord
 from inference.upstreams.failures import UpstreamFailure
 
-__all__ = ["HealthTarget", "HealthChecker", "transition"]
+__all__ = ["HealthTarget", "HealthChecker", "transition", "transitions"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,62 @@ def transition(worker_id: str, old: str, new: str) -> bool:
     return moved
 
 
+def transitions(moves: Sequence[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
+    """:func:`transition` for many workers at once (probes that passed together while a fleet
+    registers), each move ``(worker_id, old, new)``: one transaction, a read and a write per kind of
+    move, and their changes published together. The moves that happened."""
+    if len(moves) == 1:
+        return set(moves) if transition(*moves[0]) else set()
+    by_move: dict[tuple[str, str], list[str]] = {}
+    for worker_id, old, new in moves:
+        by_move.setdefault((old, new), []).append(worker_id)
+    done: set[tuple[str, str, str]] = set()
+    moved: list[str] = []
+    with transaction.atomic():
+        for (old, new), worker_ids in by_move.items():
+            found = [
+                str(pk) for pk in Worker.objects.select_for_update()
+                .filter(pk__in=worker_ids, status=old, registered=True).values_list("pk", flat=True)
+            ]  # fmt: skip
+            if found:
+                Worker.objects.filter(pk__in=found).update(status=new)
+                moved.extend(found)
+                done.update((worker_id, old, new) for worker_id in found)
+    publish_registry_changes(moved)
+    return done
+
+
+class _Transitions:
+    """The transitions the probe loops ask for, written together: those asked while one write runs
+    go in the next (no waiting added when they come one at a time)."""
+
+    def __init__(self) -> None:
+        self._asked: list[tuple[str, str, str, asyncio.Future[bool]]] = []
+        self._writing: asyncio.Task[None] | None = None
+
+    async def move(self, worker_id: str, old: str, new: str) -> bool:
+        """Whether the store moved this worker from ``old`` to ``new``; raises what the write raised."""
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._asked.append((worker_id, old, new, answer))
+        if self._writing is None or self._writing.done():
+            self._writing = asyncio.ensure_future(self._write())
+        return await answer
+
+    async def _write(self) -> None:
+        while self._asked:
+            asked, self._asked = self._asked, []
+            try:
+                moved = await arun_db(transitions, [(worker_id, old, new) for worker_id, old, new, _ in asked])
+            except Exception as exc:
+                for *_, answer in asked:
+                    if not answer.done():
+                        answer.set_exception(exc)
+                continue
+            for worker_id, old, new, answer in asked:
+                if not answer.done():
+                    answer.set_result((worker_id, old, new) in moved)
+
+
 class HealthChecker:
     def __init__(self, on_change: Callable[[str, WorkerStatus], Awaitable[object]]) -> None:
         """``on_change(worker_id, new_status)`` runs after each transition this checker made."""
@@ -79,6 +137,7 @@ class HealthChecker:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._targets: dict[str, HealthTarget] = {}
         self._clients = WorkerClients()
+        self._transitions = _Transitions()
 
     def reconcile(self, targets: list[HealthTarget]) -> None:
         """Probe exactly these workers from now on (after a full reload of the fleet)."""
@@ -140,12 +199,11 @@ class HealthChecker:
                 return f"HealthCheck: no answer within {target.timeout_secs:g} s"
         return None if health.healthy else f"HealthCheck: unhealthy ({health.message})"
 
-    @staticmethod
-    async def _stored(worker_id: str, status: str, new: WorkerStatus) -> bool:
+    async def _stored(self, worker_id: str, status: str, new: WorkerStatus) -> bool:
         """Record a transition in the store; False when it did not happen there. While the store is
         down (logged once as an outage) the worker keeps its status and the next probe tries again."""
         try:
-            return bool(await arun_db(transition, worker_id, status, new))
+            return await self._transitions.move(worker_id, status, new)
         except STORE_ERRORS:
             return False
 

@@ -29,6 +29,7 @@ from administration.registration import (
     fail_registration,
     fail_worker_job,
     run_registration,
+    run_registrations,
     run_removal,
     run_update,
 )
@@ -36,7 +37,7 @@ from administration.tokenizer_jobs import fail_tokenizer_load, run_tokenizer_loa
 from common.outages import STORE
 from inference.pipeline.tokenizers import TokenizerLoadError
 
-__all__ = ["Job", "JOBS", "run_job"]
+__all__ = ["Job", "JOBS", "run_job", "run_registration_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +79,8 @@ def run_job(name: str, *args: Any) -> None:
                 log.error("job %s%s given up: the store was unavailable for %g s", name, args[:1],
                           JOB_STORE_PATIENCE_SECS)
                 return
-        except _EXPECTED as exc:
-            _end_failed(job, name, args, str(exc) or type(exc).__name__)
-            return
         except Exception as exc:
-            log.exception("job %s%s failed", name, args[:1])
-            _end_failed(job, name, args, f"the job failed ({type(exc).__name__}); see the gateway log")
+            _end_failed(job, name, args, _failure(name, args, exc))
             return
         else:
             STORE.recovered()
@@ -91,6 +88,38 @@ def run_job(name: str, *args: Any) -> None:
         finally:
             release_connections()
         time.sleep(STORE.retry_secs)
+
+
+def _failure(name: str, args: tuple[Any, ...], exc: Exception) -> str:
+    """What a job's failure records: the reason a failure it names gives, else (a defect, logged
+    with its trace) that the job failed."""
+    if isinstance(exc, _EXPECTED):
+        return str(exc) or type(exc).__name__
+    log.error("job %s%s failed", name, args[:1], exc_info=exc)
+    return f"the job failed ({type(exc).__name__}); see the gateway log"
+
+
+def run_registration_batch(jobs: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Run many ``register`` jobs together (administration/registration.py ``run_registrations``):
+    each one that fails ends failed as its own job would; returns those to run one by one with
+    :func:`run_job` (a worker that has not answered yet, one that is not a relayed worker, and all
+    of them when the store fails the batch: each then waits out the outage on its own)."""
+    job = JOBS["register"]
+    release_connections()
+    try:
+        alone, failed = run_registrations(jobs)
+    except STORE_ERRORS as exc:
+        STORE.failed(exc)
+        return jobs
+    except Exception:
+        log.exception("registrations of %d workers together failed; running them one by one", len(jobs))
+        return jobs
+    finally:
+        release_connections()
+    STORE.recovered()
+    for args, error in failed:
+        _end_failed(job, "register", args, _failure("register", args, error))
+    return alone
 
 
 def _end_failed(job: Job, name: str, args: tuple[Any, ...], message: str) -> None:

@@ -10,14 +10,15 @@ every ``BROKER.retry_secs`` and the jobs in between run here at once."""
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 from django.conf import settings
 from django.db import transaction
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
-from administration.job_runner import JOBS, run_job
+from administration.job_runner import JOBS, run_job, run_registration_batch
 from administration.tasks import run_job_task
 from common.outages import BROKER
 
@@ -25,16 +26,54 @@ __all__ = ["enqueue", "wait_for_local_jobs"]
 
 log = logging.getLogger(__name__)
 
+REGISTRATION_BATCH = 100  # first registrations queued together run together, this many at most
+
 _executor: ThreadPoolExecutor | None = None
 _pending: list[Any] = []
+_lock = threading.Lock()
+_registrations: list[tuple[Any, ...]] = []  # registrations queued here that no job thread has taken yet
+_taker_queued = False  # whether a job thread is due to take them
+
+
+def _submit(func: Callable[..., None], *args: Any) -> None:
+    global _executor
+    with _lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gateway-job")
+        _pending.append(_executor.submit(func, *args))
+        _pending[:] = [future for future in _pending if not future.done()]
 
 
 def _submit_local(name: str, args: tuple[Any, ...]) -> None:
-    global _executor
-    if _executor is None:
-        _executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gateway-job")
-    _pending.append(_executor.submit(run_job, name, *args))
-    _pending[:] = [future for future in _pending if not future.done()]
+    """Run the job on a local job thread. Registrations queued while none is free to take them (a
+    fleet from --worker-urls or discovery, queued as its rows commit) are taken together, up to
+    REGISTRATION_BATCH at once (job_runner.run_registration_batch); one queued alone (a POST) runs
+    as its own job, as every job did."""
+    global _taker_queued
+    if name != "register":
+        _submit(run_job, name, *args)
+        return
+    with _lock:
+        _registrations.append(args)
+        if _taker_queued:
+            return
+        _taker_queued = True
+    _submit(_take_registrations)
+
+
+def _take_registrations() -> None:
+    global _taker_queued
+    with _lock:
+        taken = _registrations[:REGISTRATION_BATCH]
+        del _registrations[:REGISTRATION_BATCH]
+        _taker_queued = bool(_registrations)
+    if _taker_queued:  # the rest on another thread meanwhile
+        _submit(_take_registrations)
+    if len(taken) == 1:
+        run_job("register", *taken[0])
+        return
+    for args in run_registration_batch([(str(worker_id), int(generation)) for worker_id, generation in taken]):
+        _submit(run_job, "register", *args)
 
 
 def enqueue(name: str, *args: Any, local: bool = False) -> None:
@@ -70,5 +109,10 @@ def _sent(name: str, args: tuple[Any, ...]) -> bool:
 
 def wait_for_local_jobs(timeout: float = 30.0) -> None:
     """Block until the in-process jobs queued so far finish (tests, commands)."""
-    for future in list(_pending):
-        future.result(timeout=timeout)
+    while True:  # a job may queue others (a batch of registrations, those it leaves to their own jobs)
+        with _lock:
+            futures = [future for future in _pending if not future.done()]
+        if not futures:
+            return
+        for future in futures:
+            future.result(timeout=timeout)

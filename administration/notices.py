@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import datetime, timedelta
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 from uuid import UUID
 
 from asgiref.sync import async_to_sync
@@ -37,7 +37,7 @@ from common.outages import REDIS, STORE
 
 __all__ = [
     "GROUP", "CHANGE_RETENTION", "Notice", "Listener", "notice_message", "parse_notice", "publish_registry_changed",
-    "record_change", "latest_change", "changes_since", "prune_changes", "add_local_listener", "remove_local_listener",
+    "publish_registry_changes", "record_change", "latest_change", "changes_since", "prune_changes", "add_local_listener", "remove_local_listener",
 ]
 
 log = logging.getLogger(__name__)
@@ -137,18 +137,40 @@ def publish_registry_changed(worker_id: str | UUID | None = None) -> None:
         STORE.recovered()
     except STORE_ERRORS as exc:  # the store is down (logged once): listeners and the timer carry the change
         STORE.failed(exc)
-    notice = Notice(seq, None if worker_id is None else str(worker_id))
+    _tell([Notice(seq, None if worker_id is None else str(worker_id))])
+
+
+def publish_registry_changes(worker_ids: Sequence[str | UUID]) -> None:
+    """:func:`publish_registry_changed` for many workers changed together (a batch of
+    registrations, health transitions made together): their change-log rows in one write, then each
+    one's notice, as one change each would give."""
+    if not worker_ids:
+        return
+    seqs: list[int | None] = [None] * len(worker_ids)
+    try:
+        rows = RegistryChange.objects.bulk_create([RegistryChange(worker_id=worker_id) for worker_id in worker_ids])
+        seqs = [None if row.seq is None else int(row.seq) for row in rows]  # None: a store that does not return them
+        STORE.recovered()
+    except STORE_ERRORS as exc:  # as for one change: listeners and the timer carry them
+        STORE.failed(exc)
+    _tell([Notice(seq, str(worker_id)) for seq, worker_id in zip(seqs, worker_ids)])
+
+
+def _tell(notices: Sequence[Notice]) -> None:
+    """Hand these notices to this process's listeners and, with Redis, to the other processes."""
     with _lock:
         listeners = list(_listeners)
-    for listener in listeners:
-        try:
-            listener(notice)
-        except Exception:
-            log.exception("registry listener failed")
+    for notice in notices:
+        for listener in listeners:
+            try:
+                listener(notice)
+            except Exception:
+                log.exception("registry listener failed")
     if getattr(settings, "REDIS_URL", None):
         layer = get_channel_layer()
         if layer is not None:
-            _notify_over_redis(layer, notice)
+            for notice in notices:
+                _notify_over_redis(layer, notice)
 
 
 def _notify_over_redis(layer: BaseChannelLayer, notice: Notice) -> None:

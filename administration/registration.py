@@ -24,26 +24,30 @@ what needs the worker.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import httpx
+from django.db import transaction
 from django.utils import timezone
 
 from administration.db import release_connections
 from administration.discovery import (
-    Discovery, WorkerRefused, WorkerUnreachable, discover_http_worker, discover_provider, http_server_info,
+    Discovery, WorkerRefused, WorkerUnreachable, adiscover_http_worker, discover_http_worker, discover_provider,
+    http_server_info, json_answer, probe_headers,
 )
 from administration.engine_facts import (
     DP_SIZE_LABEL, dp_size_from_server_info, kv_labels_from_server_info, labels_from_model_info,
 )
 from administration.models import JobState, JobType, Worker, WorkerStatus
-from administration.notices import publish_registry_changed
+from administration.notices import publish_registry_changed, publish_registry_changes
 from administration.reachability import Reachability
+from administration.worker_clients import WorkerClients, WorkerRequestFailed
 from administration.worker_spec import DEFAULT_MODEL_TYPES
 from administration.zmq_workers import zmq_discovery, zmq_refusal
 from common.config import current_config
@@ -55,8 +59,8 @@ from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.registry import UnknownUpstream
 
 __all__ = [
-    "run_registration", "run_update", "run_removal", "RegistrationFailed", "fail_registration", "fail_worker_job",
-    "JOB_STORE_PATIENCE_SECS",
+    "run_registration", "run_registrations", "run_update", "run_removal", "RegistrationFailed", "fail_registration",
+    "fail_worker_job", "JOB_STORE_PATIENCE_SECS",
 ]
 
 log = logging.getLogger(__name__)
@@ -122,17 +126,19 @@ def _discover(worker: Worker, generation: int) -> Discovery:
         return _probe_until_up(
             worker, generation, lambda: _discover_engine_worker(worker.url, transport, api_key, worker.runtime_type)
         )
-    dp_aware = current_config().dp_aware
+    return _probe_until_up(worker, generation, lambda: _probe_http_worker(worker))
+
+
+def _probe_http_worker(worker: Worker) -> Discovery:
+    """One probe of a relayed (HTTP) worker on this thread's client: what it serves and runs, and
+    under --dp-aware its data-parallel size. Raises WorkerUnreachable or WorkerRefused."""
+    api_key = worker.api_key or _cli_key(worker)
     client = _probe_client()
-
-    def probe() -> Discovery:
-        found = discover_http_worker(client, worker.url, api_key, worker.runtime_type)
-        if dp_aware:  # the engine's data-parallel size, for a rank per request
-            info = http_server_info(client, worker.url, api_key)
-            _add_dp_size(found.labels, info, worker.url)
-        return found
-
-    return _probe_until_up(worker, generation, probe)
+    found = discover_http_worker(client, worker.url, api_key, worker.runtime_type)
+    if current_config().dp_aware:  # the engine's data-parallel size, for a rank per request
+        info = http_server_info(client, worker.url, api_key)
+        _add_dp_size(found.labels, info, worker.url)
+    return found
 
 
 _probe_clients = threading.local()  # each job thread's client, and the TLS context it was made with
@@ -301,24 +307,142 @@ def run_registration(worker_id: str, generation: int) -> None:
         # A probed worker's job is written processing only once it waits for the worker
         # (_probe_until_up): one that answers at once goes from queued to done in one write.
         discovery = _discover_provider(worker) if external else _discover(worker, generation)
-    labels = {**discovery.labels, **worker.labels}
-    runtime_type = discovery.runtime_type
-    worker.labels = labels
-    # An external provider serves its whole list (model cards are ignored for it, spec 3).
-    model_id = "" if external else _model_id(worker, discovery)
-    model_cards = _discovered_cards(worker, discovery)
-    provider_models = list(discovery.model_ids) if external else []
-    health_off = external or _health_disabled(worker)
-    status = WorkerStatus.READY if health_off else WorkerStatus.PENDING
-    if not _set_job(
-        worker_id, generation, JobState.NONE, runtime_type=runtime_type, model_id=model_id,
-        provider_models=provider_models, labels=labels, registered=True, status=status, last_error="",
-        model_cards=model_cards,
-    ):  # fmt: skip
+    fields = _registered_fields(worker, discovery)
+    if not _set_job(worker_id, generation, JobState.NONE, **fields):
         log.info("registration of %s finished after the worker changed; result dropped", worker.url)
         return
-    log.info("worker %s registered: runtime %s, model %s, status %s", worker.url, runtime_type, model_id or "(any)", status)
+    _log_registered(worker, fields)
     publish_registry_changed(worker_id)
+
+
+def _registered_fields(worker: Worker, discovery: Discovery) -> dict[str, Any]:
+    """What a registration that found ``discovery`` writes besides its job state (the worker's
+    ``labels`` become the merged ones)."""
+    external = worker.kind is WorkerKind.PROVIDER
+    labels = {**discovery.labels, **worker.labels}
+    worker.labels = labels
+    health_off = external or _health_disabled(worker)
+    return {
+        "runtime_type": discovery.runtime_type,
+        # An external provider serves its whole list (model cards are ignored for it, spec 3).
+        "model_id": "" if external else _model_id(worker, discovery),
+        "provider_models": list(discovery.model_ids) if external else [],
+        "labels": labels,
+        "registered": True,
+        "status": WorkerStatus.READY if health_off else WorkerStatus.PENDING,
+        "last_error": "",
+        "model_cards": _discovered_cards(worker, discovery),
+    }
+
+
+def _log_registered(worker: Worker, fields: dict[str, Any]) -> None:
+    log.info("worker %s registered: runtime %s, model %s, status %s", worker.url, fields["runtime_type"],
+             fields["model_id"] or "(any)", fields["status"])
+
+
+def run_registrations(
+    jobs: Sequence[tuple[str, int]],
+) -> tuple[list[tuple[str, int]], list[tuple[tuple[str, int], Exception]]]:
+    """Many first registrations at once (a fleet from --worker-urls or discovery), each worker as
+    :func:`run_registration` registers it, with the work shared: one read of the rows, each relayed
+    (HTTP) worker probed once, side by side on one event loop and one client (:func:`_aprobe_together`),
+    and the results of those that answered written in one transaction (each still conditional on
+    its job generation) with one write of their change-log rows. Returns the jobs to run one by one (:func:`run_registration`:
+    engine, ZMQ and provider workers, and a worker that did not answer the first probe, whose job
+    then waits for it) and the jobs that failed with what failed them. A store error raises (the
+    caller runs them one by one)."""
+    rows = {str(worker.pk): worker for worker in Worker.objects.filter(pk__in=[worker_id for worker_id, _ in jobs])}
+    alone: list[tuple[str, int]] = []
+    failed: list[tuple[tuple[str, int], Exception]] = []
+    probed: list[tuple[Worker, int]] = []
+    dp_aware = current_config().dp_aware
+    for worker_id, generation in jobs:
+        worker = rows.get(worker_id)
+        if worker is None or worker.job_generation != generation:
+            log.info("registration of %s skipped: superseded", worker_id)
+            continue
+        if dp_aware or worker.transport is Transport.ZMQ or worker.kind is not WorkerKind.RELAYED:
+            alone.append((worker_id, generation))
+            continue
+        try:
+            _check_spec(worker)
+        except Exception as exc:
+            failed.append(((worker_id, generation), exc))
+            continue
+        probed.append((worker, generation))
+    answered: list[tuple[Worker, int, dict[str, Any]]] = []
+    found_all = asyncio.run(_aprobe_together([worker for worker, _ in probed])) if probed else []
+    for (worker, generation), found in zip(probed, found_all):
+        if isinstance(found, Discovery):
+            answered.append((worker, generation, _registered_fields(worker, found)))
+        elif isinstance(found, WorkerUnreachable):  # its own job waits for it (and writes why)
+            alone.append((str(worker.pk), generation))
+        elif isinstance(found, WorkerRefused):
+            failed.append(((str(worker.pk), generation), RegistrationFailed(str(found))))
+        else:
+            failed.append(((str(worker.pk), generation), found))
+    if answered:
+        _finish_registrations(answered)
+    return alone, failed
+
+
+_BATCH_PROBE_TIMEOUT_SECS = 5.0  # one request of a batch's probes (httpx's _PROBE_TIMEOUT for one job)
+_BATCH_PROBES_AT_ONCE = 32
+
+
+async def _aprobe_together(workers: list[Worker]) -> list[Discovery | Exception]:
+    """Probe these relayed workers once each, side by side on this loop (at most
+    _BATCH_PROBES_AT_ONCE requests at a time), on the health checks' HTTP client
+    (administration/worker_clients.py: a fraction of httpx's CPU per request) and the same
+    discovery steps as a job's probe: each worker's Discovery, or what its probe raised."""
+    clients = WorkerClients(max_concurrent=_BATCH_PROBES_AT_ONCE)
+
+    async def probe(worker: Worker) -> Discovery:
+        headers = probe_headers(worker.api_key or _cli_key(worker))
+
+        async def get_json(url: str) -> Any | None:
+            try:
+                answer = await clients.get(url, headers, _BATCH_PROBE_TIMEOUT_SECS)
+            except WorkerRequestFailed as exc:
+                raise WorkerUnreachable(str(exc)) from None
+            return json_answer(answer.status, answer.json, url, headers)
+
+        return await adiscover_http_worker(get_json, worker.url, worker.runtime_type)
+
+    try:
+        found = await asyncio.gather(*(probe(worker) for worker in workers), return_exceptions=True)
+    finally:
+        await clients.aclose()
+    return [item if isinstance(item, (Discovery, Exception)) else RuntimeError(repr(item)) for item in found]
+
+
+def _finish_registrations(answered: list[tuple[Worker, int, dict[str, Any]]]) -> None:
+    """Write the registrations' results in one transaction, each only while its job is still the
+    worker's latest (as :func:`_set_job` does for one), then publish their changes together. Workers
+    whose results are alike (a fleet of one model) share one UPDATE."""
+    now = timezone.now()
+    kept: list[tuple[Worker, dict[str, Any]]] = []
+    with transaction.atomic():
+        current = dict(
+            Worker.objects.select_for_update()
+            .filter(pk__in=[worker.pk for worker, _, _ in answered])
+            .values_list("pk", "job_generation")
+        )
+        alike: dict[str, tuple[dict[str, Any], list[Any]]] = {}
+        for worker, generation, fields in answered:
+            if current.get(worker.pk) != generation:
+                log.info("registration of %s finished after the worker changed; result dropped", worker.url)
+                continue
+            key = json.dumps(fields, sort_keys=True, default=str)
+            alike.setdefault(key, (fields, []))[1].append(worker.pk)
+            kept.append((worker, fields))
+        for fields, worker_ids in alike.values():
+            Worker.objects.filter(pk__in=worker_ids).update(
+                job_state=JobState.NONE, job_message="", job_updated_at=now, **fields
+            )
+    for worker, fields in kept:
+        _log_registered(worker, fields)
+    publish_registry_changes([worker.pk for worker, _ in kept])
 
 
 def _health_disabled(worker: Worker) -> bool:
