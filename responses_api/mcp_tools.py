@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any, Mapping
 
 from common.config import current_config
+from common.mcp_metrics import record_mcp_tool_call
 from inference.errors import GatewayError
 from inference.mcp import McpConnectError, McpServerParams, McpServerParamsError, McpTool, mcp_config_of, mcp_connector
 from responses_api.request import MCP_BUILTINS
@@ -137,9 +139,10 @@ class McpServers:
         """The tools as Responses function tools (an external provider's /v1/responses)."""
         return [{"type": "function", **function, "strict": False} for function in self._functions()]
 
-    async def run(self, calls: list[dict[str, Any]]) -> list[McpCallResult]:
+    async def run(self, calls: list[dict[str, Any]], model: str | None = None) -> list[McpCallResult]:
         """Run ``calls`` (``name``, ``arguments`` JSON text, ``server_label``): one session per server,
-        servers at once, calls of one server in order. A failure is a result, never an exception."""
+        servers at once, calls of one server in order. A failure is a result, never an exception.
+        Each call is counted for ``model`` (:mod:`common.mcp_metrics`)."""
         connector = mcp_connector(current_config())
         results: list[McpCallResult | None] = [None] * len(calls)
         by_server: dict[str, list[int]] = {}
@@ -155,13 +158,17 @@ class McpServers:
                             arguments = json.loads(call["arguments"] or "{}")
                         except ValueError:
                             results[position] = McpCallResult("", "the tool arguments are not valid JSON")
+                            record_mcp_tool_call(model, call["name"], True, None)
                             continue
+                        began = perf_counter()
                         result = await session.call_tool(call["name"], arguments if isinstance(arguments, dict) else {})
+                        record_mcp_tool_call(model, call["name"], result.is_error, perf_counter() - began)
                         results[position] = McpCallResult(result.output, result.output if result.is_error else None)
             except McpConnectError as error:
                 for position in positions:
                     if results[position] is None:
                         results[position] = McpCallResult("", f"MCP server unavailable: {error.message}")
+                        record_mcp_tool_call(model, calls[position]["name"], True, None)
 
         await asyncio.gather(*(one(label, positions) for label, positions in by_server.items()))
         return [result or McpCallResult("", "not run") for result in results]

@@ -416,7 +416,7 @@ class ServedResponses(ServedSurface):
             allowed = calls[: max(allowance_total - executed, 0)]
             started = [builder.mcp_call_started(call) for call in allowed]
             await flush()
-            for item, result in zip(started, await self.mcp.run(allowed)):
+            for item, result in zip(started, await self.mcp.run(allowed, self.request.model)):
                 builder.mcp_call_finished(item, result.output, result.error)
             executed += len(allowed)
             await flush()

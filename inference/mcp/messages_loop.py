@@ -195,7 +195,7 @@ class MessagesMcpLoop(ServedSurface):
             if rounds == MAX_ROUNDS:
                 raise errors.mcp_max_iterations(MAX_ROUNDS)
             rounds += 1
-            results = await self.toolsets.run([(b["name"], b.get("input") or {}) for b in uses])
+            results = await self.toolsets.run([(b["name"], b.get("input") or {}) for b in uses], out.model)
             by_id = {b["id"]: result for b, result in zip(uses, results)}
             shown: list[dict[str, Any]] = []
             for block in unsent:

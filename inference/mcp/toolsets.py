@@ -24,9 +24,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any, Mapping
 
 from common.config import current_config
+from common.mcp_metrics import record_mcp_tool_call
 from inference import errors
 from inference.mcp.client import McpServerParams, McpTool, McpToolResult, mcp_connector, safe_url
 from inference.mcp.errors import McpConnectError, McpServerParamsError
@@ -155,9 +157,10 @@ class McpToolsets:
     def custom_tools(self) -> list[dict[str, Any]]:
         return [tool.as_custom_tool() for tool in self.exposed.values()]
 
-    async def run(self, calls: list[tuple[str, dict[str, Any]]]) -> list[McpToolResult]:
+    async def run(self, calls: list[tuple[str, dict[str, Any]]], model: str | None = None) -> list[McpToolResult]:
         """Run ``calls`` (exposed tool name, input): one session per server, servers at once, the
-        calls of one server in order. A failure is a result with ``is_error`` set, never an exception."""
+        calls of one server in order. A failure is a result with ``is_error`` set, never an exception.
+        Each call is counted for ``model`` (:mod:`common.mcp_metrics`)."""
         connector = mcp_connector(current_config())
         results: list[McpToolResult | None] = [None] * len(calls)
         by_server: dict[str, list[int]] = {}
@@ -169,12 +172,15 @@ class McpToolsets:
                 async with connector.session(self.servers[server]) as session:
                     for position in positions:
                         name, given = calls[position]
-                        results[position] = await session.call_tool(name, given)
+                        began = perf_counter()
+                        result = results[position] = await session.call_tool(name, given)
+                        record_mcp_tool_call(model, name, result.is_error, perf_counter() - began)
             except McpConnectError as error:
                 for position in positions:
                     if results[position] is None:
                         results[position] = McpToolResult(f"MCP server unavailable: {error.message}", is_error=True,
                                                           error_kind="connection")  # fmt: skip
+                        record_mcp_tool_call(model, calls[position][0], True, None)
 
         await asyncio.gather(*(one(server, positions) for server, positions in by_server.items()))
         return [result or McpToolResult("not run", is_error=True) for result in results]

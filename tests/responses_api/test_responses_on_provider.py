@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from common.telemetry import REGISTRY
 from gateway_project.asgi import application
 from inference.routing.workers import WorkerRecord, WorkerStatus
 from tests.conftest import PROVIDER_KEY, GatewayFactory, Provider, until
@@ -120,6 +121,18 @@ async def test_mcp_tools_are_run_by_the_gateway_between_provider_turns(
     assert [item["type"] for item in second["json"]["input"]] == ["message", "function_call", "function_call_output"]
     assert second["json"]["input"][2]["output"] == "echo: hi"
     assert response.usage is not None and response.usage.input_tokens > provider_usage(first)  # both turns summed
+
+
+async def test_each_mcp_tool_call_is_counted_and_timed(gateway: httpx.AsyncClient, mcp_url: str) -> None:
+    """gw_mcp_tool_calls_total and gw_mcp_tool_duration_seconds (spec 3) from the Responses tool loop."""
+    labels = {"model": MODEL, "tool_name": "echo"}
+    before = REGISTRY.get_sample_value("gw_mcp_tool_calls_total", {**labels, "result": "success"}) or 0.0
+    timed = REGISTRY.get_sample_value("gw_mcp_tool_duration_seconds_count", labels) or 0.0
+    tool = {"type": "mcp", "server_label": "tools", "server_url": mcp_url, "require_approval": "never", "allowed_tools": ["echo"]}
+    response = await sdk(gateway).responses.create(model=MODEL, input='[[call:echo {"text": "hi"}]]', tools=[tool])  # type: ignore[list-item]
+    assert response.output[1].type == "mcp_call"
+    assert REGISTRY.get_sample_value("gw_mcp_tool_calls_total", {**labels, "result": "success"}) == before + 1
+    assert REGISTRY.get_sample_value("gw_mcp_tool_duration_seconds_count", labels) == timed + 1
 
 
 def provider_usage(request: dict[str, Any]) -> int:

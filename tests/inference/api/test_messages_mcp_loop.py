@@ -15,6 +15,7 @@ import httpx2
 import orjson
 import pytest
 
+from common.telemetry import REGISTRY
 from gateway_project.asgi import application
 from inference.routing.workers import WorkerRecord, WorkerStatus
 from standins.mock_provider import ProviderConfig
@@ -171,6 +172,26 @@ async def test_a_failing_tool_is_an_error_result_not_a_failed_request(gateway: h
     result = answer.json()["content"][1]
     assert result["type"] == "mcp_tool_result" and result["is_error"] is True
     assert "disk full" in result["content"][0]["text"]
+
+
+def _tool_metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, {"model": MODEL, **labels}) or 0.0
+
+
+async def test_each_tool_call_is_counted_by_result_and_timed(gateway: httpx.AsyncClient, mcp_url: str) -> None:
+    """gw_mcp_tool_calls_total{model, tool_name, result} and gw_mcp_tool_duration_seconds (spec 3)."""
+    echoed = _tool_metric("gw_mcp_tool_calls_total", tool_name="echo", result="success")
+    failed = _tool_metric("gw_mcp_tool_calls_total", tool_name="fail", result="error")
+    timed = _tool_metric("gw_mcp_tool_duration_seconds_count", tool_name="echo")
+    answer = await gateway.post("/v1/messages", json=body(ECHO, mcp_url), headers=HEADERS)
+    assert answer.status_code == 200
+    answer = await gateway.post("/v1/messages", json=body('[[call:fail {"reason": "disk full"}]]', mcp_url), headers=HEADERS)
+    assert answer.status_code == 200 and answer.json()["content"][1]["is_error"] is True
+    assert _tool_metric("gw_mcp_tool_calls_total", tool_name="echo", result="success") == echoed + 1
+    assert _tool_metric("gw_mcp_tool_calls_total", tool_name="echo", result="error") == 0
+    assert _tool_metric("gw_mcp_tool_calls_total", tool_name="fail", result="error") == failed + 1
+    assert _tool_metric("gw_mcp_tool_duration_seconds_count", tool_name="echo") == timed + 1
+    assert _tool_metric("gw_mcp_tool_duration_seconds_sum", tool_name="echo") > 0
 
 
 async def test_still_calling_after_ten_rounds_is_502_or_an_error_event(
