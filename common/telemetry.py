@@ -426,6 +426,12 @@ def backend_type(worker_type: str) -> str:
 
 
 # --- HTTP helpers (the lifecycle gate wraps the data-plane routes) -----------------------------------
+# The timers of the data-plane requests in flight, for gw_http_inflight_request_age_count (its
+# sampler reads their start times: common/runtime_metrics.py); a set's add and discard per request.
+INFLIGHT: set[HttpTimer] = set()
+_inflight_add = INFLIGHT.add
+_inflight_discard = INFLIGHT.discard
+
 _METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"})
 
 
@@ -443,6 +449,7 @@ class HttpTimer:
         self._send = send
         _add(HTTP_REQUESTS, self.method, path)(1)
         HTTP_ACTIVE._value.inc(1)  # Gauge.inc less its check (an unlabelled gauge is observable)
+        _inflight_add(self)
 
     def send(self, message: Any) -> Awaitable[None]:
         """The ASGI send: a plain function returning the server's send, no coroutine of its own per
@@ -460,6 +467,7 @@ class HttpTimer:
 
     def done(self) -> None:
         HTTP_ACTIVE._value.inc(-1)  # Gauge.dec
+        _inflight_discard(self)
 
 
 def record_rate_limit(allowed: bool) -> None:

@@ -1,9 +1,12 @@
 """The gauges that mirror the data plane's live state (admission, worker pool, per-worker status,
-load and breaker), read from it once a second by the telemetry sampler, never per request."""
+load and breaker, HTTP/2), read from it once a second by the telemetry sampler, never per request,
+and the event loop's own (:mod:`common.runtime_metrics`: runtime, in-flight ages, allocator)."""
 
 from __future__ import annotations
 
 from common import telemetry
+from common.runtime_metrics import sample_runtime
+from common.worker_metrics import sample_worker_http2
 from inference.dataplane import DataPlane, data_plane
 from inference.routing.workers import WorkerStatus
 
@@ -32,3 +35,5 @@ def sample_live_gauges(dp: DataPlane | None = None) -> None:
     telemetry.sample_gauges(
         permits.in_flight if permits is not None else 0, permits.queued if permits is not None else 0, workers
     )
+    sample_worker_http2((handle.record.url, handle.record.transport) for handle in dp.registry.snapshot.workers)
+    sample_runtime()

@@ -16,6 +16,7 @@ from typing import Any, Awaitable
 import orjson
 
 from common import telemetry, tracing
+from common.relay_metrics import count_buffered_body
 from common.secrets import bearer_token
 from inference import errors
 from inference.accounting import Delivered
@@ -144,6 +145,7 @@ class SurfaceRoute:
         if span is not None and checked.model:
             span.set_attribute("gen_ai.request.model", checked.model)
         route = telemetry.RouteTimer(self.upstream_path, checked.model, checked.stream, writer.clock.started)
+        count_buffered_body(1)  # the body was read whole and parsed (common/relay_metrics.py)
         if checked.stream:
             writer.observer = route
         # The request's accounting (D66): the attempts loop records the answer, this route closes it.

@@ -1,0 +1,47 @@
+"""The request-body and resend metrics of the router in the catalog (spec 3), in the gateway's
+metrics registry (:mod:`common.telemetry`), counted for what the gateway does with a request body.
+
+- ``gw_router_request_body_path_total{path, reason}``: each routed request by how its body reached
+  the worker. The gateway reads every body whole before it routes (the surface's validation parses
+  it: the model and ``stream`` choose the worker, and the body may be rewritten, e.g. the usage
+  option of a stream or a DP rank) and keeps it until the request ends (a retry on another worker
+  resends it), so one pair occurs: ``buffered`` / ``parsed``. ``streamed`` (a body passed on as it
+  arrives) does not occur: the gateway streams no request body.
+- ``gw_router_request_buffers_released_early_bytes_total``: bytes of request bodies let go before
+  their request ended; the gateway keeps each body to the end for its retries, so this stays 0.
+- ``gw_router_upstream_send_retries_total{router_type}``: resends of a request on the same worker
+  when its first send failed before any response. The HTTP relay does not resend (a pooled
+  connection is reused only within 4 s, under the engines' 5 s keep-alive, so the stale-connection
+  race such a resend covers is avoided instead: :data:`inference.upstreams.http.KEEPALIVE_SECS`); a
+  send that fails goes to the retry policy on another worker (``gw_worker_retries_total``). The
+  family is declared and has no series.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+from common.telemetry import REGISTRY, _add
+
+__all__ = [
+    "BODY_PATH",
+    "BUFFERS_RELEASED_EARLY",
+    "UPSTREAM_SEND_RETRIES",
+    "BUFFERED_PARSED",
+    "count_buffered_body",
+]
+
+UPSTREAM_SEND_RETRIES = Counter(
+    "gw_router_upstream_send_retries_total", "Resends on the same worker after a first send failed before any response",
+    ("router_type",), registry=REGISTRY,
+)
+BODY_PATH = Counter("gw_router_request_body_path_total", "Routed requests by how their body reached the worker",
+                    ("path", "reason"), registry=REGISTRY)  # fmt: skip
+BUFFERS_RELEASED_EARLY = Counter(
+    "gw_router_request_buffers_released_early_bytes_total", "Request body bytes let go before their request ended",
+    registry=REGISTRY,
+)
+
+BUFFERED_PARSED = ("buffered", "parsed")
+# The routed request's increment, bound once (the request path's one call: D100).
+count_buffered_body = _add(BODY_PATH, *BUFFERED_PARSED)
