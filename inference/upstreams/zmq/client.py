@@ -1,6 +1,7 @@
 """The engine client of a ZMQ worker (``ipc://PATH``): vLLM's EngineCore in headless mode, over
-pyzmq's asyncio sockets. The gateway binds, the engines dial in (wire layouts: :mod:`.codec`,
-addresses: :mod:`.addresses`).
+ZMTP (the handshake on a pyzmq asyncio socket, the data plane on the event loop's own endpoints:
+:mod:`.zmtp`). The gateway binds, the engines dial in (wire layouts: :mod:`.codec`, addresses:
+:mod:`.addresses`).
 
 One socket set per worker, shared by its ``dp_size`` engines:
 
@@ -46,10 +47,10 @@ One socket set per worker, shared by its ``dp_size`` engines:
   the facts of the handshake (ready response, ``num_gpu_blocks``) are shared through a file in the
   host's run directory. One process (N = 1) binds all three itself, as before.
 
-Nothing here blocks the event loop: the handshake and input sockets are ``zmq.asyncio`` sockets
-(sends first tried without waiting); the output socket is not libzmq's but a Unix socket server of
-the event loop speaking ZMTP (:mod:`.zmtp`): the engines' PUSH sockets cannot tell, and a message
-costs no libzmq signalling between threads.
+Nothing here blocks the event loop: the handshake socket is a ``zmq.asyncio`` socket; the input and
+output sockets are not libzmq's but Unix socket servers of the event loop speaking ZMTP
+(:mod:`.zmtp`, D95): the engines' DEALER and PUSH sockets cannot tell, and a message costs no libzmq
+signalling between threads.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ from inference.upstreams.zmq.logprobs import ChoiceLogprobs, TensorError
 from inference.upstreams.zmq.ranks import EngineRank, RankState
 from inference.upstreams.zmq.requests import engine_core_request, finish_of
 from inference.upstreams.zmq.tensors import inline_aux_frames
-from inference.upstreams.zmq.zmtp import PullServer
+from inference.upstreams.zmq.zmtp import PullServer, RouterServer
 
 __all__ = ["EngineRank", "ZmqEngineClient"]
 
@@ -266,8 +267,7 @@ class ZmqEngineClient(EngineClient):
         self._ready = asyncio.Event()
         self._context: zmq.asyncio.Context | None = None
         self._handshake: zmq.asyncio.Socket | None = None
-        self._input: zmq.asyncio.Socket | None = None
-        self._input_plain: zmq.Socket[bytes] | None = None  # the input socket, sent on without waiting
+        self._input: RouterServer | None = None  # requests to the engines (ZMTP on the event loop, D95)
         self._output: PullServer | None = None  # the engines' outputs (ZMTP on the event loop, D95)
         self._tasks: list[asyncio.Task[None]] = []
         self._first_handshake: asyncio.Future[None] | None = None  # the first wait for the engines (open)
@@ -326,29 +326,26 @@ class ZmqEngineClient(EngineClient):
         if self._context is not None:
             return
         context = zmq.asyncio.Context()
-        sockets: list[zmq.asyncio.Socket] = []
         try:
             handshake: zmq.asyncio.Socket | None = None
             if not self.shared:
                 handshake = self._handshake_socket(context)
-                sockets.append(handshake)
-            inputs = context.socket(zmq.ROUTER)
-            sockets.append(inputs)
-            inputs.setsockopt(zmq.LINGER, 0)
-            inputs.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone engine is an error, not a silent drop
-            inputs.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted engine takes its identity back
-            bind(inputs, self.addresses.input)
+            # The data plane: ZMTP endpoints of the event loop, not libzmq sockets (D95). The input
+            # ROUTER refuses an identity not connected (libzmq's ROUTER_MANDATORY: a gone engine is
+            # an error, not a silent drop) and gives a restarted engine its identity back (HANDOVER).
+            inputs = RouterServer(ipc_path(self.addresses.input), self._input_message)
             output = PullServer(ipc_path(self.addresses.output), self._output_message, self._output_lost)
-            try:
-                output.start()
-            except OSError as exc:
-                raise ZmqAddressError(f"cannot bind {self.addresses.output}: {exc}") from None
+            for server, address in ((inputs, self.addresses.input), (output, self.addresses.output)):
+                try:
+                    server.start()
+                except OSError as exc:
+                    inputs.close()
+                    raise ZmqAddressError(f"cannot bind {address}: {exc}") from None
         except BaseException:
             context.destroy(linger=0)
             raise
         self._context, self._input, self._output = context, inputs, output
-        self._input_plain = zmq.Socket.shadow(inputs.underlying)
-        self._tasks = [asyncio.create_task(self._registration_loop(inputs), name=f"zmq-input {self.url}")]
+        self._tasks = []
         if handshake is not None:
             self._serve_handshake(handshake)
         self._tasks.append(asyncio.create_task(self._probe_loop(), name=f"zmq-probe {self.url}"))
@@ -420,12 +417,13 @@ class ZmqEngineClient(EngineClient):
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._output is not None:
-            self._output.close()
+        for server in (self._input, self._output):
+            if server is not None:
+                server.close()
         self._fail_all(f"the ZMQ worker {self.url} was closed")
         if self._context is not None:
             self._context.destroy(linger=0)  # closes every socket
-        self._context = self._handshake = self._input = self._output = self._input_plain = None
+        self._context = self._handshake = self._input = self._output = None
 
     # Background tasks.
 
@@ -464,27 +462,26 @@ class ZmqEngineClient(EngineClient):
                 logger.warning("ZMQ handshake on %s: unexpected %s from engine %d in state %s", self.url,
                                status, rank.index, rank.state.value)  # fmt: skip
 
-    async def _registration_loop(self, socket: zmq.asyncio.Socket) -> None:
-        """The input ROUTER only hears each engine's ready response (its registration)."""
-        while True:
-            frames = await socket.recv_multipart()
-            rank = self._rank_of(frames[0]) if frames else None
-            if rank is None or len(frames) < 2:
-                continue
-            try:
-                response = codec.decode_ready_response(frames[1])
-            except msgspec.DecodeError as exc:
-                logger.warning("ZMQ worker %s: engine %d's ready response does not decode: %s", self.url, rank.index, exc)
-                continue
-            if not self.shared:
-                rank.ready_response = response
-            elif response:
-                rank.ready_response = response
-                self._share_facts()
-            else:  # an engine that says nothing of itself here: what the others learned of it
-                self._recall_facts()
-            rank.registered = True
-            self._maybe_ready(rank)
+    def _input_message(self, frames: list[bytes]) -> None:
+        """The input ROUTER only hears each engine's ready response (its registration): its
+        identity, then the response."""
+        rank = self._rank_of(frames[0]) if frames else None
+        if rank is None or len(frames) < 2:
+            return
+        try:
+            response = codec.decode_ready_response(frames[1])
+        except msgspec.DecodeError as exc:
+            logger.warning("ZMQ worker %s: engine %d's ready response does not decode: %s", self.url, rank.index, exc)
+            return
+        if not self.shared:
+            rank.ready_response = response
+        elif response:
+            rank.ready_response = response
+            self._share_facts()
+        else:  # an engine that says nothing of itself here: what the others learned of it
+            self._recall_facts()
+        rank.registered = True
+        self._maybe_ready(rank)
 
     async def _probe_loop(self) -> None:
         """An engine that registered with an earlier run of this process (the gateway or this
@@ -688,17 +685,11 @@ class ZmqEngineClient(EngineClient):
     # Sending.
 
     async def _send(self, rank: int, kind: codec.RequestType, payload: bytes) -> None:
-        socket, plain = self._input, self._input_plain
-        if socket is None or plain is None:
+        inputs = self._input
+        if inputs is None:
             raise UpstreamFailure(FailureKind.CONNECT, f"the ZMQ worker {self.url} is not started")
-        frames = (codec.engine_identity(rank), kind.value, payload)
-        try:
-            try:  # at once when the socket takes it (no future, no event bookkeeping), else awaited
-                plain.send_multipart(frames, zmq.NOBLOCK)
-            except zmq.Again:
-                await socket.send_multipart(frames)
-        except zmq.ZMQError as exc:
-            raise UpstreamFailure(FailureKind.CONNECT, f"engine {rank} of {self.url} is unreachable: {exc}") from None
+        if not inputs.send(codec.engine_identity(rank), (kind.value, payload)):  # written at once
+            raise UpstreamFailure(FailureKind.CONNECT, f"engine {rank} of {self.url} is unreachable: not connected")
 
     async def _wake_others(self, chosen: int) -> None:
         payload = codec.encode((self.current_wave, chosen))

@@ -1,29 +1,35 @@
-"""The output socket of a ZMQ worker as a ZMTP 3 PULL endpoint on the event loop itself: the
-engines' PUSH sockets (libzmq) dial in to a Unix socket server of the loop, and their messages
-are parsed from the bytes each read brings, without libzmq.
+"""The data-plane sockets of a ZMQ worker as ZMTP 3 endpoints on the event loop itself: the output
+PULL (:class:`PullServer`) and the input ROUTER (:class:`RouterServer`). The engines' PUSH and DEALER
+sockets (libzmq) dial in to Unix socket servers of the loop; their messages are parsed from the
+bytes each read brings and the gateway's are written to the connection, without libzmq.
 
-Why (D95): a libzmq socket hands each message from its I/O thread to the reading thread through a
-mailbox and an eventfd; one engine message arriving alone cost the gateway about eight system
-calls (the I/O thread's ``epoll_wait``, ``recvfrom``, ``getpid`` and ``write``; then the loop's
-``epoll_wait`` and libzmq's ``getpid`` + ``poll`` / ``getpid`` + ``read`` checks up to EAGAIN), and
-the engine core sends a message per step. Here a message is part of one ``epoll_wait`` and one
-``recv_into`` of the loop, however many messages the read carries.
+Why (D95): a libzmq socket hands each message between its I/O thread and the caller's thread
+through a mailbox and an eventfd; one engine message arriving alone cost the gateway about eight
+system calls (the I/O thread's ``epoll_wait``, ``recvfrom``, ``getpid`` and ``write``; then the
+loop's ``epoll_wait`` and libzmq's ``getpid`` + ``poll`` / ``getpid`` + ``read`` checks up to
+EAGAIN), and the engine core sends a message per step; a request sent cost about as many (each
+``zmq_send`` checks the mailbox, the I/O thread is woken to write it). Here a message read is part
+of one ``epoll_wait`` and one ``recv_into`` of the loop, however many the read carries, and a
+message sent is one write.
 
 The wire (ZMTP 3.0, rfc.zeromq.org/spec/23, NULL mechanism, rfc.zeromq.org/spec/37 for PING):
 
 - greeting, 64 bytes each way: ``0xFF``, 8 padding bytes, ``0x7F``, version 3.0, mechanism
   ``NULL`` padded to 20 bytes, as-server 0, 31 zero bytes;
-- then each side's ``READY`` command, its metadata the ``Socket-Type`` (this side ``PULL``; the
-  peer must be ``PUSH``);
+- then each side's ``READY`` command, its metadata the ``Socket-Type`` (``PULL``, whose peers must
+  be ``PUSH``; ``ROUTER``, whose peers must be ``DEALER``) and a DEALER's ``Identity``;
 - then frames: a flags byte (``0x01`` more frames follow, ``0x02`` long size, ``0x04`` command),
   the size (1 byte, or 8 bytes big-endian when long), the body. A message is its frames up to the
   one without ``more``. Commands after the handshake: ``PING`` is answered with ``PONG`` (its
   context echoed), ``ERROR`` ends the connection, others are ignored.
 
-What a libzmq PULL did and this keeps: a bound ``ipc://`` path replaces a stale socket file (libzmq
-unlinks one too); an engine's connection dropping is reported (the socket monitor's DISCONNECTED
-before); several engines (``dp_size``) may connect, their messages handled in arrival order per
-connection.
+What the libzmq sockets did and this keeps: a bound ``ipc://`` path replaces a stale socket file
+(libzmq unlinks one too); an engine's output connection dropping is reported (the socket monitor's
+DISCONNECTED before); several engines (``dp_size``) may connect, their messages handled in arrival
+order per connection; the ROUTER receives each message after its peer's identity, sends to the
+connection of an identity and refuses an unknown one (``ROUTER_MANDATORY``), and a new connection
+with a known identity takes it over (``ROUTER_HANDOVER``). Writes have no high-water mark: a
+request is a few kilobytes, written at once or held by the transport until the socket takes it.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import stat
 from collections.abc import Callable
 from typing import cast
 
-__all__ = ["GREETING", "READY", "PullServer", "command"]
+__all__ = ["GREETING", "PullServer", "RouterServer", "command", "encode_message"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,16 +79,27 @@ def _parse_properties(body: bytes) -> dict[bytes, bytes]:
     return found
 
 
-READY = command(b"READY", _properties({b"Socket-Type": b"PULL"}))
-
 MessageSink = Callable[[list[bytes]], None]
 
 
-class _Connection(asyncio.BufferedProtocol):
-    """One engine's PUSH connection: the greeting, the NULL handshake, then its messages."""
+def encode_message(frames: tuple[bytes, ...] | list[bytes]) -> list[bytes]:
+    """A message's frames as written: each frame's flags and size, then its body."""
+    parts: list[bytes] = []
+    last = len(frames) - 1
+    for number, frame in enumerate(frames):
+        more = _MORE if number < last else 0
+        size = len(frame)
+        parts.append(bytes((more | _LONG,)) + size.to_bytes(8, "big") if size > 255 else bytes((more, size)))
+        parts.append(frame)
+    return parts
 
-    def __init__(self, server: PullServer) -> None:
+
+class _Connection(asyncio.BufferedProtocol):
+    """One engine's connection: the greeting, the NULL handshake, then its messages."""
+
+    def __init__(self, server: _Endpoint) -> None:
         self.server = server
+        self.identity = b""  # a DEALER's routing id (its READY's Identity)
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray(_BUFFER)
         self.view = memoryview(self.buffer)
@@ -94,7 +111,7 @@ class _Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio's classes
         self.server.connections.add(self)
-        self.transport.write(GREETING + READY)  # the peer reads the greeting by its exact size first
+        self.transport.write(GREETING + self.server.ready)  # the peer reads the greeting by its exact size first
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.view[self.end :]
@@ -106,7 +123,7 @@ class _Connection(asyncio.BufferedProtocol):
             pos = self._handshake(end)
             if pos < 0:
                 return
-        buffer, view, frames, sink = self.buffer, self.view, self.frames, self.server.sink
+        buffer, view, frames, deliver = self.buffer, self.view, self.frames, self.server.deliver
         while end - pos >= 2:
             flags = buffer[pos]
             if flags & _LONG:
@@ -130,7 +147,7 @@ class _Connection(asyncio.BufferedProtocol):
                 frames.append(body)
                 self.frames = []
                 try:
-                    sink(frames)
+                    deliver(self, frames)
                 except Exception:  # a bug in handling one message must not stop the reading
                     logger.exception("ZMQ output %s: handling a message failed", self.server.path)
                 frames = self.frames
@@ -183,11 +200,14 @@ class _Connection(asyncio.BufferedProtocol):
         if not self.buffer[pos] & _COMMAND or not body or body[1 : 1 + body[0]] != b"READY":
             self._refuse("a peer that did not start with READY")
             return -1
-        socket_type = _parse_properties(body[1 + body[0] :]).get(b"socket-type")
-        if socket_type != b"PUSH":
-            self._refuse(f"a {socket_type!r} peer (a PULL socket takes PUSH peers)")
+        properties = _parse_properties(body[1 + body[0] :])
+        socket_type = properties.get(b"socket-type")
+        if socket_type != self.server.peer_type:
+            self._refuse(f"a {socket_type!r} peer (this socket takes {self.server.peer_type!r} peers)")
             return -1
+        self.identity = properties.get(b"identity") or b""
         self.ready = True
+        self.server.joined(self)
         return pos + size
 
     def _command(self, body: bytes) -> bool:
@@ -208,19 +228,19 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
-        if self.ready and not self.server.closing:
-            self.server.lost()
+        if self.ready:
+            self.server.left(self)
 
 
-class PullServer:
-    """A bound ZMTP PULL endpoint (``ipc://PATH``): every message of every connected PUSH peer goes
-    to ``sink`` (its frames, as bytes); ``lost`` is called when a peer's connection that finished
-    its handshake drops."""
+class _Endpoint:
+    """A bound ZMTP endpoint (``ipc://PATH``) of one socket type, and its peers' connections."""
 
-    def __init__(self, path: str, sink: MessageSink, lost: Callable[[], None]) -> None:
+    socket_type = b""
+    peer_type = b""
+
+    def __init__(self, path: str) -> None:
         self.path = path
-        self.sink = sink
-        self.lost = lost
+        self.ready = command(b"READY", _properties({b"Socket-Type": self.socket_type}))
         self.connections: set[_Connection] = set()
         self.closing = False
         self._server: asyncio.Server | None = None
@@ -276,3 +296,71 @@ class PullServer:
             if connection.transport is not None:
                 connection.transport.abort()
         self.connections.clear()
+
+    def joined(self, connection: _Connection) -> None:
+        """A peer finished its handshake."""
+
+    def deliver(self, connection: _Connection, frames: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def left(self, connection: _Connection) -> None:
+        """A peer that finished its handshake is gone."""
+
+
+class PullServer(_Endpoint):
+    """A bound ZMTP PULL endpoint: every message of every connected PUSH peer goes to ``sink`` (its
+    frames, as bytes); ``lost`` is called when a peer's connection that finished its handshake drops
+    (not when this endpoint closes)."""
+
+    socket_type = b"PULL"
+    peer_type = b"PUSH"
+
+    def __init__(self, path: str, sink: MessageSink, lost: Callable[[], None]) -> None:
+        super().__init__(path)
+        self.sink = sink
+        self.lost = lost
+
+    def deliver(self, connection: _Connection, frames: list[bytes]) -> None:
+        self.sink(frames)
+
+    def left(self, connection: _Connection) -> None:
+        if not self.closing:
+            self.lost()
+
+
+class RouterServer(_Endpoint):
+    """A bound ZMTP ROUTER endpoint for DEALER peers: each message received goes to ``sink`` after
+    its peer's identity (as a libzmq ROUTER's receive); :meth:`send` writes a message to the peer of
+    an identity."""
+
+    socket_type = b"ROUTER"
+    peer_type = b"DEALER"
+
+    def __init__(self, path: str, sink: MessageSink) -> None:
+        super().__init__(path)
+        self.sink = sink
+        self.routes: dict[bytes, _Connection] = {}
+
+    def joined(self, connection: _Connection) -> None:
+        if not connection.identity:  # libzmq gives a peer without one a generated identity
+            connection.identity = b"\x00" + os.urandom(4)
+        old = self.routes.get(connection.identity)
+        self.routes[connection.identity] = connection  # handover: the newest connection takes it
+        if old is not None and old is not connection and old.transport is not None:
+            old.ready = False
+            old.transport.close()
+
+    def deliver(self, connection: _Connection, frames: list[bytes]) -> None:
+        self.sink([connection.identity, *frames])
+
+    def left(self, connection: _Connection) -> None:
+        if self.routes.get(connection.identity) is connection:
+            del self.routes[connection.identity]
+
+    def send(self, identity: bytes, frames: tuple[bytes, ...] | list[bytes]) -> bool:
+        """Write the message to the peer of ``identity``; False when no such peer is connected."""
+        connection = self.routes.get(identity)
+        if connection is None or connection.transport is None or connection.transport.is_closing():
+            return False
+        connection.transport.writelines(encode_message(frames))
+        return True

@@ -1,7 +1,8 @@
-"""The output socket as a ZMTP PULL endpoint of the event loop (:mod:`inference.upstreams.zmq.zmtp`,
-D95), against libzmq's own PUSH (pyzmq), as an engine core dials in: single and multipart messages,
-short and long frames, a frame larger than one read's buffer, several peers, heartbeats answered, a
-peer that is not PUSH refused, a dropped connection reported, and closing."""
+"""The data-plane sockets as ZMTP endpoints of the event loop (:mod:`inference.upstreams.zmq.zmtp`,
+D95), against libzmq's own PUSH and DEALER (pyzmq), as an engine core dials in: single and multipart
+messages, short and long frames, a frame larger than one read's buffer, several peers, heartbeats
+answered, a peer of the wrong type refused, a dropped connection reported, closing; the ROUTER's
+identities, refusal of an unknown one and handover."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from inference.upstreams.zmq.zmtp import PullServer
+from inference.upstreams.zmq.zmtp import PullServer, RouterServer
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ async def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 async def _pushing(
-    context: zmq.asyncio.Context, path: Path, kind: int = zmq.PUSH, **options: int
+    context: zmq.asyncio.Context, path: Path, kind: int = zmq.PUSH, **options: int | bytes
 ) -> zmq.asyncio.Socket:
     socket = context.socket(kind)
     socket.setsockopt(zmq.LINGER, 0)
@@ -130,3 +131,31 @@ async def test_closing_at_once_after_start_leaves_nothing_bound(ipc_dir: Path) -
     again = await _served(path, Sink())  # the path is free for the next one
     await asyncio.sleep(0.05)
     again.close()
+
+
+async def test_the_router_receives_after_the_identity_sends_by_it_and_hands_an_identity_over(ipc_dir: Path) -> None:
+    received: list[list[bytes]] = []
+    context = zmq.asyncio.Context()
+    path = ipc_dir / "in.sock"
+    router = RouterServer(str(path), received.append)
+    router.start()
+    try:
+        first = await _pushing(context, path, zmq.DEALER, ROUTING_ID=b"\x00\x00")  # engine 0's identity
+        await first.send_multipart([b"ready", b"x" * 300])
+        await _until(lambda: len(received) == 1)
+        assert received == [[b"\x00\x00", b"ready", b"x" * 300]]
+        assert router.send(b"\x00\x00", (b"\x00", b"add" * 200))
+        assert await asyncio.wait_for(first.recv_multipart(), 5) == [b"\x00", b"add" * 200]
+        assert not router.send(b"\x01\x00", (b"\x00", b"nobody"))  # not connected: refused (ROUTER_MANDATORY)
+        # A restarted engine with the same identity takes it over; the old connection is closed.
+        second = await _pushing(context, path, zmq.DEALER, ROUTING_ID=b"\x00\x00")
+        await second.send(b"hello again")
+        await _until(lambda: len(received) == 2)
+        assert router.send(b"\x00\x00", (b"\x01", b"to the new one"))
+        assert await asyncio.wait_for(second.recv_multipart(), 5) == [b"\x01", b"to the new one"]
+        second.close(linger=0)
+        await _until(lambda: not router.routes)
+        assert not router.send(b"\x00\x00", (b"\x00", b"gone"))
+    finally:
+        router.close()
+        context.destroy(linger=0)
