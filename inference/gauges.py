@@ -5,6 +5,7 @@ and the event loop's own (:mod:`common.runtime_metrics`: runtime, in-flight ages
 from __future__ import annotations
 
 from common import telemetry
+from common.relay_metrics import fold_bodies
 from common.runtime_metrics import sample_runtime
 from common.worker_metrics import sample_worker_http2
 from inference.dataplane import DataPlane, data_plane
@@ -37,3 +38,4 @@ def sample_live_gauges(dp: DataPlane | None = None) -> None:
     )
     sample_worker_http2((handle.record.url, handle.record.transport) for handle in dp.registry.snapshot.workers)
     sample_runtime()
+    fold_bodies()

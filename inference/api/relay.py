@@ -145,7 +145,7 @@ class SurfaceRoute:
         if span is not None and checked.model:
             span.set_attribute("gen_ai.request.model", checked.model)
         route = telemetry.RouteTimer(self.upstream_path, checked.model, checked.stream, writer.clock.started)
-        count_buffered_body(1)  # the body was read whole and parsed (common/relay_metrics.py)
+        count_buffered_body()  # the body was read whole and parsed (common/relay_metrics.py)
         if checked.stream:
             writer.observer = route
         # The request's accounting (D66): the attempts loop records the answer, this route closes it.

@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from administration.metrics_server import MetricsListener
-from common import runtime_metrics
+from common import relay_metrics, runtime_metrics
 from common import telemetry as metrics
 from inference.gauges import sample_live_gauges
 from inference.routing.registry import REGISTRY
@@ -159,6 +159,21 @@ async def test_each_routed_body_is_counted_buffered(make_gateway, start_worker, 
                    "gw_router_request_buffers_released_early_bytes_total") == 0  # fmt: skip
     assert "gw_router_upstream_send_retries" in families  # declared: the relay never resends
     assert "gw_kv_event_subscription_failures" in families  # declared: no KV event subscription
+
+
+def test_routed_bodies_are_folded_in_exactly_once() -> None:
+    """The request path's C counter is folded into the body-path counter by the sampler and on
+    collection, each request once, however the folds fall."""
+    before = _count("gw_router_request_body_path_total", path="buffered", reason="parsed")
+    for _ in range(5):
+        relay_metrics.count_buffered_body()
+    relay_metrics.fold_bodies()
+    relay_metrics.fold_bodies()
+    for _ in range(3):
+        relay_metrics.count_buffered_body()
+    assert _count("gw_router_request_body_path_total", path="buffered", reason="parsed") - before == 8
+    sample_live_gauges()
+    assert _count("gw_router_request_body_path_total", path="buffered", reason="parsed") - before == 8
 
 
 async def test_worker_http2_gauge(make_gateway, start_worker, scrape) -> None:
