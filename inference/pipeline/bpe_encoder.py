@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 import tiktoken
 from tokenizers import Tokenizer
 
-__all__ = ["BpeEncoder", "bpe_encoder"]
+__all__ = ["BpeEncoder", "bpe_encoder", "byte_of_char"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class _Unsupported(Exception):
 
 
 @lru_cache(maxsize=1)
-def _byte_of_char() -> dict[str, int]:
+def byte_of_char() -> dict[str, int]:
     """The byte-level alphabet reversed: the printable character standing for each byte."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = {byte: byte for byte in printable}
@@ -121,7 +121,7 @@ def _ranks(model: Any) -> dict[bytes, int]:
     vocab = model.get("vocab")
     if not isinstance(vocab, Mapping):
         raise _Unsupported("the BPE model has no vocabulary")
-    alphabet = _byte_of_char()
+    alphabet = byte_of_char()
     try:
         return {bytes(alphabet[char] for char in token): int(rank) for token, rank in vocab.items()}
     except KeyError:

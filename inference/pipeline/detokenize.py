@@ -12,6 +12,12 @@ ids that start and end on character boundaries is the text of their parts, joine
 next step's ``prefix`` is this step's delta (or its whole ``new`` text when the window did not
 move), kept instead of decoded again. It is kept only when that holds exactly: the prefix decoded
 without U+FFFD (so it ended on a character boundary) and ``new`` began with it.
+With ``token_bytes`` (the tokenizer's :class:`TokenBytes`), a step whose known prefix has no
+U+FFFD, with no ids held back from an earlier step, whose new ids are ordinary tokens (not special,
+nor with a special token's text) whose bytes join to whole UTF-8 not ending in U+FFFD, is not
+decoded at all: its delta is those bytes read as UTF-8, which is what the library's decode of the
+window adds to the prefix (it joins the same bytes and reads them the same way). Anything else
+takes the decoding path.
 
 ``skipped_ids`` narrows ``skip_special_tokens`` to a set of ids: those never reach the decoder,
 and every other id (special tokens a parser reads, such as Mistral's ``[TOOL_CALLS]``) is decoded as
@@ -30,7 +36,9 @@ from typing import Sequence
 
 from tokenizers import Tokenizer
 
-__all__ = ["IncrementalDetokenizer"]
+from inference.pipeline.bpe_encoder import byte_of_char
+
+__all__ = ["IncrementalDetokenizer", "TokenBytes"]
 
 _REPLACEMENT = "\ufffd"
 _PROMPT_CONTEXT = 5  # prompt tokens decoded before the first output token, when given
@@ -38,26 +46,75 @@ _MAX_PROMPT_CONTEXT = 24
 _TRIM_AFTER = 256  # drop ids before the window once this many are behind it
 
 
+class TokenBytes:
+    """The bytes each token id stands for under a byte-level BPE decoder (``ByteLevel`` alone),
+    for the ids that are not special tokens: each character of the token's text mapped back to its
+    byte through the byte-level alphabet, or the text's own UTF-8 when a character is outside it
+    (an added token's), as that decoder does before it reads the joined bytes as UTF-8. Filled as
+    ids are met (a vocabulary's outputs use a small part of it); shared by every choice of one
+    tokenizer (a dict's item set is atomic)."""
+
+    __slots__ = ("_tokenizer", "_special", "_special_texts", "known")
+
+    def __init__(self, tokenizer: Tokenizer, special_ids: frozenset[int]) -> None:
+        self._tokenizer = tokenizer
+        self._special = special_ids
+        # The library skips a token by its text: an ordinary id whose text is a special token's too.
+        self._special_texts = frozenset(
+            added.content for added in tokenizer.get_added_tokens_decoder().values() if added.special
+        )
+        self.known: dict[int, bytes] = {}
+
+    def fill(self, token_ids: Sequence[int]) -> bool:
+        """Learn the bytes of ``token_ids``; False when one of them has none here (a special token,
+        an id the vocabulary lacks)."""
+        alphabet = byte_of_char()
+        for token_id in token_ids:
+            if token_id in self.known:
+                continue
+            if token_id in self._special or token_id < 0:
+                return False
+            text = self._tokenizer.id_to_token(token_id)
+            if text is None or text in self._special_texts:
+                return False
+            try:
+                self.known[token_id] = bytes([alphabet[char] for char in text])
+            except KeyError:
+                self.known[token_id] = text.encode("utf-8")
+        return True
+
+    def joined(self, token_ids: Sequence[int]) -> bytes | None:
+        """The bytes of ``token_ids`` joined, learning those not met yet; None when one of them has
+        none here."""
+        if not self.fill(token_ids):
+            return None
+        known = self.known
+        return b"".join([known[token_id] for token_id in token_ids])
+
+
 class IncrementalDetokenizer:
     """Turns one choice's token ids into text deltas. Not thread-safe; one per choice."""
 
     __slots__ = (
         "_tokenizer", "_skip", "_skipped", "_ids", "_prefix_offset", "_read_offset", "_text_length", "_concatenative",
-        "_prefix_text",
+        "_prefix_text", "_token_bytes",
     )  # fmt: skip
 
     def __init__(
         self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True, prompt_ids: Sequence[int] = (),
-        skipped_ids: frozenset[int] | None = None, concatenative: bool = False,
+        skipped_ids: frozenset[int] | None = None, concatenative: bool = False, token_bytes: TokenBytes | None = None,
     ) -> None:  # fmt: skip
         """``skipped_ids`` (with ``skip_special_tokens``): skip these ids instead of every special
         token. ``concatenative``: the tokenizer's decoder joins the bytes of each token (byte-level
-        BPE), so a window's text is known from the last step's (see the module's docstring)."""
+        BPE), so a window's text is known from the last step's (see the module's docstring).
+        ``token_bytes`` (with ``concatenative``): the tokenizer's :class:`TokenBytes`, for steps
+        that need no decode."""
         self._tokenizer = tokenizer
         narrowed = skip_special_tokens and skipped_ids is not None
         self._skip = skip_special_tokens and not narrowed
         self._skipped = skipped_ids if narrowed else None
         self._concatenative = concatenative
+        self._token_bytes = token_bytes if concatenative else None
         self._prefix_text: str | None = None  # the text of ids[prefix_offset:read_offset], when known
         context = self._prompt_context(self._kept(prompt_ids))
         self._ids: list[int] = context
@@ -93,6 +150,7 @@ class IncrementalDetokenizer:
         twin = IncrementalDetokenizer.__new__(IncrementalDetokenizer)
         twin._tokenizer, twin._skip, twin._skipped = self._tokenizer, self._skip, self._skipped
         twin._concatenative, twin._prefix_text = self._concatenative, self._prefix_text
+        twin._token_bytes = self._token_bytes
         twin._ids = list(self._ids)
         twin._prefix_offset, twin._read_offset, twin._text_length = self._prefix_offset, self._read_offset, self._text_length
         return twin
@@ -108,12 +166,40 @@ class IncrementalDetokenizer:
             token_ids = self._kept(token_ids)
         if not token_ids:
             return ""
+        prefix_text = self._prefix_text
+        token_bytes = self._token_bytes
+        ids = self._ids
+        if (
+            token_bytes is not None and prefix_text is not None and self._read_offset == len(ids)
+            and _REPLACEMENT not in prefix_text
+        ):  # fmt: skip
+            known = token_bytes.known
+            try:
+                data: bytes | None = known[token_ids[0]] if len(token_ids) == 1 else b"".join([known[i] for i in token_ids])
+            except KeyError:
+                data = token_bytes.joined(token_ids)
+            try:
+                delta = data.decode() if data is not None else ""
+            except UnicodeDecodeError:
+                delta = ""
+            if delta and delta[-1] != _REPLACEMENT:
+                # What the decode below gives then (the prefix's bytes are whole UTF-8, so are the
+                # new ones: the window reads as the two texts joined), without the decode.
+                ids.extend(token_ids)
+                self._prefix_offset = read = self._read_offset
+                self._prefix_text = delta
+                self._read_offset = len(ids)
+                if read > _TRIM_AFTER:
+                    del ids[:read]
+                    self._read_offset -= read
+                    self._prefix_offset = 0
+                self._text_length += len(delta)
+                return delta
         self._ids.extend(token_ids)
         window = self._ids[self._prefix_offset :]
         new_text = self._decode(window)
         if new_text.endswith(_REPLACEMENT):
             return ""  # the last token ends inside a character: wait for its remaining bytes
-        prefix_text = self._prefix_text
         if prefix_text is None:
             prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         whole = new_text.startswith(prefix_text)

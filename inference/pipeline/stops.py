@@ -111,9 +111,12 @@ class StopTokens:
     def find(self, token_ids: Sequence[int]) -> int | None:
         """The position of the first stop token in ``token_ids``, or None. The ids before it are
         the output; the stop token itself is the ``matched_stop`` (not detokenized)."""
-        if not self.ids:
+        ids = self.ids
+        if not ids:
             return None
+        if len(token_ids) == 1:  # one token per engine message: the usual case while streaming
+            return 0 if token_ids[0] in ids else None
         for position, token_id in enumerate(token_ids):
-            if token_id in self.ids:
+            if token_id in ids:
                 return position
         return None

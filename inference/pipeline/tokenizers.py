@@ -32,7 +32,7 @@ import orjson
 from tokenizers import Tokenizer
 
 from inference.pipeline.bpe_encoder import BpeEncoder, bpe_encoder
-from inference.pipeline.detokenize import IncrementalDetokenizer
+from inference.pipeline.detokenize import IncrementalDetokenizer, TokenBytes
 from inference.pipeline.templates import ChatTemplate, TemplateCompileError
 
 __all__ = [
@@ -177,10 +177,21 @@ class ModelTokenizer:
         """A fresh incremental detokenizer for one choice. ``kept_special_ids``: special tokens
         decoded as text even with ``skip_special_tokens`` (a parser's markers, :meth:`special_ids`)."""
         skipped = self.special_token_ids - kept_special_ids if skip_special_tokens and kept_special_ids else None
+        concatenative = self.concatenative_decode
         return IncrementalDetokenizer(
             self.tokenizer, skip_special_tokens=skip_special_tokens, prompt_ids=prompt_ids, skipped_ids=skipped,
-            concatenative=self.concatenative_decode,
+            concatenative=concatenative, token_bytes=self.token_bytes if concatenative else None,
         )  # fmt: skip
+
+    @property
+    def token_bytes(self) -> TokenBytes:
+        """The bytes of this tokenizer's ordinary token ids, for a byte-level BPE decoder's steps
+        (:class:`~inference.pipeline.detokenize.TokenBytes`; one per tokenizer, filled as ids are met)."""
+        key = ("token_bytes", ())
+        known: TokenBytes | None = self._facts.get(key)
+        if known is None:
+            known = self._facts[key] = TokenBytes(self.tokenizer, self.special_token_ids)
+        return known
 
     @property
     def concatenative_decode(self) -> bool:

@@ -4,13 +4,14 @@ U+FFFD for text that has none, and each step decodes only a small window."""
 
 from __future__ import annotations
 
+import random
 from functools import lru_cache
 from typing import Any, Sequence
 
 import pytest
 from tokenizers import Tokenizer
 
-from inference.pipeline.detokenize import IncrementalDetokenizer
+from inference.pipeline.detokenize import IncrementalDetokenizer, TokenBytes
 
 from .splitting import FIXTURES
 
@@ -162,3 +163,32 @@ def test_each_step_decodes_a_small_window() -> None:
     assert text == counting.inner.decode(ids)
     assert max(counting.windows) <= 24
     assert len(counting.windows) <= 2 * len(ids) + 30
+
+
+@pytest.mark.parametrize("folder", ["qwen3", "llama3", "deepseek-r1", "whisper-large-v3"])
+def test_steps_read_from_token_bytes_give_the_decoded_deltas(folder: str) -> None:
+    """A byte-level tokenizer's steps read from its TokenBytes (no decode) give exactly the deltas of
+    the decoding path: random ids (special, split characters, emoji), real text, prompts, skipping
+    on, off and narrowed, batches of 1 to 3."""
+    tok = tokenizer(folder)
+    specials = frozenset(i for i, added in tok.get_added_tokens_decoder().items() if added.special)
+    table = TokenBytes(tok, specials)
+    size = tok.get_vocab_size(with_added_tokens=True)
+    real = tok.encode(" ".join(TEXTS), add_special_tokens=False).ids
+    rng = random.Random(99)
+    for trial in range(300):
+        if trial % 3 == 0:
+            ids = [rng.randrange(size) for _ in range(rng.randint(1, 40))]
+        elif trial % 3 == 1:
+            ids = list(real[: rng.randint(1, len(real))])
+        else:
+            ids = [rng.choice(real) if rng.random() < 0.7 else rng.randrange(size) for _ in range(rng.randint(1, 60))]
+        prompt = [rng.randrange(size) for _ in range(rng.randint(0, 8))]
+        for skip, narrowed in ((True, None), (False, None), (True, frozenset(sorted(specials)[:3]))):
+            batch = rng.randint(1, 3)
+            decoded, read = (
+                stream(IncrementalDetokenizer(tok, skip_special_tokens=skip, prompt_ids=prompt, skipped_ids=narrowed,
+                                              concatenative=True, token_bytes=bytes_of), ids, batch)
+                for bytes_of in (None, table)
+            )  # fmt: skip
+            assert read == decoded, (ids, prompt, skip, narrowed, batch)
