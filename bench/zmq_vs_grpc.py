@@ -262,6 +262,65 @@ def client_cost(args: argparse.Namespace, group: ProcessGroup, work: Path) -> st
     return asyncio.run(measure())
 
 
+def served_syscalls(args: argparse.Namespace, group: ProcessGroup, work: Path) -> str:
+    """``--served-strace``: the started gateway's system calls per whole answer on each path (every
+    thread, ``strace -c -f`` attached for ``--client-requests`` non-streamed chat requests sent
+    ``--client-concurrency`` at a time after a warm-up); strace slows the target: read the counts."""
+    import asyncio
+
+    import httpx
+
+    model: Model = MODELS[args.tokenizer]
+    prompt = prompt_text(model.folder / "tokenizer.json", SIZES[args.size] - _TEMPLATE_TOKENS)
+    lines = [f"== the gateway's system calls per whole answer (max_tokens 16, {args.client_concurrency} at once, "
+             f"delay {args.delay_ms:g} ms, {args.client_requests} answers)"]  # fmt: skip
+    for path in args.paths:
+        port = free_port()
+        if path == "zmq":
+            engine_url = f"ipc://{work}/zmq-strace-{port}"
+            engine = start_zmq_engine(group, engine_url, model, args.load_core, args.delay_ms)
+        else:
+            engine_port = free_port()
+            engine = start_grpc_engine(group, port=engine_port, tokenizer=model.folder, core=args.load_core, lean=True,
+                                       to_max_tokens=True, delay_ms=args.delay_ms)  # fmt: skip
+            engine_url = f"grpc://{LOOPBACK}:{engine_port}"
+        proc = start_target("gateway", path, group, work, port, engine_url, model, args)
+        base = f"http://{LOOPBACK}:{port}"
+        case = make_case("gateway", path, base, proc.popen.pid, prompt, args.variant == "unique", work)
+        case.check()
+
+        async def send(count: int) -> None:
+            async with httpx.AsyncClient(timeout=60) as client:
+                queue = list(range(count))
+
+                async def worker() -> None:
+                    while queue:
+                        queue.pop()
+                        answer = await client.post(case.url, json=case.short)
+                        answer.raise_for_status()
+
+                await asyncio.gather(*(worker() for _ in range(args.client_concurrency)))
+
+        asyncio.run(send(args.client_concurrency * 8))  # warm-up
+        trace_file = work / f"served-strace-{path}.txt"
+        tracer = subprocess.Popen(["strace", "-f", "-c", "-o", str(trace_file), "-p", str(proc.popen.pid)])
+        asyncio.run(asyncio.sleep(1.0))  # attached to every thread
+        asyncio.run(send(args.client_requests))
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(30)
+        rows = [line.split() for line in trace_file.read_text().splitlines()]
+        total = [row for row in rows if row and row[-1] == "total"]
+        calls = int(total[-1][3]) / args.client_requests if total else float("nan")
+        top = sorted((row for row in rows if len(row) >= 5 and row[3].isdigit() and row[-1] != "total"),
+                     key=lambda row: -int(row[3]))[:6]  # fmt: skip
+        lines.append(f"{path:5} {calls:7.1f} per answer; most: "
+                     + ", ".join(f"{row[-1]} {int(row[3]) / args.client_requests:.1f}" for row in top))  # fmt: skip
+        group.processes.remove(proc)
+        proc.stop(grace=10, sig=signal.SIGINT)
+        group.stop(engine)
+    return "\n".join(lines)
+
+
 def profile(args: argparse.Namespace, group: ProcessGroup, work: Path) -> str:
     """The gateway under cProfile on each path: wrk c=64 whole answers for ``--duration`` seconds, then
     ``--stream-rounds`` rounds of 32 streams; the top functions by own time, and the functions whose
@@ -337,6 +396,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--client-strace", action="store_true", help="--client: count system calls per answer (strace)")
     add("--client-callgrind", action="store_true",
         help="--client under valgrind --tool=callgrind --instr-atstart=no: count only the measured batches")
+    add("--served-strace", action="store_true",
+        help="instead: the started gateway's system calls per whole answer on each path (strace -c -f; "
+             "--client-requests answers, --client-concurrency at once)")  # fmt: skip
     add("--output", type=Path, default=RESULTS / "zmq-vs-grpc.json")
     args = parser.parse_args(argv)
     args.paths, args.targets = split(args.paths), split(args.targets)
@@ -356,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             return [], {}, profile(args, group, work)
         if args.client:
             return [], {}, client_cost(args, group, work)
+        if args.served_strace:
+            return [], {}, served_syscalls(args, group, work)
         return (*run(args, group, work), "")
 
     # A short prefix: an ipc:// path must fit a Unix socket address (about 100 bytes) with its suffixes.
@@ -363,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     if done is None:
         return 130
     cases, failures, profiled = done
-    if args.profile or args.client:
+    if args.profile or args.client or args.served_strace:
         print(profiled)
         return 0
     summary = summarize(cases)
