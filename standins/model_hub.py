@@ -10,7 +10,7 @@ the client's ``RepositoryNotFoundError``. ``downloads`` records each call's file
 file's size by name.
 
 Tests put it in place of the client (``inference.pipeline.tokenizer_sources._snapshot_download`` and
-``_hub_file_sizes``; :meth:`ModelHub.install` sets both).
+``_hub_file_sizes``; :meth:`ModelHub.install` sets both on the module it is given).
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from typing import Any
 import httpx2
 from huggingface_hub.errors import RepositoryNotFoundError
 from huggingface_hub.utils import filter_repo_objects
-
-from inference.pipeline import tokenizer_sources
 
 __all__ = ["ModelHub"]
 
@@ -50,10 +48,11 @@ class ModelHub:
                 target.symlink_to(source)
         return folder
 
-    def install(self, monkeypatch: Any) -> None:
-        """Put this hub in place of the hub client for a test (a pytest ``monkeypatch``)."""
-        monkeypatch.setattr(tokenizer_sources, "_snapshot_download", self.snapshot_download)
-        monkeypatch.setattr(tokenizer_sources, "_hub_file_sizes", self.file_sizes)
+    def install(self, monkeypatch: Any, client: Any) -> None:
+        """Put this hub in place of the hub client of ``client`` (the gateway's tokenizer-sources
+        module, given by the test: stand-ins import nothing of the product) with a pytest ``monkeypatch``."""
+        monkeypatch.setattr(client, "_snapshot_download", self.snapshot_download)
+        monkeypatch.setattr(client, "_hub_file_sizes", self.file_sizes)
 
     def _folder(self, repo_id: str) -> Path:
         folder = self.root / repo_id

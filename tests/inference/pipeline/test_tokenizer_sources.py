@@ -24,7 +24,7 @@ VISION_CONFIG = FIXTURE_MODELS / "qwen2-vl" / "preprocessor_config.json"
 @pytest.fixture
 def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModelHub:
     stand_in = ModelHub(tmp_path / "repos", tmp_path / "cache")
-    stand_in.install(monkeypatch)
+    stand_in.install(monkeypatch, tokenizer_sources)
     return stand_in
 
 

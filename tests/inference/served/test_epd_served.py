@@ -27,6 +27,7 @@ from PIL import Image
 
 from common.telemetry import REGISTRY as METRICS
 from inference.dataplane import data_plane
+from inference.pipeline import tokenizer_sources
 from inference.pipeline.parsers import choose_parsers
 from inference.pipeline.tokenizer_registry import TOKENIZERS
 from inference.routing.breaker import BreakerState
@@ -329,7 +330,7 @@ async def test_a_model_whose_tokenizer_is_fetched_brings_its_image_processor(
     with the tokenizer, and EPD finds it where the tokenizer was loaded from (D91)."""
     settings.DATA_DIR = tmp_path / "data"
     hub = ModelHub(tmp_path / "repos", tmp_path / "hub")
-    hub.install(monkeypatch)
+    hub.install(monkeypatch, tokenizer_sources)
     model = Path(vision_model(tmp_path))
     files: dict[str, Path | bytes] = {"model.safetensors": b"weights"}
     files |= {name: (model / name).resolve() for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json")}
