@@ -43,13 +43,17 @@ import stat
 from collections.abc import Callable
 from typing import cast
 
-__all__ = ["GREETING", "PullServer", "RouterServer", "command", "encode_message"]
+__all__ = ["GREETING", "MAX_MESSAGE_BYTES", "PullServer", "RouterServer", "command", "encode_message"]
 
 logger = logging.getLogger(__name__)
 
 _GREETING_SIZE = 64
 GREETING = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + bytes(31)
 _BUFFER = 256 * 1024  # one read's room (a frame larger than it gets a buffer of its own size)
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+"""The most one message (its frames' bodies together) may hold: a peer declaring a larger frame, or
+sending more frames than that in one message, is dropped as an engine whose connection broke (libzmq's
+own default is no limit; a frame's declared size would otherwise be allocated as it is announced)."""
 _BACKLOG = 100  # asyncio's default
 _MORE, _LONG, _COMMAND = 0x01, 0x02, 0x04
 
@@ -130,7 +134,11 @@ class _Connection(asyncio.BufferedProtocol):
                 if end - pos < 9:
                     break
                 start = pos + 9
-                stop = start + int.from_bytes(view[pos + 1 : start], "big")
+                stop = int.from_bytes(view[pos + 1 : start], "big")
+                if stop > MAX_MESSAGE_BYTES:
+                    self._drop(f"a frame of {stop} bytes, more than a message may hold ({MAX_MESSAGE_BYTES})")
+                    return
+                stop += start
             else:
                 start = pos + 2
                 stop = start + buffer[pos + 1]
@@ -143,9 +151,15 @@ class _Connection(asyncio.BufferedProtocol):
                     return
             elif flags & _MORE:
                 frames.append(body)
+                if sum(map(len, frames)) > MAX_MESSAGE_BYTES:
+                    self._drop(f"a message of more than {MAX_MESSAGE_BYTES} bytes")
+                    return
             else:
                 frames.append(body)
                 self.frames = []
+                if len(frames) > 1 and sum(map(len, frames)) > MAX_MESSAGE_BYTES:
+                    self._drop(f"a message of more than {MAX_MESSAGE_BYTES} bytes")
+                    return
                 try:
                     deliver(self, frames)
                 except Exception:  # a bug in handling one message must not stop the reading
@@ -159,6 +173,10 @@ class _Connection(asyncio.BufferedProtocol):
         holds a view of it while it reads)."""
         rest = end - pos
         needed = self._frame_size(pos, end)
+        if needed > MAX_MESSAGE_BYTES + 9:
+            self._drop(f"a frame of {needed - 9} bytes, more than a message may hold ({MAX_MESSAGE_BYTES})")
+            self.end = 0
+            return
         if needed > len(self.buffer):
             bigger = bytearray(needed)
             bigger[:rest] = self.view[pos:end]
@@ -219,6 +237,14 @@ class _Connection(asyncio.BufferedProtocol):
             self._refuse(f"the peer's error: {body[2 + body[0] :].decode('utf-8', 'replace')}")
             return False
         return True
+
+    def _drop(self, why: str) -> None:
+        """Close a connection that broke the limits: an engine's that had joined is reported lost
+        (its requests in flight end), as when it drops."""
+        logger.warning("ZMQ %s: connection closed: %s", self.server.path, why)
+        self.frames = []
+        if self.transport is not None:
+            self.transport.close()
 
     def _refuse(self, why: str) -> None:
         logger.warning("ZMQ output %s: connection closed: %s", self.server.path, why)

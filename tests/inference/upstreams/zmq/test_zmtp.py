@@ -15,6 +15,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from inference.upstreams.zmq import zmtp
 from inference.upstreams.zmq.zmtp import PullServer, RouterServer
 
 
@@ -158,4 +159,28 @@ async def test_the_router_receives_after_the_identity_sends_by_it_and_hands_an_i
         assert not router.send(b"\x00\x00", (b"\x00", b"gone"))
     finally:
         router.close()
+        context.destroy(linger=0)
+
+
+async def test_a_message_larger_than_the_limit_drops_the_engine_without_holding_it(
+    ipc_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frame declaring more than MAX_MESSAGE_BYTES is not allocated: the connection is dropped and
+    reported lost (its requests end), as is one whose multipart message grows past the limit."""
+    monkeypatch.setattr(zmtp, "MAX_MESSAGE_BYTES", 1000)
+    sink, context = Sink(), zmq.asyncio.Context()
+    path = ipc_dir / "out.sock"
+    server = await _served(path, sink)
+    try:
+        push = await _pushing(context, path)
+        await push.send(b"fits")
+        await _until(lambda: len(sink.messages) == 1)
+        await push.send(b"z" * 1001)
+        await _until(lambda: sink.lost == 1)
+        again = await _pushing(context, path)
+        await again.send_multipart([b"a" * 600, b"b" * 600, b"c"])
+        await _until(lambda: sink.lost == 2)
+        assert sink.messages == [[b"fits"]]
+    finally:
+        server.close()
         context.destroy(linger=0)
