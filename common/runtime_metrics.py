@@ -42,6 +42,7 @@ import ctypes
 import math
 import os
 import resource
+import weakref
 from bisect import bisect_left
 from time import monotonic, perf_counter
 from typing import Any, Iterable
@@ -101,18 +102,32 @@ ALLOCATOR_INTERVAL_SECS = 60.0
 
 
 # --- runtime -------------------------------------------------------------------------------------
+# asyncio's registry of tasks (a WeakSet; its ``data`` the set of weak references): read directly,
+# ``asyncio.all_tasks`` costs a Python call per task (~3k instructions a task a sample, D100).
+_ALL_TASKS: Any = getattr(getattr(asyncio.tasks, "_all_tasks", None), "data", None)
+
+
 def ready_depth(loop: asyncio.AbstractEventLoop) -> int:
     """Work ready to run on ``loop`` now: its ready-callback queue when it has one in Python
-    (asyncio's loop), else the tasks ready to take a step (uvloop's queue is in C)."""
+    (asyncio's loop), else the tasks ready to take a step: not done, and not waiting on a future
+    still pending (uvloop's queue is in C)."""
     ready = getattr(loop, "_ready", None)
     if ready is not None:
         return len(ready)
+    if _ALL_TASKS is None:
+        tasks: Iterable[Any] = asyncio.all_tasks(loop)
+    else:
+        tasks = map(_deref, tuple(_ALL_TASKS))
     depth = 0
-    for task in asyncio.all_tasks(loop):
-        waiter = task._fut_waiter  # type: ignore[attr-defined]
-        if waiter is None or waiter.done():
-            depth += 1
+    for task in tasks:
+        if task is not None and task.get_loop() is loop:
+            waiter = task._fut_waiter
+            if (waiter is None or waiter.done()) and not task.done():
+                depth += 1
     return depth
+
+
+_deref = weakref.ref.__call__  # a weak reference's referent, or None (C: no Python frame a task)
 
 
 class RuntimeSampler:
@@ -202,12 +217,18 @@ def age_buckets(ages: Iterable[float]) -> list[int]:
     return counts
 
 
+_age_counts = [-1] * len(_AGE_CHILDREN)  # what each bucket's gauge was last set to
+
+
 def sample_inflight_ages(now: float | None = None) -> list[int]:
-    """Set the age gauge from the in-flight requests' start times (``perf_counter`` marks)."""
+    """Set the age gauge from the in-flight requests' start times (``perf_counter`` marks); only the
+    buckets that changed are written (a gauge's set takes a lock)."""
     now = perf_counter() if now is None else now
     counts = age_buckets([now - timer.started for timer in tuple(INFLIGHT)])
-    for child, count in zip(_AGE_CHILDREN, counts):
-        child.set(count)
+    for at, count in enumerate(counts):
+        if _age_counts[at] != count:
+            _age_counts[at] = count
+            _AGE_CHILDREN[at].set(count)
     return counts
 
 
