@@ -9,7 +9,9 @@ import pytest
 
 from inference.accounting import EstimatedUsage, TokenUsage
 from inference.upstreams.usage_estimate import prompt_estimate, stream_estimate
-from inference.upstreams.usage_scan import NullUsageStream, StreamUsage, usage_in_body, usage_key
+from inference.upstreams.usage_scan import (
+    _NAME_END, _SLOT, NullUsageStream, StreamUsage, _counts, usage_in_body, usage_key,
+)
 
 OPENAI = (
     b'{"id":"c","choices":[{"message":{"content":"say \\"usage\\": {\\"prompt_tokens\\": 99}"}}],'
@@ -48,6 +50,44 @@ def test_the_usual_answers_read_as_every_answer_is() -> None:
         counts = [0, 0, 0, 0]
         at = body.rfind(b'"usage"')
         assert usage_in_body(body) == (TokenUsage(*counts) if _counts(body, at, len(body), counts) else None), body
+
+
+def test_the_usual_usage_cut_at_its_keys_reads_as_every_answer_is() -> None:
+    """The usual usage near the answer's end is read by cutting its bytes at the fixed keys (D101):
+    the same usage as the general reading gives, for it and for every shape near it (another count
+    or usage key after it, spaces, signs, a usage out of the window, a count's name in a string)."""
+    assert all(name.endswith(_NAME_END[:-1]) for name in _SLOT)  # what the cut looks for after the total
+    usual = b'"usage":{"prompt_tokens":40,"completion_tokens":16,"total_tokens":56}'
+    bodies = [
+        b'{"choices":[]},' + usual + b"}",
+        b'{"choices":[],' + usual + b',"prompt_logprobs":null,"kv_transfer_params":null}',
+        b'{"choices":[],' + usual + b',"x":{"cached_tokens":3}}',
+        b'{"choices":[],' + usual + b',"x":"say \\"cached_tokens\\": 3"}',
+        b'{"choices":[],' + usual + b',"usage":null}',
+        b'{"choices":[],' + usual + b',"y":{"usage":{"prompt_tokens":1}}}',
+        b'{"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":16,"total_tokens":56,'
+        b'"prompt_tokens_details":{"cached_tokens":8}}}',
+        b'{"usage":{"prompt_tokens":-4,"completion_tokens":16,"total_tokens":12}}',
+        b'{"usage":{"prompt_tokens":4,"completion_tokens":+16,"total_tokens":20}}',
+        b'{"usage":{"prompt_tokens":4 ,"completion_tokens":16,"total_tokens":20}}',
+        b'{"usage":{"prompt_tokens":4,"completion_tokens":1_6,"total_tokens":20}}',
+        b'{"usage":{"prompt_tokens":,"completion_tokens":16,"total_tokens":20}}',
+        b'{"usage":{"prompt_tokens":4,"completion_tokens":16},"total_tokens":20}',
+        b'{"usage":{"prompt_tokens":4,"completion_tokens":16}}',
+        b'{"usage": {"prompt_tokens":4,"completion_tokens":16,"total_tokens":20}}',
+        b'{"choices":[],' + usual + b',"pad":"' + b"x" * 300 + b'"}',
+        b'{"choices":[],"usage":{"prompt_tokens":' + b"9" * 300 + b',"completion_tokens":16,"total_tokens":1}}',
+        b'{"choices":[{"text":"' + usual.replace(b'"', b'\\"') + b'"}],' + usual + b"}",
+        usual[8:],
+    ]
+    general_key = bytes(bytearray(b'"usage"'))  # equal to the usual key but not it: the general reading
+    for body in bodies:
+        counts = [0, 0, 0, 0]
+        at = body.rfind(b'"usage"')
+        assert usage_in_body(body) == usage_in_body(body, general_key), body
+        if at >= 0 and body.startswith(b":{", at + 7):
+            assert usage_in_body(body) == (TokenUsage(*counts) if _counts(body, at, len(body), counts) else None)
+    assert usage_in_body(bodies[0]) == TokenUsage(40, 16) and usage_in_body(bodies[2]) == TokenUsage(40, 16, 3)
 
 
 STREAM = (
