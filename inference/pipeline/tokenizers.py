@@ -294,7 +294,10 @@ def load_tokenizer(path: str | os.PathLike[str], *, chat_template: str | None = 
         bos_token_id=int(bos_id) if bos_id is not None else None,
         eos_token_ids=_eos_ids(tokenizer, config, generation),
         special_token_ids=specials,
-        fast=bpe_encoder(tokenizer_json, tokenizer, name=str(location)) if isinstance(tokenizer_json, dict) else None,
+        fast=(
+            bpe_encoder(tokenizer_json, tokenizer, name=str(location), source=tokenizer_file)
+            if isinstance(tokenizer_json, dict) else None
+        ),  # fmt: skip
     )
 
 

@@ -5,6 +5,7 @@ A text that is not NFC, or an encode that adds special tokens, goes to ``tokeniz
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,8 @@ import orjson
 import pytest
 from tokenizers import Tokenizer
 
-from inference.pipeline.bpe_encoder import bpe_encoder
+from inference.pipeline import bpe_encoder as bpe_module
+from inference.pipeline.bpe_encoder import NATIVE_MIN_CHARS, BpeEncoder, bpe_encoder
 from inference.pipeline.tokenizers import (
     OFFLOAD_ENCODE_CHARS,
     OFFLOAD_FAST_ENCODE_CHARS,
@@ -162,3 +164,78 @@ def test_a_tokenizer_that_disagrees_on_the_corpus_is_refused(qwen_json: dict[str
     )
     assert bpe_encoder(qwen_json, reference, name="mismatched") is None
     assert bpe_encoder(qwen_json, Tokenizer.from_str(orjson.dumps(qwen_json).decode()), name="same") is not None
+
+
+# fastokens (D103): built on a thread on the first long text, used once it agrees with tokenizers.
+
+needs_fastokens = pytest.mark.skipif(bpe_module.fastokens is None, reason="fastokens is not installed")
+
+
+@needs_fastokens
+@pytest.mark.parametrize("family", ["qwen3", "llama3"])
+def test_fastokens_takes_over_after_a_long_text_with_the_same_ids(family: str) -> None:
+    fresh = load_tokenizer(FIXTURES / family)  # its own: the module's keep tiktoken until a long text
+    fast = fresh.fast
+    assert fast is not None and fast.native is None
+    short = "Hello <|im_start|> world" if family == "qwen3" else "Hello <|begin_of_text|> world"
+    assert fresh.encode(short) == _reference(fresh, short)
+    assert not fast._started  # a short text starts nothing
+    added = [token.content for token in fresh.tokenizer.get_added_tokens_decoder().values()]
+    long_text = _mixed_text(random.Random(11), added)
+    assert len(long_text) >= NATIVE_MIN_CHARS
+    assert fresh.encode(long_text) == _reference(fresh, long_text)  # tiktoken's, while fastokens loads
+    assert fast._started and fast.start_native() is None  # the long text started it, once
+    _wait_native(fresh)
+    assert fast.native is not None
+    rng = random.Random(5)
+    for _ in range(3):
+        text = _mixed_text(rng, added)
+        assert fresh.encode(text) == _reference(fresh, text)
+        assert fresh.encode_released(text) == _reference(fresh, text)
+    for prompt in sorted(GOLDEN.glob(f"{family.rstrip('3')}*.txt")):
+        text = prompt.read_text(encoding="utf-8")
+        assert fresh.encode(text) == _reference(fresh, text), prompt.name
+    if fast.needs_nfc:
+        decomposed = "cafe\u0301 <|im_start|>user\nre\u0301sume\u0301<|im_end|>"
+        assert fast.encode(decomposed) is None
+        assert fresh.encode(decomposed) == _reference(fresh, decomposed)
+
+
+def _wait_native(tokenizer: ModelTokenizer, timeout: float = 120.0) -> None:
+    """Until the fastokens build started by a long text has finished (used or refused)."""
+    deadline = time.monotonic() + timeout
+    fast = tokenizer.fast
+    assert fast is not None
+    while fast.native is None and fast._source is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@needs_fastokens
+def test_a_fastokens_that_disagrees_on_the_corpus_is_not_used(qwen_json: dict[str, Any], qwen: ModelTokenizer) -> None:
+    """The reference of the corpus check edited (words never take the space before them): fastokens,
+    reading the real file, differs from it and tiktoken goes on encoding."""
+    split = qwen_json["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+    reference = Tokenizer.from_str(
+        orjson.dumps(_edited(qwen_json, ["pre_tokenizer", "pretokenizers", 0, "pattern", "Regex"],
+                             split.replace("[^\\r\\n\\p{L}\\p{N}]?\\p{L}+", "\\p{L}+"))).decode()
+    )
+    assert qwen.fast is not None
+    encoder = BpeEncoder(qwen.fast.encoding, True, source=FIXTURES / "qwen3" / "tokenizer.json", reference=reference)
+    thread = encoder.start_native()
+    assert thread is not None
+    thread.join(120)
+    assert encoder.native is None
+    text = "word " * NATIVE_MIN_CHARS
+    assert encoder.encode(text) == qwen.fast.encoding.encode(text, allowed_special="all")
+
+
+@needs_fastokens
+def test_a_file_fastokens_cannot_read_leaves_tiktoken(tmp_path: Path, qwen: ModelTokenizer) -> None:
+    assert qwen.fast is not None
+    broken = tmp_path / "tokenizer.json"
+    broken.write_text("{}")
+    encoder = BpeEncoder(qwen.fast.encoding, True, source=broken, reference=qwen.tokenizer)
+    thread = encoder.start_native()
+    assert thread is not None
+    thread.join(120)
+    assert encoder.native is None
