@@ -3,7 +3,7 @@ default sampling (parent-based always-on: every request traced), in-process as b
 measures the handler (the gateway's ASGI app called directly, the mock worker in the same process).
 
 ``taskset -c 0 .venv/bin/python bench/trace_cost.py [--requests 1000] [--rounds 5] [--stream]``
-``.venv/bin/python bench/trace_cost.py --callgrind [--requests 1000]``
+``.venv/bin/python bench/trace_cost.py --callgrind [--requests 1000] [--keep DIR]``
 
 ``taskset -c 0`` puts the exporter's thread on the serving loop's core; ``taskset -c 0,1`` gives it a
 spare one (a host with more cores than serving processes). The CPU counted is the process's, every
@@ -14,6 +14,12 @@ change: each case (off, on) in a process of its own under ``valgrind --tool=call
 one window of ``--requests`` requests after the warm-up (instrumentation switched on and the counts
 zeroed at its start, dumped at its end; spans pending at either edge flushed first, so the window's
 own spans are encoded and sent inside it). The exporter's thread and gRPC's are counted as well.
+The batch processor's schedule delay is set to an hour in the children (``OTEL_BSP_SCHEDULE_DELAY``,
+unless given): callgrind runs the process ~50x slower, so the default 5 s timer would fire ~50x as
+often per request as in a served process and add an export of a part-batch (~0.5M instructions
+each) as often as the machine's load stretches the window, 9 to 20 times in 1,000 requests (D98);
+with it, the window's exports are its full batches (512 spans) and the flush at its end, as in a
+process serving above ~100 traced requests a second.
 
 On: the request's spans (request, select_worker, attempt) go through the OTLP exporter's
 BatchSpanProcessor to the stand-in collector (standins/otlp_receiver.py) in a process of its own, so
@@ -28,6 +34,7 @@ import argparse
 import asyncio
 import gc
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -82,16 +89,21 @@ def _window() -> Callable[[], float]:
     return clock
 
 
-def _instructions(traced: bool, endpoint: str, requests: int, stream: bool, work: Path) -> float:
-    """Instructions per request of one case, counted in a process of its own under callgrind."""
+def _instructions(traced: bool, endpoint: str, requests: int, stream: bool, work: Path, keep: Path | None) -> float:
+    """Instructions per request of one case, counted in a process of its own under callgrind (its
+    window's dump copied into ``keep`` as ``callgrind.on``/``callgrind.off``, for callgrind_annotate)."""
     out = work / f"callgrind.{'on' if traced else 'off'}"
+    env = {"OTEL_BSP_SCHEDULE_DELAY": "3600000", **os.environ}
     subprocess.run(
         ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", sys.executable,
          __file__, "--callgrind-child", "on" if traced else "off", "--endpoint", endpoint, "--requests",
          str(requests)] + (["--stream"] if stream else []),
-        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )  # fmt: skip
     [dump] = [path for path in work.glob(f"{out.name}.*")]  # the window's dump (the rest: the program's end)
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(dump, keep / out.name)
     summary = next(line for line in dump.read_text().splitlines() if line.startswith("summary:"))
     return int(summary.split()[1]) / requests
 
@@ -102,6 +114,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--stream", action="store_true", help="one-token streams instead of chat")
     parser.add_argument("--callgrind", action="store_true", help="instructions per request under callgrind")
+    parser.add_argument("--keep", type=Path, help="with --callgrind: copy the windows' dumps into this directory")
     parser.add_argument("--callgrind-child", choices=("on", "off"), help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -130,7 +143,7 @@ def main() -> int:
         endpoint = f"127.0.0.1:{port}"
         if args.callgrind:
             with tempfile.TemporaryDirectory() as work:
-                counts = {traced: _instructions(traced, endpoint, args.requests, args.stream, Path(work))
+                counts = {traced: _instructions(traced, endpoint, args.requests, args.stream, Path(work), args.keep)
                           for traced in (False, True)}  # fmt: skip
             kind = "stream" if args.stream else "chat"
             print(f"{kind}: off {counts[False] / 1e3:.0f}k, on {counts[True] / 1e3:.0f}k instructions per request "

@@ -22,11 +22,12 @@ machine, several times a relayed request's whole cost. The spans here are the SD
 generator, attributes in a plain dict, the span context built only when asked), handed to the
 processor when they end, and the OTLP exporter (:class:`_OtlpExporter`, the SDK's with its
 ``Export`` call given bytes) writes their protobuf wire form directly (:func:`encode_request`): the
-resource and scope once, each span's ids and times packed at once, its name and attributes joined
+resource and scope once, each span's ids (kept as bytes) and times, its name and attributes joined
 from fragments encoded once (D81). Spans made alike share a shape (:func:`shape`: name, kind, first
 attributes and their wire form, made once a route, a worker or a span name), and the request's own
-attributes are on its request span only (D89). A sampled span goes straight to the batch
-processor's queue. The sampler (``OTEL_TRACES_SAMPLER``) decides per request span; its children
+attributes are on its request span only (D89); the attributes a span ends with are a closing set
+made once per set of values (:class:`Closing`, :func:`end_as`: D98). A sampled span goes straight
+to the batch processor's queue. The sampler (``OTEL_TRACES_SAMPLER``) decides per request span; its children
 follow it, as parent-based sampling does. The standard environment variables apply:
 ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``
 (default: parent-based always-on), ``OTEL_EXPORTER_OTLP_*`` (endpoint when ``--otlp-traces-endpoint``
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import os
-from operator import attrgetter
 import random
 import struct
 from collections import deque
@@ -73,6 +73,8 @@ __all__ = [
     "enter",
     "leave",
     "end",
+    "end_as",
+    "Closing",
     "fail",
     "outgoing",
     "carrier",
@@ -202,25 +204,33 @@ def shutdown() -> None:
 class _Span(Span, ReadableSpan):
     """A span made without the SDK's per-span machinery (see the module's docstring): what the SDK's
     processors and exporters read of a :class:`ReadableSpan` is here, the span context made when
-    first asked. Not sampled: nothing is recorded or exported, the context still propagates. The
-    fields every span starts with alike are the class's (an ended or failed span sets its own)."""
+    first asked. Not sampled: nothing is recorded or exported, the context still propagates."""
 
-    _end_time: int | None = None
     _shape: _Shape
-    _status = _UNSET
     _events = ()
     _links = ()
     _instrumentation_scope = _scope
     _instrumentation_info = None
     _built: SpanContext | None = None
+    # Made by calling the class with no arguments: object's __init__ (ReadableSpan's builds a
+    # Resource), then its fields set by _make; object.__new__ called by name cost ~700 instructions
+    # more (D98).
+    __init__ = object.__init__
 
-    # Made by _make (ReadableSpan's constructor is not called: it builds a Resource).
+    # Made by _make (ReadableSpan's constructor is not called: it builds a Resource). Fields a span
+    # starts with alike are set there too, not left to the class: a class's value read through an
+    # instance, or an instance's set over a class's, is not specialized on Python 3.11 (D98).
+    _end_time: int | None
+    _status: Status
+    _closing: _Closing  # the attributes it ended with, found once per set of values (D98)
     _start_time: int
     _attributes: dict[str, Any]  # the span's own (its shape's first ones apart)
     _resource: Resource
-    trace_id: int
-    span_id: int
-    parent_id: int  # 0: none
+    # The ids as their 16 and 8 big-endian bytes (D98): the wire form's, and in hex traceparent's; the
+    # SpanContext's integers made from them when asked. A child shares its parent's trace_id.
+    trace_id: bytes
+    span_id: bytes
+    parent_id: bytes  # b"": none
     parent_remote: bool
     sampled: bool
     trace_state: TraceState | None
@@ -240,7 +250,8 @@ class _Span(Span, ReadableSpan):
         built = self._built
         if built is None:
             built = self._built = SpanContext(
-                self.trace_id, self.span_id, False, _SAMPLED if self.sampled else _UNSAMPLED, self.trace_state
+                _int(self.trace_id), _int(self.span_id), False, _SAMPLED if self.sampled else _UNSAMPLED,
+                self.trace_state,
             )
         return built
 
@@ -248,25 +259,30 @@ class _Span(Span, ReadableSpan):
     def _parent(self) -> SpanContext | None:  # type: ignore[override]
         if not self.parent_id:
             return None
-        return SpanContext(self.trace_id, self.parent_id, self.parent_remote, _SAMPLED if self.sampled else _UNSAMPLED,
-                           self.trace_state)
+        return SpanContext(_int(self.trace_id), _int(self.parent_id), self.parent_remote,
+                           _SAMPLED if self.sampled else _UNSAMPLED, self.trace_state)
 
     @property
     def attributes(self) -> Mapping[str, Any]:
         base = self._shape[2]
-        return MappingProxyType({**base, **self._attributes} if base else self._attributes)
+        closing = self._closing[0]
+        if base or closing:
+            return MappingProxyType({**base, **self._attributes, **closing})
+        return MappingProxyType(self._attributes)
 
     def to_json(self, indent: int | None = 4) -> str:
         self._unbase()  # ReadableSpan's reads _attributes itself
         return super().to_json(indent)
 
     def _unbase(self) -> None:
-        """The shape's first attributes copied into the span's own, its shape a plain one (before one
-        of them is set again, or the name changes)."""
+        """The shape's first attributes and the closing ones copied into the span's own, its shape a
+        plain one (before one of them is set again, or the name changes)."""
         shape = self._shape
-        if shape[2]:
-            self._attributes = {**shape[2], **self._attributes}
+        closing = self._closing[0]
+        self._attributes = {**shape[2], **self._attributes, **closing}  # (a dict of its own: see _NO_OWN)
+        if shape[2] or closing:
             self._shape = _plain(shape[0], shape[1])
+            self._closing = _NO_CLOSING
 
     def get_span_context(self) -> SpanContext:
         return self._context
@@ -274,12 +290,12 @@ class _Span(Span, ReadableSpan):
     # -- the API --
 
     def set_attribute(self, key: str, value: Any) -> None:
-        if key in self._shape[2]:
+        if key in self._shape[2] or key in self._closing[0] or self._attributes is _NO_OWN:
             self._unbase()
         self._attributes[key] = value
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        if self._shape[2]:
+        if self._shape[2] or self._closing[0] or self._attributes is _NO_OWN:
             self._unbase()
         self._attributes.update(attributes)
 
@@ -317,18 +333,60 @@ class _Span(Span, ReadableSpan):
                     ended(self)
 
 
-_new = object.__new__
+
+
+def _int(id_bytes: bytes) -> int:
+    return int.from_bytes(id_bytes, "big")
+
+
+def _trace_bytes(trace_id: int) -> bytes:
+    return trace_id.to_bytes(16, "big")
+
+
+_SPAN_IDS: list[bytes] = []
+"""Span ids drawn ahead, taken with ``pop`` (D98): 8 random bytes each (the SDK generator's draw,
+``getrandbits``), never all zero; :data:`_TRACE_IDS` the same for trace ids (16 bytes). One draw and
+one C-level split make :data:`_DRAWN` ids, where an id drawn and converted alone cost ~900
+instructions. Emptied in a forked child, whose ``random`` is seeded anew."""
+_TRACE_IDS: list[bytes] = []
+_DRAWN = 256
+
+
+_SPLIT = {size: struct.Struct(f"{size}s" * _DRAWN).unpack for size in (8, 16)}  # one C call: _DRAWN ids
+
+
+def _draw(pool: list[bytes], size: int) -> bytes:
+    """Fill ``pool`` with ids of ``size`` bytes (8 or 16), and take one."""
+    drawn = _SPLIT[size](_getrandbits(size * 8 * _DRAWN).to_bytes(size * _DRAWN))
+    zero = bytes(size)
+    pool[:] = drawn if zero not in drawn else [id for id in drawn if id != zero]
+    return pool.pop() if pool else _draw(pool, size)
+
+
+def _new_span_id() -> bytes:
+    return _SPAN_IDS.pop() if _SPAN_IDS else _draw(_SPAN_IDS, 8)
+
+
+def _forget_ids() -> None:
+    _SPAN_IDS.clear()
+    _TRACE_IDS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_ids)
 
 
 def _make(
-    shape: _Shape, trace_id: int, span_id: int, parent_id: int, parent_remote: bool, sampled: bool,
+    shape: _Shape, trace_id: bytes, span_id: bytes, parent_id: bytes, parent_remote: bool, sampled: bool,
     trace_state: TraceState | None, attributes: dict[str, Any],
 ) -> _Span:  # fmt: skip
     """A started span: its fields set here, without a constructor's call (a class's ``__init__``
     runs in a frame of its own, a plain function's is inlined: D89); name, kind and first attributes
     are the shape's."""
-    span: _Span = _new(_Span)
+    span = _Span()
     span._shape = shape
+    span._closing = _NO_CLOSING
+    span._status = _UNSET
+    span._end_time = None
     span._start_time = time_ns()
     span._attributes = attributes
     span._resource = _resource
@@ -353,13 +411,51 @@ at a full batch; its shutdown check is this module's ``_queue = None``; a forked
 remade by the processor's own fork hook). At that length and above, ``emit`` as before (D89)."""
 _queue_below = 0
 
-_MASK64 = (1 << 64) - 1
-
-_Shape = tuple[str, SpanKind, Mapping[str, Any], bytes, bytes]
+_Shape = tuple[str, SpanKind, Mapping[str, Any], bytes, bytes, frozenset[str]]
 """What spans made alike share (D89): name, kind, first attributes (read-only: a span's own are in
 its ``_attributes``, set after), and their wire form made once: the name's and kind's fields, the
-first attributes' fields."""
+first attributes' fields; and the first attributes' names (D98: what a closing set is checked against)."""
 _NO_ATTRIBUTES: Mapping[str, Any] = MappingProxyType({})
+_NO_OWN = cast("dict[str, Any]", _NO_ATTRIBUTES)
+"""A span's own attributes while it has none (read-only: a span gets a dict of its own when one is
+set, :meth:`_Span._unbase`), so a child span made without any allocates none (D98)."""
+
+_Closing = tuple[Mapping[str, Any], bytes, frozenset[str]]
+"""Attributes a span ends with (read-only), their wire form and their names, made once per set of
+values (D98)."""
+_NO_CLOSING: _Closing = (_NO_ATTRIBUTES, b"", frozenset())
+
+
+class Closing(dict[tuple[Any, ...], _Closing]):
+    """The attributes named ``names`` that spans end with, by their values (a tuple, in the order of
+    ``names``; None: that attribute not set): each set's mapping and wire form made the first time
+    (:func:`end_as`). Before, each ended span's attributes were looked up one by one when encoded
+    (~1.6k instructions each). The values are of the types the names call for (a boolean or a float
+    given where an integer was would find the integer's set: 1 == True == 1.0). Read with ``get``:
+    a dict subclass's ``[]`` calls its ``__getitem__`` as a Python method (~1k instructions)."""
+
+    __slots__ = ("names",)
+
+    def __init__(self, *names: str) -> None:
+        super().__init__()
+        self.names = names
+
+    def __missing__(self, values: tuple[Any, ...]) -> _Closing:
+        attributes = {name: value for name, value in zip(self.names, values) if value is not None}
+        encoded = b"".join(_attribute(k, v) for k, v in attributes.items())
+        found = (MappingProxyType(attributes), encoded, frozenset(attributes))
+        if len(self) < _MEMO_SIZE:
+            self[values] = found
+        return found
+
+
+_STATUS_NAME = "http.response.status_code"
+_STATUSES: dict[int, _Closing] = {}  # end(span, status)'s closing sets, by status (a plain dict: an int key)
+
+
+def _status(status: int) -> _Closing:
+    found = _STATUSES[status] = Closing(_STATUS_NAME)[(status,)]
+    return found
 
 
 def shape(name: str, kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str, Any] | None = None) -> _Shape:
@@ -367,7 +463,8 @@ def shape(name: str, kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str
     caller, kept: see :func:`start`). Those attributes are sent once a span (the OTLP form has no
     other place for them), encoded once a shape."""
     first = MappingProxyType(dict(attributes)) if attributes else _NO_ATTRIBUTES
-    return name, kind, first, _name_and_kind(name, kind), b"".join(_attribute(k, v) for k, v in first.items())
+    encoded = b"".join(_attribute(k, v) for k, v in first.items())
+    return name, kind, first, _name_and_kind(name, kind), encoded, frozenset(first)
 
 
 _PLAIN: dict[str, _Shape] = {}  # by name alone: hashing a SpanKind is a Python call
@@ -410,9 +507,9 @@ def request_span(method: str, path: str, headers: Iterable[tuple[bytes, bytes]])
                 found = {}
             found[key.decode("latin-1")] = value.decode("latin-1")
     made = _ROUTES.get((method, path)) or _route(method, path)
-    if found is None and _sampler is sampling.DEFAULT_ON:  # a root, sampled: one draw for both ids
-        ids = _getrandbits(192)
-        return _make(made, ids >> 64 or 1, ids & _MASK64 or 1, 0, False, True, None, {})
+    if found is None and _sampler is sampling.DEFAULT_ON:  # a root, sampled
+        return _make(made, _TRACE_IDS.pop() if _TRACE_IDS else _draw(_TRACE_IDS, 16),
+                     _SPAN_IDS.pop() if _SPAN_IDS else _draw(_SPAN_IDS, 8), b"", False, True, None, {})  # fmt: skip
     context = propagate.extract(found) if found else None
     parent = trace.get_current_span(context).get_span_context() if context is not None else None
     if parent is not None and parent.is_valid:
@@ -426,7 +523,8 @@ def request_span(method: str, path: str, headers: Iterable[tuple[bytes, bytes]])
         if decision.trace_state is not None and len(decision.trace_state):
             state = decision.trace_state
         sampled = decision.decision.is_sampled()
-    return _make(made, trace_id, _getrandbits(64) or 1, parent_id, remote, sampled, state, {})
+    return _make(made, _trace_bytes(trace_id), _new_span_id(), parent_id.to_bytes(8, "big") if parent_id else b"",
+                 remote, sampled, state, {})  # fmt: skip
 
 
 def child(name: str, attributes: Mapping[str, Any] | None = None, kind: SpanKind = SpanKind.INTERNAL) -> Span:
@@ -439,42 +537,45 @@ def child(name: str, attributes: Mapping[str, Any] | None = None, kind: SpanKind
 def start(made: _Shape, attributes: dict[str, Any] | None = None) -> Span:
     """A span of shape ``made`` (see :func:`shape`) under the current one, as :func:`child`;
     ``attributes`` (a fresh dict, or None) its own."""
-    owned = {} if attributes is None else attributes
+    owned = _NO_OWN if attributes is None else attributes
     current = _CURRENT.get()
     if current is not None:
-        return _make(made, current.trace_id, _getrandbits(64) or 1, current.span_id, False, current.sampled,
-                     current.trace_state, owned)
+        return _make(made, current.trace_id, _SPAN_IDS.pop() if _SPAN_IDS else _draw(_SPAN_IDS, 8), current.span_id,
+                     False, current.sampled, current.trace_state, owned)  # fmt: skip
     parent = trace.get_current_span().get_span_context()  # another instrumentation's span, or none
     if not parent.is_valid:  # outside any request: a trace of its own, as the sampler says
         trace_id = _getrandbits(128) or 1
         sampled = _sampler.should_sample(None, trace_id, made[0], made[1], {**made[2], **owned}, None).decision.is_sampled()
-        return _make(made, trace_id, _getrandbits(64) or 1, 0, False, sampled, None, owned)
-    return _make(made, parent.trace_id, _getrandbits(64) or 1, parent.span_id, parent.is_remote,
-                 parent.trace_flags.sampled, parent.trace_state, owned)
+        return _make(made, _trace_bytes(trace_id), _new_span_id(), b"", False, sampled, None, owned)
+    return _make(made, _trace_bytes(parent.trace_id), _new_span_id(), parent.span_id.to_bytes(8, "big"),
+                 parent.is_remote, parent.trace_flags.sampled, parent.trace_state, owned)
 
 
 def attempt_span(worker_url: str, worker_id: str, transport: str, model: str | None, number: int) -> Span:
     """One upstream attempt: a CLIENT span naming the worker (``server.address``/``server.port``).
     ``model`` is the request's, which its request span carries: not repeated here (D89)."""
-    made = _ATTEMPTS.get((worker_url, worker_id, transport)) or _attempt(worker_url, worker_id, transport)
-    return start(made, {"gateway.attempt": number})
+    key = (worker_url, worker_id, transport, number)
+    return start(_ATTEMPTS.get(key) or _attempt(key))
 
 
-_ATTEMPTS: dict[tuple[str, str, str], _Shape] = {}
-"""A worker's attempt span shape (name, first attributes), by its URL, id and transport (made once)."""
+_ATTEMPTS: dict[tuple[str, str, str, int], _Shape] = {}
+"""A worker's attempt span shape (name, first attributes with the attempt's number), by its URL, id,
+transport and the number (made once)."""
 
 
-def _attempt(worker_url: str, worker_id: str, transport: str) -> _Shape:
+def _attempt(key: tuple[str, str, str, int]) -> _Shape:
+    worker_url, worker_id, transport, number = key
     host, port = _parse_address(worker_url)
     attributes: dict[str, Any] = {
         "server.address": host, "gateway.worker.id": worker_id, "gateway.worker.transport": transport,
     }  # fmt: skip
     if port:
         attributes["server.port"] = port
+    attributes["gateway.attempt"] = number
     found = shape(f"attempt {host}", SpanKind.CLIENT, attributes)
     if len(_ATTEMPTS) >= 65536:
         _ATTEMPTS.clear()
-    _ATTEMPTS[(worker_url, worker_id, transport)] = found
+    _ATTEMPTS[key] = found
     return found
 
 
@@ -510,14 +611,42 @@ def fail(span: Span, error_type: str, description: str | None = None) -> None:
 def end(span: Span, status: int | None = None, attributes: Mapping[str, Any] | None = None) -> None:
     """End ``span`` (one of this module's), with ``attributes`` added and the HTTP status it answered
     (5xx: an error)."""
-    own: dict[str, Any] = span._attributes  # type: ignore[attr-defined]  # this module's span (cast: a call)
     if attributes:
-        own.update(attributes)
+        span.set_attributes(attributes)
     if status:
-        own["http.response.status_code"] = status
         if status >= 500:
             fail(span, str(status))
+        closing = _STATUSES.get(status) or _status(status)
+        made: _Span = span  # type: ignore[assignment]  # this module's span
+        if (made._closing is _NO_CLOSING and _STATUS_NAME not in made._attributes
+                and _STATUS_NAME not in made._shape[5]):  # fmt: skip
+            made._closing = closing
+        else:
+            _close(made, closing)
     span.end()
+
+
+def end_as(span: Span, table: Closing, values: tuple[Any, ...], status: int | None = None) -> None:
+    """End ``span`` (one of this module's) with ``table``'s attributes of ``values`` (made once per
+    set of values); ``status``: the HTTP status it answered, which ``values`` hold (5xx: an error)."""
+    if status and status >= 500:
+        fail(span, str(status))
+    _close(span, table.get(values) or table[values])  # type: ignore[arg-type]
+    span.end()
+
+
+def _close(span: _Span, closing: _Closing) -> None:
+    """``closing`` as ``span``'s closing attributes, or copied into its own where it cannot be kept
+    apart: a closing set already there, or one of its names among the span's own or first ones."""
+    names = closing[2]
+    own = span._attributes
+    first = span._shape[5]
+    if (span._closing is not _NO_CLOSING or (own and not names.isdisjoint(own))
+            or (first and not names.isdisjoint(first))):  # fmt: skip
+        span._unbase()
+        span._attributes.update(closing[0])
+    else:
+        span._closing = closing
 
 
 # -- propagation ---------------------------------------------------------------------------------------
@@ -533,7 +662,7 @@ def carrier() -> tuple[tuple[str, str], ...]:
         propagate.inject(found)  # another instrumentation's span, or none
         return tuple(found.items())
     if _W3C_ONLY:
-        parent = f"00-{current.trace_id:032x}-{current.span_id:016x}-{'01' if current.sampled else '00'}"
+        parent = f"00-{current.trace_id.hex()}-{current.span_id.hex()}-{'01' if current.sampled else '00'}"
         state = current.trace_state
         if state:
             return (("traceparent", parent), ("tracestate", state.to_header()))
@@ -610,11 +739,8 @@ def _any_value(value: Any) -> bytes:
     return _field(1, str(value).encode())
 
 
-_ID_FIELDS = struct.Struct(">HQQHQ").pack  # trace_id (1) and span_id (2) with their tags and lengths
-_ID_FIELDS_PARENT = struct.Struct(">HQQHQHQ").pack  # ... and parent_span_id (4)
-_PARENT_FIELD = struct.Struct(">HQ").pack
 _TIME_FIELDS = struct.Struct("<BQBQ").pack  # start_time_unix_nano (7), end_time_unix_nano (8)
-_TRACE_ID, _SPAN_ID, _PARENT_ID, _START, _END = 0x0A10, 0x1208, 0x2208, 0x39, 0x41
+_TRACE_ID, _SPAN_ID, _PARENT_ID, _START, _END = b"\x0a\x10", b"\x12\x08", b"\x22\x08", 0x39, 0x41  # tags, lengths
 _UNSET_STATUS = _field(15, b"")
 _LOCAL_FLAGS = b"\x85\x01" + _pack_fixed32(_HAS_IS_REMOTE)
 _REMOTE_FLAGS = b"\x85\x01" + _pack_fixed32(_HAS_IS_REMOTE | _IS_REMOTE)
@@ -630,38 +756,31 @@ _MEMO_SIZE = 8192
 
 class _Attributes(dict[tuple[str, Any], bytes]):
     """(key, value): the attribute's KeyValue field (span field 9), as the SDK's encoder writes it
-    (None: an empty value), looked up for every attribute of a span at once (``map`` over its items).
-    Kept here: string and None values only, which equal no other type's; an integer's field is kept
-    in :data:`_INTEGERS` and found through :meth:`__missing__`, since 1 == True == 1.0."""
+    (None: an empty value), looked up with ``get`` (a dict subclass's ``[]`` is a Python call).
+    Kept here: string, integer and None values only (integers too since D98: the encoder looks a
+    value up here only when its type is one of these, since a boolean or a float equals an integer,
+    1 == True == 1.0, and would find its field); other types encoded each time."""
 
     def __missing__(self, item: tuple[str, Any]) -> bytes:
         key, value = item
-        kind = type(value)
-        if kind is int:
-            found = _INTEGERS.get(item)
-            if found is None:
-                found = _field(9, _key(key) + _field(2, b"\x18" + _varint(value)))
-                if len(_INTEGERS) < _MEMO_SIZE:
-                    _INTEGERS[item] = found
-            return found
         found = _field(9, _key(key) + _field(2, _any_value(value)))
-        if (kind is str or value is None) and len(self) < _MEMO_SIZE:
+        if type(value) in _KEPT and len(self) < _MEMO_SIZE:
             self[item] = found
         return found
 
 
 _ATTRIBUTES = _Attributes()
-_INTEGERS: dict[tuple[str, Any], bytes] = {}  # looked up for int values alone
+_KEPT = frozenset((str, int, type(None)))  # the value types _ATTRIBUTES holds
 _KEYS: dict[str, bytes] = {}
 _SPAN_HEADS: dict[int, bytes] = {}  # a span's length: its field's tag and length
 
 
 def _attribute(key: str, value: Any) -> bytes:
     """Attribute ``key``'s KeyValue field (span field 9)."""
-    try:
-        return _ATTRIBUTES[(key, value)]
-    except TypeError:  # a list's
-        return _ATTRIBUTES.__missing__((key, value))
+    if type(value) in _KEPT:
+        item = (key, value)
+        return _ATTRIBUTES.get(item) or _ATTRIBUTES.__missing__(item)
+    return _field(9, _key(key) + _field(2, _any_value(value)))
 
 
 def _key(key: str) -> bytes:
@@ -694,43 +813,51 @@ def _status_and_flags(span: _Span) -> bytes:
     return _field(15, described + (b"\x18" + _varint(code) if code else b"")) + (_REMOTE_FLAGS if remote else _LOCAL_FLAGS)
 
 
-def _encode_spans(spans: Iterable[_Span], out: list[bytes]) -> None:
-    """Each span's field (ScopeSpans field 2) onto ``out``: the ids and times packed at once, the
-    name and attributes from the fragments above, in one loop over the batch."""
-    attributes, heads, unset = _ATTRIBUTES, _SPAN_HEADS, _UNSET
-    ids, ids_parent, times, join, append = _ID_FIELDS, _ID_FIELDS_PARENT, _TIME_FIELDS, b"".join, out.append
+def _encode_spans(spans: Sequence[_Span], resource: Resource, out: list[bytes]) -> int | None:
+    """Each span's field (ScopeSpans field 2) onto ``out``, and their size; None (``out`` as it was)
+    when one is not this module's or not of ``resource``. The ids are bytes already, the times packed
+    at once, the name and attributes from fragments made once (the shape's, the closing set's; the
+    few own attributes looked up one by one), in one loop over the batch."""
+    attributes, heads, unset, kind, kept = _ATTRIBUTES, _SPAN_HEADS, _UNSET, _Span, _KEPT
+    times, join, append = _TIME_FIELDS, b"".join, out.append
+    started = len(out)
+    total = 0
     for span in spans:
-        trace_id = span.trace_id
+        if type(span) is not kind or span._resource is not resource:
+            del out[started:]
+            return None
         parent_id = span.parent_id
-        if span.trace_state:
-            parts = [ids(_TRACE_ID, trace_id >> 64, trace_id & _MASK64, _SPAN_ID, span.span_id),
-                     _field(3, span.trace_state.to_header().encode())]  # fmt: skip
-            if parent_id:
-                parts.append(_PARENT_FIELD(_PARENT_ID, parent_id))
-        elif parent_id:
-            parts = [ids_parent(_TRACE_ID, trace_id >> 64, trace_id & _MASK64, _SPAN_ID, span.span_id, _PARENT_ID,
-                                parent_id)]  # fmt: skip
-        else:
-            parts = [ids(_TRACE_ID, trace_id >> 64, trace_id & _MASK64, _SPAN_ID, span.span_id)]
         made = span._shape
-        parts.append(made[3])
-        parts.append(times(_START, span._start_time or 0, _END, span._end_time or 0))
-        if made[4]:
-            parts.append(made[4])
-        fixed = len(parts)
-        try:
-            parts += map(attributes.__getitem__, span._attributes.items())
-        except TypeError:  # a list's value: one by one
-            del parts[fixed:]
-            parts += [_attribute(key, value) for key, value in span._attributes.items()]
+        if span.trace_state:
+            parts = [_TRACE_ID, span.trace_id, _SPAN_ID, span.span_id, _field(3, span.trace_state.to_header().encode())]
+            if parent_id:
+                parts += (_PARENT_ID, parent_id)
+            parts += (made[3], times(_START, span._start_time or 0, _END, span._end_time or 0), made[4])
+        elif parent_id:
+            parts = [_TRACE_ID, span.trace_id, _SPAN_ID, span.span_id, _PARENT_ID, parent_id, made[3],
+                     times(_START, span._start_time or 0, _END, span._end_time or 0), made[4]]  # fmt: skip
+        else:
+            parts = [_TRACE_ID, span.trace_id, _SPAN_ID, span.span_id, made[3],
+                     times(_START, span._start_time or 0, _END, span._end_time or 0), made[4]]  # fmt: skip
+        own = span._attributes
+        if own:  # few: the request span's model, a failure's error.type (the rest are shapes and closings)
+            for key, value in own.items():
+                parts.append(attributes.get((key, value)) or _attribute(key, value) if type(value) in kept
+                             else _attribute(key, value))  # fmt: skip
+        closing = span._closing[1]
+        if closing:
+            parts.append(closing)
         if span._status is unset:
             parts.append(_REMOTE_TAIL if parent_id and span.parent_remote else _LOCAL_TAIL)
         else:
             parts.append(_status_and_flags(span))
         body = join(parts)
         size = len(body)
-        append(heads.get(size) or _span_head(size))
+        head = heads.get(size) or _span_head(size)
+        append(head)
         append(body)
+        total += len(head) + size
+    return total
 
 
 _HEADS: dict[int, tuple[Resource, bytes, bytes, bytes]] = {}  # id(resource): it, its field, the scope's, schema
@@ -751,8 +878,22 @@ def _head(resource: Resource) -> tuple[Resource, bytes, bytes, bytes]:
     return found
 
 
-_SPAN_TYPE = {_Span}
-_resource_of = attrgetter("_resource")
+def _resource_spans(spans: Sequence[_Span], resource: Resource, out: list[bytes]) -> bool:
+    """One ResourceSpans field (ExportTraceServiceRequest field 1) of ``spans``, all of ``resource``,
+    onto ``out``; False (``out`` as it was) when they are not all this module's spans of it."""
+    at = len(out)
+    out.append(b"")  # the field's head, once its size is known
+    encoded = _encode_spans(spans, resource, out)
+    if encoded is None:
+        del out[at:]
+        return False
+    _, resource_field, scope_field, schema = _head(resource)
+    scope_spans = len(scope_field) + encoded
+    scope_head = b"\x12" + _varint(scope_spans)
+    size = len(resource_field) + len(scope_head) + scope_spans + len(schema)
+    out[at:at + 1] = (b"\x0a", _varint(size), resource_field, scope_head, scope_field)
+    out.append(schema)
+    return True
 
 
 def encode_request(spans: Sequence[ReadableSpan]) -> bytes:
@@ -762,27 +903,19 @@ def encode_request(spans: Sequence[ReadableSpan]) -> bytes:
     SDK's encoder."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    if not spans or set(map(type, spans)) != _SPAN_TYPE:
+    if not spans:
         return encode_spans(spans).SerializeToString()
-    groups: Iterable[Sequence[_Span]]
-    if len(set(map(id, map(_resource_of, spans)))) == 1:  # (a Resource hashes its attributes: ids)
-        groups = (cast("Sequence[_Span]", spans),)
-    else:
-        by_resource: dict[int, list[_Span]] = {}
-        for span in cast("Sequence[_Span]", spans):
-            by_resource.setdefault(id(span._resource), []).append(span)
-        groups = by_resource.values()
     out: list[bytes] = []
-    for group in groups:
-        _, resource_field, scope_field, schema = _head(group[0]._resource)
-        spans_at = len(out)
-        _encode_spans(group, out)
-        encoded = sum(map(len, out[spans_at:]))
-        scope_spans = len(scope_field) + encoded
-        scope_head = b"\x12" + _varint(scope_spans)
-        size = len(resource_field) + len(scope_head) + scope_spans + len(schema)
-        out[spans_at:spans_at] = (b"\x0a", _varint(size), resource_field, scope_head, scope_field)
-        out.append(schema)
+    first = spans[0]
+    if type(first) is _Span and _resource_spans(cast("Sequence[_Span]", spans), first._resource, out):
+        return b"".join(out)  # the usual batch: checked span by span while it is encoded
+    if any(type(span) is not _Span for span in spans):
+        return encode_spans(spans).SerializeToString()
+    by_resource: dict[int, list[_Span]] = {}
+    for span in cast("Sequence[_Span]", spans):
+        by_resource.setdefault(id(span._resource), []).append(span)
+    for group in by_resource.values():
+        _resource_spans(group, group[0]._resource, out)
     return b"".join(out)
 
 

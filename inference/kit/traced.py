@@ -5,12 +5,13 @@ none of these."""
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Callable, TypeVar
+from typing import Callable, TypeVar, cast
 
 from common import tracing
 from inference.accounting import TokenUsage
 from inference.admission import Admission
 from inference.errors import GatewayError
+from inference.routing.selection import RoutingDecision
 
 __all__ = ["TracedAdmission", "selected", "close_request"]
 
@@ -46,6 +47,10 @@ class TracedAdmission:
 
 
 _SELECT = tracing.shape("select_worker")
+_SELECTED = tracing.Closing("gateway.policy", "gateway.worker.url")  # by (policy, URL): made once (D98)
+_CLOSED = tracing.Closing(
+    "gen_ai.response.model", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "http.response.status_code"
+)  # the request span's closing attributes, by their values (None: not set), made once (D98)
 
 
 def selected(choose: Callable[[], T], model: str | None) -> T:
@@ -59,14 +64,17 @@ def selected(choose: Callable[[], T], model: str | None) -> T:
         tracing.fail(span, str(refused.code), refused.message)
         tracing.end(span, refused.status)
         raise
+    if type(decision) is RoutingDecision:  # the usual: its attributes read directly, not by getattr
+        chosen = cast(RoutingDecision, decision)
+        tracing.end_as(span, _SELECTED, (chosen.policy or None, chosen.worker.record.url))
+        return decision
     policy = getattr(decision, "policy", None)
     worker = getattr(decision, "worker", None) or getattr(getattr(decision, "decode", None), "handle", None)
     record = getattr(worker, "record", None)
-    if record is not None:
-        tracing.end(span, None, {"gateway.policy": policy, "gateway.worker.url": record.url} if policy else
-                    {"gateway.worker.url": record.url})  # fmt: skip
+    if record is not None or policy:
+        tracing.end_as(span, _SELECTED, (policy or None, record.url if record is not None else None))
     else:
-        tracing.end(span, None, {"gateway.policy": policy} if policy else None)
+        span.end()
     return decision
 
 
@@ -77,9 +85,6 @@ def close_request(
     if error is not None:
         tracing.fail(span, str(error.code), error.message)
     if usage is not None:
-        tracing.end(span, status, {
-            "gen_ai.response.model": model, "gen_ai.usage.input_tokens": usage.prompt,
-            "gen_ai.usage.output_tokens": usage.completion,
-        } if model else {"gen_ai.usage.input_tokens": usage.prompt, "gen_ai.usage.output_tokens": usage.completion})
+        tracing.end_as(span, _CLOSED, (model or None, usage.prompt, usage.completion, status or None), status)
     else:
-        tracing.end(span, status, {"gen_ai.response.model": model} if model else None)
+        tracing.end_as(span, _CLOSED, (model or None, None, None, status or None), status)

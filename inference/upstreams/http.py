@@ -72,10 +72,11 @@ _USAGE_TAIL = 4096  # of an answer relayed through, the end kept to read its usa
 
 
 def _header_line(name: str, value: str) -> bytes:
-    """``name: value`` and its CRLF, refused when either holds a CR, LF or NUL (``in`` tests: memchr
-    each; a set's intersection walked the line byte by byte, ~130 instructions a byte: D89)."""
+    """``name: value`` and its CRLF, refused when either holds a CR, LF or NUL (``in`` tests of the byte
+    values: memchr each; a bytes operand is first tried as an integer, raising and clearing a
+    TypeError each time, ~1.9k instructions: D98)."""
     line = f"{name}: {value}".encode("latin-1")
-    if b"\r" in line or b"\n" in line or b"\0" in line:
+    if 13 in line or 10 in line or 0 in line:
         raise UpstreamFailure(FailureKind.CONNECT, f"header {name} holds a line break")
     return line + b"\r\n"
 

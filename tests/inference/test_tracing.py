@@ -325,6 +325,39 @@ def test_a_first_attribute_set_again_or_a_new_name_is_what_is_read_and_sent(span
     assert ExportTraceServiceRequest.FromString(tracing.encode_request(finished)) == encode_spans(finished)
 
 
+def test_closing_attributes_and_memoized_integers_are_what_is_read_and_sent(spans: InMemorySpanExporter) -> None:
+    """D98: attributes a span ends with are made once per set of values (tracing.Closing) and kept
+    apart from its own: one set again after replaces it, in what the span reads and in the wire form;
+    a name the span already holds is not sent twice. Integer fields are memoized beside strings: a
+    boolean or a float equal to a memoized integer (True == 1 == 1.0) is still sent as itself."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    table = tracing.Closing("gen_ai.response.model", "gen_ai.usage.input_tokens", "http.response.status_code")
+    kept = tracing.request_span("POST", "/v1/chat/completions", [])
+    tracing.end_as(kept, table, ("m", 1, 200), 200)
+    reset = tracing.request_span("POST", "/v1/chat/completions", [])
+    tracing.end_as(reset, table, ("m", 1, 200), 200)
+    reset.set_attribute("gen_ai.usage.input_tokens", 7)
+    held = tracing.request_span("POST", "/v1/chat/completions", [])
+    held.set_attribute("gen_ai.response.model", "own")
+    tracing.end_as(held, table, ("m", None, 503), 503)
+    flagged = tracing.request_span("POST", "/v1/chat/completions", [])
+    flagged.set_attribute("gen_ai.usage.input_tokens", True)
+    flagged.set_attribute("gateway.ratio", 1.0)
+    tracing.end(flagged, 200)
+    first, second, third, fourth = spans.get_finished_spans()
+    assert {k: v for k, v in (first.attributes or {}).items() if not k.startswith("http.r")} == {
+        "gen_ai.operation.name": "chat", "gen_ai.response.model": "m", "gen_ai.usage.input_tokens": 1,
+    }  # fmt: skip
+    assert (second.attributes or {})["gen_ai.usage.input_tokens"] == 7
+    assert (third.attributes or {})["gen_ai.response.model"] == "m" and third.status.status_code is StatusCode.ERROR
+    assert "gen_ai.usage.input_tokens" not in (third.attributes or {})
+    assert (fourth.attributes or {})["gen_ai.usage.input_tokens"] is True
+    finished = spans.get_finished_spans()
+    assert ExportTraceServiceRequest.FromString(tracing.encode_request(finished)) == encode_spans(finished)
+
+
 def test_spans_reach_the_batch_processors_queue_and_a_full_batch_wakes_its_exporter() -> None:
     """Ended spans go onto the batch processor's queue directly while it is below a batch (D89); the
     span that makes a full batch goes through its emit, which wakes the exporter's thread without
