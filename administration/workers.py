@@ -23,7 +23,7 @@ from administration.worker_spec import SpecRuleError, WorkerSpec, parse_worker_s
 from common.config import PROVIDER_BACKENDS, GatewayConfig, current_config
 from inference.routing.breaker import DEFAULT_CAPACITY, DEFAULT_RETRYABLE, Resilience
 from inference.routing.pd import pairing_key
-from inference.routing.workers import PdTraits, RuntimeType, Transport, WorkerKind, WorkerRecord, kind_of
+from inference.routing.workers import HttpPool, PdTraits, RuntimeType, Transport, WorkerKind, WorkerRecord, kind_of
 from inference.upstreams.zmq.addresses import ZmqAddressError, zmq_addresses
 
 __all__ = [
@@ -545,6 +545,7 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
     read). Command-line workers present the gateway's --api-key to the worker; API-registered
     workers present only their own key, and external providers only theirs, whatever registered them."""
     records = []
+    pool_defaults = http_pool_defaults(config)
     for worker in Worker.objects.listed() if workers is None else workers:
         kind = kind_of(worker.url, worker.runtime_type)
         external = kind is WorkerKind.PROVIDER
@@ -569,9 +570,21 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
                 ),
                 pd=pd_traits(worker),
                 dp_ranks=dp_ranks(worker.url, kind, worker.labels, config),
+                http_pool=(
+                    HttpPool.of(worker.setting("http_pool") or {}, pool_defaults)
+                    if kind is not WorkerKind.ENGINE
+                    else None
+                ),
             )
         )
     return records
+
+
+def http_pool_defaults(config: GatewayConfig) -> HttpPool:
+    """What an http_pool block's omitted fields take (spec 3): 500 idle connections, the idle time of
+    --upstream-pool-idle-timeout-secs (0: forever), --request-timeout-secs, a 10 s connect."""
+    idle = config.upstream_pool_idle_timeout_secs
+    return HttpPool(timeout_secs=config.request_timeout_secs, idle_secs=idle if idle > 0 else float("inf"))
 
 
 

@@ -138,6 +138,10 @@ class GatewayConfig:
     max_tree_size: int = 2**26
     # Requests
     request_timeout_secs: float = 1800.0
+    # How long an idle upstream keep-alive connection is reused (0: until the worker closes it); under
+    # the 5 s after which engines' HTTP servers (uvicorn) close idle connections. Workers' http_pool
+    # blocks override it (pool_idle_timeout_secs).
+    upstream_pool_idle_timeout_secs: float = 3.0
     max_payload_size: int = DEFAULT_MAX_PAYLOAD
     max_buffered_request_bytes: int = 16 * 1024 * 1024
     # The most of an upstream answer held for one request where it must be read whole (a provider's
@@ -573,6 +577,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("eviction_interval_secs", _positive_float, "cache_aware: how often the prefix trees are trimmed"),
     Flag("max_tree_size", _positive_int, "cache_aware: characters kept per model's prefix tree"),
     Flag("request_timeout_secs", _positive_float, "upstream request timeout (seconds)"),
+    Flag("upstream_pool_idle_timeout_secs", _non_negative_float,
+         "how long an idle keep-alive connection to an HTTP worker is reused (0: until the worker closes it); "
+         "a worker's http_pool.pool_idle_timeout_secs overrides it"),
     Flag("max_payload_size", _positive_int, "largest accepted request body (bytes)"),
     Flag("max_buffered_request_bytes", _count, "largest body kept replayable for retries (bytes)"),
     Flag("max_buffered_response_bytes", _positive_int,

@@ -109,7 +109,7 @@ JOB_STATUS = {
     },
 }
 # The spec fields a worker object echoes (never api_key; health, http_pool and resilience take effect
-# but are not echoed).
+# but are not echoed: http_pool in the HTTP relay's per-worker pool and timeouts, D102).
 _ECHOED = ("url", "runtime_type", "worker_type", "connection_mode", "models", "labels", "priority", "cost",
            "dp_size", "zmq_handshake_address", "bootstrap_port", "kv_connector", "kv_engine_id", "overload")
 WORKER = {

@@ -31,6 +31,7 @@ __all__ = [
     "WorkerHandle",
     "EngineSpec",
     "PdTraits",
+    "HttpPool",
     "PROVIDER_HOSTS",
     "provider_of",
 ]
@@ -209,6 +210,39 @@ class PdTraits:
 
 
 @dataclass(frozen=True, slots=True)
+class HttpPool:
+    """A worker's http_pool block (spec 3) with the gateway's defaults filled in, as the HTTP relay
+    reads it per request (plain attributes: no lookups on the relay's path; docs/DECISIONS.md D102).
+
+    ``max_idle``: the most idle keep-alive connections kept for the worker's host (more are closed
+    as their answers end); ``idle_secs``: how long one may stay idle and still be reused (the block's
+    0 is stored as infinity: kept until the worker closes it); ``timeout_secs``: the whole exchange,
+    to the last byte of the answer; ``connect_secs``: opening a connection (TCP and TLS)."""
+
+    max_idle: int = 500
+    idle_secs: float = 3.0
+    timeout_secs: float = 1800.0
+    connect_secs: float = 10.0
+
+    @classmethod
+    def of(cls, block: dict[str, Any], defaults: HttpPool) -> HttpPool | None:
+        """The block over ``defaults`` (the flags'); None when it sets none of the four fields (the
+        relay then uses its own defaults, the same flags)."""
+        if not any(name in block for name in _HTTP_POOL_FIELDS):
+            return None
+        idle = float(block.get("pool_idle_timeout_secs", defaults.idle_secs))
+        return cls(
+            max_idle=int(block.get("pool_max_idle_per_host", defaults.max_idle)),
+            idle_secs=idle if idle > 0 else float("inf"),
+            timeout_secs=float(block.get("timeout_secs", defaults.timeout_secs)),
+            connect_secs=float(block.get("connect_timeout_secs", defaults.connect_secs)),
+        )
+
+
+_HTTP_POOL_FIELDS = ("pool_max_idle_per_host", "pool_idle_timeout_secs", "timeout_secs", "connect_timeout_secs")
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerRecord:
     """What the control plane knows about one worker (built from a Worker row)."""
 
@@ -234,6 +268,9 @@ class WorkerRecord:
     # Under --dp-aware, the data-parallel ranks each request is sent to one of (the engine's reported
     # dp_size, when above 1: inference/routing/dp_ranks.py); 0 otherwise.
     dp_ranks: int = 0
+    # Its http_pool block with the defaults filled in (HTTP workers: the relay's per-worker pool and
+    # timeouts); None: the block sets none of them, the relay's defaults (the flags) apply.
+    http_pool: HttpPool | None = None
     # Derived once from the URL and the runtime (never given): how the gateway reaches it, and what
     # the gateway is to it.
     transport: Transport = field(init=False, compare=False)

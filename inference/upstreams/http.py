@@ -9,14 +9,15 @@ middlewares, ClientResponse) cost ~50 us of a relay's ~200 us of CPU, and a rela
 none of it (docs/DECISIONS.md D13). What the session gave and this module keeps:
 
 - connections from the pool, released for reuse once the answer was read to its end, closed when it
-  was not (a cancelled or failed relay never returns a half-read connection to the pool). Plain-HTTP
-  workers' idle connections are pooled here (:class:`_IdlePool`: the connector's rules, first in first
-  out, none reused past the keep-alive time, expired ones closed by a sweep), the connector opening
-  new ones and closing them: its ``connect`` and ``release`` per request cost 18k instructions of a
-  relay's ~960k in-process (issue 27, D82). TLS workers' go back to the connector, which also
-  cleans up their closed transports;
-- the connect timeout, and the total ``--request-timeout-secs`` deadline over the whole exchange, up
-  to the last byte of the answer;
+  was not (a cancelled or failed relay never returns a half-read connection to the pool). Workers'
+  idle connections are pooled here (:class:`_IdlePool`: the connector's rules, first in first out,
+  none reused past the worker's idle time, expired ones closed by a sweep, at most the worker's
+  ``pool_max_idle_per_host`` kept), the connector opening new ones and closing them (a TLS one's
+  transport then cleaned up by it): its ``connect`` and ``release`` per request cost 18k instructions
+  of a relay's ~960k in-process (issue 27, D82);
+- the connect timeout, and the total deadline over the whole exchange, up to the last byte of the
+  answer: the worker's http_pool block (``connect_timeout_secs``, ``timeout_secs``), else 10 s and
+  ``--request-timeout-secs`` (D102);
 - informational (1xx) answers skipped, chunked answers decoded by aiohttp's parser;
 - an answer with neither Content-Length nor chunked coding read to the connection's close, as
   HTTP/1.1 says (aiohttp's parser defaults to an empty body there, which relayed a 200 with nothing).
@@ -46,7 +47,7 @@ from yarl import URL
 from common.config import GatewayConfig
 from common.http_clients import tls_context
 from inference.accounting import CLEAN, Delivered, TokenUsage
-from inference.routing.workers import Transport, WorkerRecord
+from inference.routing.workers import HttpPool, Transport, WorkerRecord
 from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.usage_estimate import stream_estimate
@@ -58,10 +59,15 @@ __all__ = ["HOLD_BYTES", "HttpRelay", "KEEPALIVE_SECS"]
 log = logging.getLogger(__name__)
 
 _CONNECT_TIMEOUT_SECS = 10.0
-# An idle pooled connection is reused only this long. Engines' HTTP servers close idle keep-alive
-# connections after 5 s (uvicorn's default, which sglang and vllm keep); a request written on a
-# connection the worker is closing at that moment is lost (502). Staying under it avoids the race.
-KEEPALIVE_SECS = 4.0
+# An idle pooled connection is reused only this long (--upstream-pool-idle-timeout-secs, a worker's
+# pool_idle_timeout_secs). Engines' HTTP servers close idle keep-alive connections after 5 s
+# (uvicorn's default, which sglang and vllm keep); a request written on a connection the worker is
+# closing at that moment fails (another worker, or 502). Staying under it avoids the race.
+KEEPALIVE_SECS = 3.0
+_MAX_IDLE = 500  # idle connections kept per worker host (spec 3's pool_max_idle_per_host default)
+# The sweep also closes the connections due within this long: one wake-up for those expiring together.
+_SWEEP_SLACK_SECS = 0.05
+_FOREVER = float("inf")
 _READ_BUFSIZE = 2**16
 # The most of a non-streamed answer held before it is relayed (docs/DECISIONS.md D53): answers up to
 # this size keep a retry on another worker (or a clean 502) when their worker breaks off in them.
@@ -88,7 +94,7 @@ class _Target:
 
     probe: aiohttp.ClientRequest  # never sent; names the pool (host, port, TLS) for connector.connect
     head: bytes
-    pooled: ConnectionKey | None  # the idle pool's key of a plain-HTTP worker; None: TLS, the connector's
+    pooled: ConnectionKey  # the idle pool's key
 
 
 class _Deadline:
@@ -128,19 +134,23 @@ class _Deadline:
 
 
 class _IdlePool:
-    """A plain-HTTP worker's idle keep-alive connections, as aiohttp's connector keeps them: first in
-    first out, one idle longer than ``keepalive_secs`` or no longer connected is closed instead of
-    reused, and a sweep every ``keepalive_secs`` closes the expired ones while any are held. Each is the
-    connector's :class:`Connection`, kept (never released to the connector) and closed through it. One
-    per event loop (its connections belong to it)."""
+    """Workers' idle keep-alive connections, as aiohttp's connector keeps them: first in first out,
+    one past its worker's idle time (:attr:`HttpPool.idle_secs`, held with it as the moment it expires)
+    or no longer connected is closed instead of reused, at most the worker's ``max_idle`` kept (more
+    closed as they come back), and a sweep at the earliest expiry closes the expired ones. Connections
+    kept forever (idle time 0 in the block or the flag: infinity) never schedule the sweep; one the
+    worker closed is found closed when taken, and a request that meets its closing fails as any
+    broken exchange does (another worker, or 502). Each is the connector's :class:`Connection`, kept
+    (never released to the connector) and closed through it. One per event loop (its connections
+    belong to it)."""
 
-    __slots__ = ("_keepalive_secs", "_loop", "_idle", "_sweep")
+    __slots__ = ("_loop", "_idle", "_sweep", "_sweep_at")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, keepalive_secs: float) -> None:
-        self._keepalive_secs = keepalive_secs
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._idle: dict[ConnectionKey, deque[tuple[Connection, float]]] = {}
         self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_at = _FOREVER
 
     def take(self, key: ConnectionKey) -> Connection | None:
         """An idle connection to reuse, or None (the connector opens one)."""
@@ -149,15 +159,16 @@ class _IdlePool:
             return None
         now = monotonic()
         while idle:
-            conn, since = idle.popleft()
+            conn, expires = idle.popleft()
             protocol = conn.protocol
-            if protocol is not None and protocol.is_connected() and now - since <= self._keepalive_secs:
+            if protocol is not None and protocol.is_connected() and now <= expires:
                 return conn
             conn.close()
         return None
 
-    def put(self, key: ConnectionKey, conn: Connection) -> None:
-        """A connection whose answer was read to its end: kept unless it must close."""
+    def put(self, key: ConnectionKey, conn: Connection, pool: HttpPool) -> None:
+        """A connection whose answer was read to its end: kept unless it must close or its worker's
+        ``max_idle`` are kept already."""
         protocol = conn.protocol
         if protocol is None or protocol.should_close:
             conn.close()
@@ -165,20 +176,43 @@ class _IdlePool:
         idle = self._idle.get(key)
         if idle is None:
             idle = self._idle[key] = deque()
-        idle.append((conn, monotonic()))
-        if self._sweep is None:
-            self._sweep = self._loop.call_later(self._keepalive_secs, self._expire)
+        elif len(idle) >= pool.max_idle:
+            conn.close()
+            return
+        expires = monotonic() + pool.idle_secs
+        idle.append((conn, expires))
+        if expires < self._sweep_at:  # never for those kept forever; else once per sweep
+            self._schedule(expires)
+
+    def _schedule(self, at: float) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+        self._sweep_at = at
+        self._sweep = self._loop.call_later(max(0.0, at - monotonic()), self._expire)
 
     def _expire(self) -> None:
         self._sweep = None
-        oldest = monotonic() - self._keepalive_secs
+        self._sweep_at = _FOREVER
+        due = monotonic() + _SWEEP_SLACK_SECS
+        soonest = _FOREVER
         for key, idle in list(self._idle.items()):
-            while idle and (idle[0][1] < oldest or idle[0][0].closed):
-                idle.popleft()[0].close()
-            if not idle:
-                del self._idle[key]
-        if self._idle:
-            self._sweep = self._loop.call_later(self._keepalive_secs, self._expire)
+            if any(expires <= due or conn.closed for conn, expires in idle):
+                kept: deque[tuple[Connection, float]] = deque()
+                for conn, expires in idle:
+                    if expires <= due or conn.closed:
+                        conn.close()
+                    else:
+                        kept.append((conn, expires))
+                idle = kept
+                if idle:
+                    self._idle[key] = idle
+                else:
+                    del self._idle[key]
+            for _, expires in idle:
+                if expires < soonest:
+                    soonest = expires
+        if soonest < _FOREVER:
+            self._schedule(soonest)
 
     def drain(self) -> list[Connection]:
         """Empty, the sweep stopped: the idle connections, for the session's connector to close (it
@@ -186,36 +220,36 @@ class _IdlePool:
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
+            self._sweep_at = _FOREVER
         held = [conn for idle in self._idle.values() for conn, _ in idle]
         self._idle.clear()
         return held
 
 
 class _Exchange:
-    """A request on a pooled connection whose answer's head is read and whose body is not; ``pool``
-    and ``key``: a plain-HTTP worker's, which goes back to the idle pool (else to the connector)."""
+    """A request on a pooled connection whose answer's head is read and whose body is not; it goes
+    back to the idle ``pool`` under ``key`` by its worker's ``settings``."""
 
-    __slots__ = ("conn", "pool", "key", "payload", "deadline")
+    __slots__ = ("conn", "pool", "key", "payload", "deadline", "settings")
 
     def __init__(
-        self, conn: Connection, pool: _IdlePool | None, key: ConnectionKey | None, payload: StreamReader,
-        deadline: _Deadline,
+        self, conn: Connection, pool: _IdlePool, key: ConnectionKey, payload: StreamReader, deadline: _Deadline,
+        settings: HttpPool,
     ) -> None:  # fmt: skip
         self.conn = conn
         self.pool = pool
         self.key = key
         self.payload = payload
         self.deadline = deadline
+        self.settings = settings
 
     def finish(self) -> None:
         """Back to the pool when the answer was read to its end (and the worker keeps it alive)."""
         self.deadline.cancel()
         if not self.payload.is_eof():
             self.conn.close()
-        elif self.pool is not None and self.key is not None:
-            self.pool.put(self.key, self.conn)
         else:
-            self.conn.release()
+            self.pool.put(self.key, self.conn, self.settings)
 
     def close(self) -> None:
         self.deadline.cancel()
@@ -230,7 +264,10 @@ class HttpRelay(Relay):
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> HttpRelay:
-        return cls(config.request_timeout_secs, max_answer_bytes=config.max_buffered_response_bytes)
+        return cls(
+            config.request_timeout_secs, config.upstream_pool_idle_timeout_secs,
+            max_answer_bytes=config.max_buffered_response_bytes,
+        )  # fmt: skip
 
     def __init__(
         self, request_timeout_secs: float, keepalive_secs: float = KEEPALIVE_SECS, max_answer_bytes: int = 2**28
@@ -239,10 +276,13 @@ class HttpRelay(Relay):
         self.max_answer_bytes = max_answer_bytes
         # A non-streamed answer up to this size is read whole before it is relayed; longer, through.
         self.hold_bytes = min(max_answer_bytes, HOLD_BYTES)
-        self._timeout = aiohttp.ClientTimeout(
-            total=request_timeout_secs, connect=_CONNECT_TIMEOUT_SECS, sock_connect=_CONNECT_TIMEOUT_SECS
-        )
         self._request_timeout_secs = request_timeout_secs
+        # A worker without an http_pool block of its own (WorkerRecord.http_pool None): the flags'.
+        self.defaults = HttpPool(
+            _MAX_IDLE, keepalive_secs if keepalive_secs > 0 else _FOREVER, request_timeout_secs, _CONNECT_TIMEOUT_SECS
+        )
+        self._timeout = self._client_timeout(self.defaults)
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {_CONNECT_TIMEOUT_SECS: self._timeout}
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._pools: dict[asyncio.AbstractEventLoop, _IdlePool] = {}
         self._targets: dict[tuple[str, str, str | None], _Target] = {}
@@ -268,12 +308,26 @@ class HttpRelay(Relay):
             stale = self._pools.get(loop)
             for conn in stale.drain() if stale is not None else ():
                 conn.close()
-            self._pools[loop] = _IdlePool(loop, self._keepalive_secs)
+            self._pools[loop] = _IdlePool(loop)
         return session
 
+    def _client_timeout(self, settings: HttpPool) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(
+            total=self._request_timeout_secs, connect=settings.connect_secs, sock_connect=settings.connect_secs
+        )
+
+    def _connect_timeout(self, settings: HttpPool) -> aiohttp.ClientTimeout:
+        """The connector's timeouts for opening a connection to a worker of these settings (its
+        connect_timeout_secs; a new connection only, one object per value)."""
+        timeout = self._timeouts.get(settings.connect_secs)
+        if timeout is None:
+            timeout = self._timeouts[settings.connect_secs] = self._client_timeout(settings)
+        return timeout
+
     def _connector(self) -> aiohttp.TCPConnector:
+        # Idle connections are the idle pool's, never released to the connector.
         return aiohttp.TCPConnector(
-            limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_secs, enable_cleanup_closed=True,
+            limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_secs or None, enable_cleanup_closed=True,
             ssl=tls_context(),  # https:// workers: the CA bundles and client chain of common/tls.py
         )
 
@@ -312,7 +366,7 @@ class HttpRelay(Relay):
             head += b"Content-Type: application/json\r\n"
             head += self._key_lines(record.provider, api_key)
             probe = aiohttp.ClientRequest("POST", url, loop=asyncio.get_running_loop(), ssl=True)
-            target = self._targets[key] = _Target(probe, head, None if probe.is_ssl() else probe.connection_key)
+            target = self._targets[key] = _Target(probe, head, probe.connection_key)
         return target
 
     def _head(self, target: _Target, request: RelayRequest) -> bytes:
@@ -326,34 +380,36 @@ class HttpRelay(Relay):
         parts.append(b"\r\n")
         return b"".join(parts)
 
-    def _failure(self, exc: BaseException) -> UpstreamFailure:
+    def _failure(self, exc: BaseException, connect_secs: float = _CONNECT_TIMEOUT_SECS) -> UpstreamFailure:
         if isinstance(exc, aiohttp.ClientConnectorError):
             return UpstreamFailure(FailureKind.CONNECT, f"cannot connect to {exc.host}:{exc.port}")
         if isinstance(exc, asyncio.TimeoutError):
-            return UpstreamFailure(FailureKind.CONNECT, f"no connection within {_CONNECT_TIMEOUT_SECS:g} seconds")
+            return UpstreamFailure(FailureKind.CONNECT, f"no connection within {connect_secs:g} seconds")
         if isinstance(exc, aiohttp.ClientError):
             return UpstreamFailure(FailureKind.BROKEN, type(exc).__name__)
         return UpstreamFailure(FailureKind.BROKEN, f"{type(exc).__name__}: {exc}")
 
-    def _timed_out(self) -> UpstreamFailure:
-        return UpstreamFailure(FailureKind.TIMEOUT, "timed out", self._request_timeout_secs)
+    def _timed_out(self, seconds: float) -> UpstreamFailure:
+        return UpstreamFailure(FailureKind.TIMEOUT, "timed out", seconds)
 
     async def open(self, request: RelayRequest) -> RelayAnswer:
-        target = self._target(request.worker.record, request.path)
+        record = request.worker.record
+        target = self._target(record, request.path)
         head = self._head(target, request)
+        settings = record.http_pool or self.defaults  # the worker's http_pool block (D102)
         # Asked once: on Python 3.11 each get_running_loop() or current_task() without a loop is a
         # getpid() system call (issue 27, D86).
         loop = asyncio.get_running_loop()
         session = self.session(loop)
         key = target.pooled
-        pool = self._pools[loop] if key is not None else None
-        deadline = _Deadline(loop, self._request_timeout_secs)
-        conn: Connection | None = pool.take(key) if pool is not None and key is not None else None
+        pool = self._pools[loop]
+        deadline = _Deadline(loop, settings.timeout_secs)
+        conn: Connection | None = pool.take(key)
         try:
             if conn is None:
                 connector = session.connector
                 assert connector is not None
-                conn = await connector.connect(target.probe, traces=[], timeout=self._timeout)
+                conn = await connector.connect(target.probe, traces=[], timeout=self._connect_timeout(settings))
                 fresh = True
             else:
                 fresh = False
@@ -382,13 +438,13 @@ class HttpRelay(Relay):
                 conn.close()
             deadline.cancel()
             if deadline.absorb():
-                raise self._timed_out() from None
+                raise self._timed_out(settings.timeout_secs) from None
             raise
         except (aiohttp.ClientError, HttpProcessingError, OSError, asyncio.TimeoutError) as exc:
             if conn is not None:
                 conn.close()
             deadline.cancel()
-            raise self._failure(exc) from None
+            raise self._failure(exc, settings.connect_secs) from None
         except BaseException:
             if conn is not None:
                 conn.close()
@@ -397,7 +453,7 @@ class HttpRelay(Relay):
         headers = message.headers
         return _HttpAnswer(
             self, request, message.code, headers.get("Content-Type", ""), headers.get("Content-Length"),
-            _Exchange(conn, pool, key, payload, deadline),
+            _Exchange(conn, pool, key, payload, deadline, settings),
         )
 
 
@@ -444,7 +500,7 @@ class _HttpAnswer(RelayAnswer):
             whole = True
         except asyncio.CancelledError:
             if exchange.deadline.absorb():
-                raise self._relay._timed_out() from None
+                raise self._relay._timed_out(exchange.settings.timeout_secs) from None
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise self._relay._failure(exc) from None
@@ -475,7 +531,7 @@ class _HttpAnswer(RelayAnswer):
                         break
         except asyncio.CancelledError:
             if exchange.deadline.absorb():
-                raise self._relay._timed_out() from None
+                raise self._relay._timed_out(exchange.settings.timeout_secs) from None
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise self._relay._failure(exc) from None
@@ -499,7 +555,7 @@ class _HttpAnswer(RelayAnswer):
         except asyncio.CancelledError:
             if not exchange.deadline.absorb():
                 raise
-            failure = self._relay._timed_out()
+            failure = self._relay._timed_out(exchange.settings.timeout_secs)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             failure = self._relay._failure(exc)
         else:
@@ -538,7 +594,7 @@ class _HttpAnswer(RelayAnswer):
         except asyncio.CancelledError:
             if not exchange.deadline.absorb():
                 raise
-            return await self._broken(writer, self._relay._timed_out(), scan)
+            return await self._broken(writer, self._relay._timed_out(exchange.settings.timeout_secs), scan)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             return await self._broken(writer, self._relay._failure(exc), scan)
         rest = scan.end()

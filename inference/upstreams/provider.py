@@ -102,8 +102,8 @@ class ProviderRelay(HttpRelay):
     @classmethod
     def from_config(cls, config: GatewayConfig) -> ProviderRelay:
         return cls(
-            config.request_timeout_secs, max_answer_bytes=config.max_buffered_response_bytes,
-            policy=SsrfPolicy.from_config(config),
+            config.request_timeout_secs, config.upstream_pool_idle_timeout_secs,
+            max_answer_bytes=config.max_buffered_response_bytes, policy=SsrfPolicy.from_config(config),
         )  # fmt: skip
 
     def __init__(
@@ -115,7 +115,7 @@ class ProviderRelay(HttpRelay):
 
     def _connector(self) -> aiohttp.TCPConnector:
         return aiohttp.TCPConnector(
-            limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_secs, enable_cleanup_closed=True,
+            limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_secs or None, enable_cleanup_closed=True,
             resolver=GuardedResolver(self.policy),
         )  # fmt: skip
 
