@@ -63,7 +63,7 @@ class ChoiceOutput:
     """One choice of one request. Not thread-safe."""
 
     __slots__ = (
-        "index", "_detokenizer", "_stops", "_matching", "_options", "_reasoning", "_reasoning_count", "_tools", "done",
+        "index", "_detokenizer", "_stops", "_stop_ids", "_matching", "_options", "_reasoning", "_reasoning_count", "_tools", "done",
         "completion_tokens", "reasoning_tokens", "logprobs", "text_length",
     )  # fmt: skip
 
@@ -74,6 +74,7 @@ class ChoiceOutput:
             skip_special_tokens=options.skip_special_tokens, prompt_ids=options.prompt_ids,
             kept_special_ids=options.kept_special_ids,
         )
+        self._stop_ids = options.stop_tokens.ids  # (StopTokens.find's set)
         self._stops = StopMatcher(options.stops, no_stop_trim=options.no_stop_trim)
         self._matching = self._stops.active  # stop strings to match (without, feed() hands text on as it is)
         self._reasoning = options.reasoning() if options.reasoning is not None else None
@@ -95,9 +96,17 @@ class ChoiceOutput:
         counted = output.completion_tokens
         # The engine's count before this output: a stop the gateway finds inside the output ends the
         # count at the token that made it, as an engine that applies the stop itself counts.
-        before = max(self.completion_tokens, counted - len(ids))
+        before = counted - len(ids)
+        if before < self.completion_tokens:
+            before = self.completion_tokens
         matched_token: int | None = None
-        at = self._options.stop_tokens.find(ids)
+        stop_ids = self._stop_ids
+        if not stop_ids:
+            at: int | None = None
+        elif len(ids) == 1:  # StopTokens.find's usual case, written out (one token per engine message)
+            at = 0 if ids[0] in stop_ids else None
+        else:
+            at = self._options.stop_tokens.find(ids)
         if at is not None:
             matched_token = ids[at]
             ids = ids[:at]
@@ -122,13 +131,20 @@ class ChoiceOutput:
                 text += detokenizer.flush()
             if self._matching:
                 text = self._stops.feed(text)
-        self.completion_tokens = max(self.completion_tokens, counted)
+        if counted > self.completion_tokens:
+            self.completion_tokens = counted
         if output.logprobs is not None:
             self.logprobs.extend(output.logprobs[: len(ids)])
         matched_stop: str | int | None = self._stops.matched
         if matched_stop is None and ending:
             text += self._stops.flush()
-        events = self._parse(text)
+        if not text:
+            events: list[Event] = []
+        else:  # _parse written out for a choice without tool calls (one call per engine message)
+            self.text_length += len(text)
+            reasoning = self._reasoning
+            pieces: list[ReasoningDelta | TextDelta] = reasoning.feed(text) if reasoning is not None else [TextDelta(text)]
+            events = cast(list[Event], pieces) if self._tools is None else self._content(pieces)
         finishing = matched_stop is not None or ending
         if finishing:
             self.done = True

@@ -39,13 +39,18 @@ class UsageTally:
         tokens so far (:attr:`ChoiceOutput.reasoning_tokens`)."""
         if output.prompt_tokens:
             self.prompt_tokens = output.prompt_tokens
-        if output.cached_tokens:
-            self.cached_tokens = max(self.cached_tokens, output.cached_tokens)
+        if output.cached_tokens > self.cached_tokens:
+            self.cached_tokens = output.cached_tokens
         index = output.index
-        self._completion[index] = max(self._completion.get(index, 0), output.completion_tokens)
-        reasoning = max(output.reasoning_tokens, reasoning_tokens)
-        if reasoning:
-            self._reasoning[index] = max(self._reasoning.get(index, 0), reasoning)
+        # The running maxima written with comparisons (no max() calls: one add per engine message).
+        completion = self._completion
+        if output.completion_tokens > completion.get(index, 0) or index not in completion:
+            completion[index] = output.completion_tokens
+        reasoning = output.reasoning_tokens
+        if reasoning_tokens > reasoning:
+            reasoning = reasoning_tokens
+        if reasoning and reasoning > self._reasoning.get(index, 0):
+            self._reasoning[index] = reasoning
         if output.spec_draft_tokens:
             self.draft_tokens += output.spec_draft_tokens
             self.accepted_tokens += output.spec_accepted_tokens

@@ -345,13 +345,43 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
             try:
                 call = await self._start_generate(request)
                 drain = getattr(call, "drain", None)  # the event-loop reader hands over what arrived
+                # Its queue, read here so that an empty one costs no drain() call (per message).
+                waiting = getattr(call, "_messages", None) if drain is not None else None
+                decode = self._decode
+                cumulative = self.counts_cumulative
+                count = len(choices)
                 async for response in call:
-                    more = drain() if drain is not None else ()
+                    more = drain() if drain is not None and (waiting is None or waiting) else ()
                     if more:
                         pieces: Iterable[WireChunk | WireComplete] = self._pieces(response, more)
                     else:  # one message: the usual case while an engine decodes
-                        one = self._decode(response)
+                        one = decode(response)
                         if one is None:
+                            continue
+                        if type(one) is WireChunk and 0 <= one.index < count:
+                            # _fold_chunk written out for the message of one token (no call per message).
+                            choice = choices[one.index]
+                            if choice.finished:
+                                continue
+                            ids = one.token_ids
+                            if ids:
+                                choice.streamed = True
+                                if cumulative:
+                                    total = choice.completion_tokens + len(ids)
+                                    reported = one.completion_tokens
+                                    choice.completion_tokens = reported if reported > total else total
+                                else:
+                                    choice.completion_tokens += len(ids)
+                            else:
+                                if cumulative and one.completion_tokens > choice.completion_tokens:
+                                    choice.completion_tokens = one.completion_tokens
+                                if one.prompt_logprobs is None:
+                                    continue
+                            yielded = True
+                            yield ENGINE_OUTPUT_STEP(
+                                one.index, ids, one.prompt_tokens, choice.completion_tokens, one.cached_tokens,
+                                one.reasoning_tokens, one.logprobs, one.prompt_logprobs,
+                            )  # fmt: skip
                             continue
                         pieces = (one,)
                     for piece in pieces:
