@@ -35,6 +35,8 @@ What it does, as the engines' own servicers do:
   FlushCache empties it.
 - Abort (and the client cancelling a Generate RPC) is recorded; an Abort of a running request ends
   its stream with finish ``abort``.
+- ``state.stall_after`` (a fault): a request stops being answered after that many outputs (0:
+  before its first) until it is aborted or cancelled: an engine that hangs.
 - Embed (SGLang, vLLM, TensorRT-LLM) answers a deterministic unit-length vector of
   :data:`EMBEDDING_DIM` values derived from the token ids (:func:`embedding_for`), and is recorded.
 - HealthCheck, GetModelInfo, GetServerInfo, GetTokenizer (the tokenizer folder as a zip in chunks,

@@ -167,6 +167,9 @@ class GrpcEngineState:
     tokenizer_sha256: str | None = None  # a fault: send this digest instead of the archive's
     prefixes: list[tuple[int, ...]] = field(default_factory=list)
     running: dict[str, asyncio.Event] = field(default_factory=dict)  # request id → abort signal
+    # A fault: a request stops being answered after this many outputs (0: before its first; None:
+    # never), until it is aborted (then it ends with finish abort) or its client cancels it.
+    stall_after: int | None = None
 
     def request(self, request_id: str) -> ServedRequest:
         for served in reversed(self.requests):
@@ -392,8 +395,12 @@ class ScriptedEngine:
         choices = [self.model.choice(kind, thinking, sampling) for _ in range(sampling.n)]
         for index in range(sampling.n):
             served.outputs[index] = []
+        stall_after = self.state.stall_after
+        sent = 0
         try:
             if not sampling.stream:
+                if stall_after is not None:
+                    await aborted.wait()
                 await self._pause(sum(len(c.tokens) for c in choices) // self.config.chunk_tokens)
                 for index, choice in enumerate(choices):
                     served.outputs[index] = list(choice.tokens)
@@ -403,6 +410,8 @@ class ScriptedEngine:
                     yield served, index, list(choice.tokens), choice, True
                 return
             while len(served.finish_reasons) < len(choices):
+                if stall_after is not None and sent >= stall_after:
+                    await aborted.wait()
                 await self._pause(1)
                 for index, choice in enumerate(choices):
                     if index in served.finish_reasons:
@@ -420,6 +429,7 @@ class ScriptedEngine:
                     if finished:
                         served.finish_reasons[index] = choice.finish
                         served.done = len(served.finish_reasons) == len(choices)
+                    sent += 1
                     yield served, index, new, choice, finished
         except (asyncio.CancelledError, GeneratorExit):
             served.cancelled = not served.done  # the client cancelled the RPC (or went away)

@@ -14,6 +14,13 @@ end-of-sequence, a stop_token_ids entry), one message before the engine's own en
 the streams are read on for up to :data:`SETTLE_SECS` so the engine ends them itself, instead of an
 Abort for a request that was finishing anyway. A stop string (which only the gateway knows) is
 aborted once that time is up.
+
+Every answer is bounded by ``--request-timeout-secs`` (D104), one timer from the generations'
+dispatch to the engine to the response written (:class:`~inference.upstreams.deadline.Deadline`, as
+the HTTP relay's exchange): when it passes it cancels the waiting task, as a client disconnect does,
+so every engine stream is closed (gRPC Abort, ZMQ ABORT). Before anything reached the client that is
+UpstreamFailure TIMEOUT (504 ``upstream_timeout``, or another worker); after the stream started, the
+relay's in-band error (``Worker stream failed: timed out``) and the stream's closing event.
 """
 
 from __future__ import annotations
@@ -24,8 +31,11 @@ from contextlib import aclosing
 from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence, cast
 
 from common import tracing
+from common.config import current_config
 from inference.accounting import Delivered
+from inference.upstreams.deadline import Deadline
 from inference.upstreams.engine import EngineClient, EngineOutput, EngineRequest
+from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.writers import ResponseWriter
 
 __all__ = ["EngineAnswer", "Deliver", "SETTLE_SECS", "open_generation", "open_generations"]
@@ -136,25 +146,39 @@ async def _merged(generations: Sequence[_Generation], settling: asyncio.Event) -
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class EngineAnswer:
-    __slots__ = ("status", "_generations", "_deliver", "span")
+def _timed_out(seconds: float) -> UpstreamFailure:
+    """The engine outlived --request-timeout-secs: worded as the HTTP relay's timeout."""
+    return UpstreamFailure(FailureKind.TIMEOUT, "timed out", seconds)
 
-    def __init__(self, generations: Sequence[_Generation], deliver: Deliver) -> None:
+
+class EngineAnswer:
+    __slots__ = ("status", "_generations", "_deliver", "span", "_deadline")
+
+    def __init__(self, generations: Sequence[_Generation], deliver: Deliver, deadline: Deadline) -> None:
         self.status = 200
         self._generations = generations
         self._deliver = deliver
+        self._deadline = deadline  # --request-timeout-secs from the dispatch (D104), cancelled by discard
         self.span: tracing.Span | None = None  # the engine generate span (--enable-trace), ended by discard
 
     async def forward(self, writer: ResponseWriter) -> Delivered:
         generations = self._generations
+        deadline = self._deadline
+        deadline.follow()
         settling = asyncio.Event()
         try:
             source = generations[0].all() if len(generations) == 1 else _merged(generations, settling)
             if self.span is not None:
                 source = _observed(source, self.span)
-            async with aclosing(source) as outputs:
-                delivered = await self._deliver(outputs, writer)
-                settling.set()
+            try:
+                async with aclosing(source) as outputs:
+                    delivered = await self._deliver(outputs, writer)
+                    settling.set()
+            except asyncio.CancelledError:
+                if not deadline.absorb():
+                    raise
+                delivered = await _break_off(writer, deadline.seconds)
+            deadline.cancel()
             await self._settle()
             return delivered
         finally:
@@ -180,12 +204,26 @@ class EngineAnswer:
             return
 
     async def discard(self) -> None:
+        self._deadline.cancel()
         for generation in self._generations:
             await generation.outputs.aclose()
         span = self.span
         if span is not None:
             self.span = None
             span.end()
+
+
+async def _break_off(writer: ResponseWriter, seconds: float) -> Delivered:
+    """The deadline passed while the answer was being written. Nothing sent yet: the relay's 504
+    (raised, the attempts loop answers it or tries another worker); else its in-band error and the
+    stream's end, with the usage the surface tallied so far."""
+    failure = _timed_out(seconds)
+    if not writer.started:
+        raise failure
+    await writer.break_stream(failure.in_band())
+    so_far = writer.usage_so_far
+    writer.usage_so_far = None
+    return Delivered(False, so_far() if so_far is not None else None)
 
 
 async def _observed(source: Outputs, span: tracing.Span) -> Outputs:
@@ -246,8 +284,24 @@ async def _traced(
 async def _opened(
     client: EngineClient, requests: Sequence[EngineRequest], deliver: Deliver, choices_per_request: int
 ) -> EngineAnswer:
+    deadline = Deadline(asyncio.get_running_loop(), current_config().request_timeout_secs)
+    try:
+        return EngineAnswer(await _started(client, requests, choices_per_request), deliver, deadline)
+    except asyncio.CancelledError:
+        deadline.cancel()
+        if deadline.expired:  # the engine did not answer in time (its streams were closed: Abort)
+            raise _timed_out(deadline.seconds) from None
+        raise
+    except BaseException:
+        deadline.cancel()
+        raise
+
+
+async def _started(
+    client: EngineClient, requests: Sequence[EngineRequest], choices_per_request: int
+) -> list[_Generation]:
     if len(requests) == 1:
-        return EngineAnswer([await _first(client, requests[0], 0)], deliver)
+        return [await _first(client, requests[0], 0)]
     opened = await asyncio.gather(
         *(_first(client, request, k * choices_per_request) for k, request in enumerate(requests)),
         return_exceptions=True,
@@ -258,7 +312,7 @@ async def _opened(
             if isinstance(item, _Generation):
                 await item.outputs.aclose()
         raise failure
-    return EngineAnswer([item for item in opened if isinstance(item, _Generation)], deliver)
+    return [item for item in opened if isinstance(item, _Generation)]
 
 
 def open_generation(client: EngineClient, request: EngineRequest, deliver: Deliver) -> Awaitable[EngineAnswer]:

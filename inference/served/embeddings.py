@@ -22,7 +22,9 @@ from inference.accounting import Delivered, TokenUsage
 from inference.pipeline.prompt import check_prompt, tokenize
 from inference.routing.workers import WorkerHandle
 from inference.served.base import LocalAnswer, ServedRequest, ServedSurface, engine_target
-from inference.upstreams.engine import EmbedRequest, EmbedResult
+from inference.upstreams.deadline import Deadline
+from inference.upstreams.engine import EmbedRequest, EmbedResult, EngineClient
+from inference.upstreams.failures import FailureKind, UpstreamFailure
 
 __all__ = ["ServedEmbeddings", "embedding_inputs"]
 
@@ -82,7 +84,7 @@ class ServedEmbeddings(ServedSurface):
             check_prompt(len(ids), target.spec.context_length, "input")
             text = item if isinstance(item, str) else None
             requests.append(EmbedRequest(f"{self.id}-{index}", ids, text, data_parallel_rank=worker.dp_rank))
-        results: list[EmbedResult] = list(await asyncio.gather(*(target.client.embed(r) for r in requests)))
+        results = await _embedded(target.client, requests, self.request.dp.config.request_timeout_secs)
         data = [
             {
                 "object": "embedding",
@@ -100,3 +102,17 @@ class ServedEmbeddings(ServedSurface):
         }
         # The request's accounting (D80): the prompt tokens the answer reports, as OpenAI's do.
         return LocalAnswer(orjson.dumps(answer), delivered=Delivered(True, TokenUsage(prompt=tokens)))
+
+
+async def _embedded(client: EngineClient, requests: list[EmbedRequest], seconds: float) -> list[EmbedResult]:
+    """Each request's embedding, at once, within --request-timeout-secs (D104): past it the calls
+    are cancelled and the request fails as the relay's timeout does (504 upstream_timeout, or another worker)."""
+    deadline = Deadline(asyncio.get_running_loop(), seconds)
+    try:
+        return list(await asyncio.gather(*(client.embed(r) for r in requests)))
+    except asyncio.CancelledError:
+        if deadline.absorb():
+            raise UpstreamFailure(FailureKind.TIMEOUT, "timed out", seconds) from None
+        raise
+    finally:
+        deadline.cancel()

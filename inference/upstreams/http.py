@@ -49,6 +49,7 @@ from common.http_clients import tls_context
 from inference.accounting import CLEAN, Delivered, TokenUsage
 from inference.routing.workers import HttpPool, Transport, WorkerRecord
 from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
+from inference.upstreams.deadline import Deadline as _Deadline
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.upstreams.usage_estimate import stream_estimate
 from inference.upstreams.usage_scan import StreamUsage, usage_in_body, usage_key
@@ -95,42 +96,6 @@ class _Target:
     probe: aiohttp.ClientRequest  # never sent; names the pool (host, port, TLS) for connector.connect
     head: bytes
     pooled: ConnectionKey  # the idle pool's key
-
-
-class _Deadline:
-    """The total request timeout: cancels the relaying task when it passes; ``expired`` tells that
-    cancellation from any other (a client disconnect)."""
-
-    __slots__ = ("_task", "_handle", "expired", "_pending")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
-        self.expired = False
-        self._pending = False  # a cancellation of ours not yet undone
-        self._task = asyncio.current_task(loop)
-        self._handle = loop.call_later(seconds, self._expire)
-
-    def _expire(self) -> None:
-        self.expired = True
-        if self._task is not None:
-            self._pending = True
-            self._task.cancel()
-
-    def absorb(self) -> bool:
-        """After a CancelledError: True (and the cancellation undone) when it was this deadline."""
-        if not self.expired:
-            return False
-        self._undo()
-        return True
-
-    def cancel(self) -> None:
-        """The exchange is over. A deadline that fired as it ended must not cancel what comes next."""
-        self._handle.cancel()
-        self._undo()
-
-    def _undo(self) -> None:
-        if self._pending and self._task is not None:
-            self._pending = False
-            self._task.uncancel()
 
 
 class _IdlePool:
