@@ -22,6 +22,7 @@ from standins.grpc_engine import GrpcEngineState
 from standins.zmq_engine import ZmqEngineConfig, ZmqEngineGroup, ZmqEngineState
 from tests.conftest import GatewayFactory, free_port
 from tests.inference.served.conftest import QWEN, QWEN_MODEL, Start
+from tests.inference.served.test_pd_served import pd_engines
 
 TIMEOUT = {"request_timeout_secs": 0.5, "retry_max_retries": 0}
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -115,6 +116,16 @@ async def test_an_answer_within_the_timeout_is_untouched(start_engine_gateway: S
     await asyncio.sleep(0.7)  # past the deadline: nothing fires on a finished answer
     assert (await gw.http.post("/v1/chat/completions", json=CHAT)).status_code == 200
     assert gw.engine.state.aborted_ids() == []
+
+
+async def test_pd_decode_that_never_answers_gets_504_and_its_abort(make_gateway: GatewayFactory) -> None:
+    def timed(records: object, **config: object) -> httpx.AsyncClient:
+        return make_gateway(records, **{**config, "request_timeout_secs": 0.5})  # type: ignore[arg-type]
+
+    async with pd_engines(timed) as (http, _prefill, decode):  # type: ignore[arg-type]
+        decode.state.stall_after = 0
+        assert_504(await http.post("/v1/chat/completions", json={**CHAT, "stream": True}))
+        await until(grpc_aborted(decode.state))
 
 
 # --- ZMQ --------------------------------------------------------------------------------------------
