@@ -94,6 +94,12 @@ class WireChunk:
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
 
+ChunkFields = tuple[
+    int, tuple[int, ...], int, int, int, int, "tuple[TokenLogprobs, ...] | None", "tuple[TokenLogprobs | None, ...] | None"
+]
+"""A chunk's fields in :class:`WireChunk`'s order, read without building one (:meth:`GrpcEngineClient._chunk_fields`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class WireComplete:
     """A choice's closing message as the runtime sent it."""
@@ -282,6 +288,14 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
     def _decode(self, response: ResponseT) -> WireChunk | WireComplete | None:
         """One GenerateResponse as a chunk or a complete (None: nothing in it)."""
 
+    def _chunk_fields(self, response: ResponseT) -> ChunkFields | None:
+        """A chunk's fields as :meth:`_decode` would build its :class:`WireChunk` (None: not a chunk,
+        read by :meth:`_decode`), for the message of one token, folded without the chunk object.
+        Used when :attr:`reads_chunk_fields`."""
+        raise NotImplementedError
+
+    reads_chunk_fields: ClassVar[bool] = False
+
     @abstractmethod
     async def _send_abort(self, request_id: str, reason: str) -> None: ...
 
@@ -348,6 +362,7 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
                 # Its queue, read here so that an empty one costs no drain() call (per message).
                 waiting = getattr(call, "_messages", None) if drain is not None else None
                 decode = self._decode
+                chunk_fields = self._chunk_fields if self.reads_chunk_fields else None
                 cumulative = self.counts_cumulative
                 count = len(choices)
                 async for response in call:
@@ -355,35 +370,43 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
                     if more:
                         pieces: Iterable[WireChunk | WireComplete] = self._pieces(response, more)
                     else:  # one message: the usual case while an engine decodes
-                        one = decode(response)
-                        if one is None:
-                            continue
-                        if type(one) is WireChunk and 0 <= one.index < count:
+                        fields = chunk_fields(response) if chunk_fields is not None else None
+                        if fields is None:
+                            one = decode(response)
+                            if one is None:
+                                continue
+                            if type(one) is WireChunk:
+                                fields = (
+                                    one.index, one.token_ids, one.prompt_tokens, one.completion_tokens,
+                                    one.cached_tokens, one.reasoning_tokens, one.logprobs, one.prompt_logprobs,
+                                )  # fmt: skip
+                            else:
+                                pieces = (one,)
+                        if fields is not None and 0 <= fields[0] < count:
                             # _fold_chunk written out for the message of one token (no call per message).
-                            choice = choices[one.index]
+                            index, ids, prompt, reported, cached, reasoning, logprobs, prompt_logprobs = fields
+                            choice = choices[index]
                             if choice.finished:
                                 continue
-                            ids = one.token_ids
                             if ids:
                                 choice.streamed = True
                                 if cumulative:
                                     total = choice.completion_tokens + len(ids)
-                                    reported = one.completion_tokens
                                     choice.completion_tokens = reported if reported > total else total
                                 else:
                                     choice.completion_tokens += len(ids)
                             else:
-                                if cumulative and one.completion_tokens > choice.completion_tokens:
-                                    choice.completion_tokens = one.completion_tokens
-                                if one.prompt_logprobs is None:
+                                if cumulative and reported > choice.completion_tokens:
+                                    choice.completion_tokens = reported
+                                if prompt_logprobs is None:
                                     continue
                             yielded = True
                             yield ENGINE_OUTPUT_STEP(
-                                one.index, ids, one.prompt_tokens, choice.completion_tokens, one.cached_tokens,
-                                one.reasoning_tokens, one.logprobs, one.prompt_logprobs,
-                            )  # fmt: skip
+                                index, ids, prompt, choice.completion_tokens, cached, reasoning, logprobs, prompt_logprobs
+                            )
                             continue
-                        pieces = (one,)
+                        if fields is not None:  # out of range: the loop below says so
+                            pieces = (WireChunk(*fields),)
                     for piece in pieces:
                         if not 0 <= piece.index < len(choices):
                             raise UpstreamFailure(

@@ -28,6 +28,7 @@ from inference.upstreams.engine import (
     EngineRequest,
 )
 from inference.upstreams.grpc.client import (
+    ChunkFields,
     GrpcEngineClient,
     WireChunk,
     WireComplete,
@@ -120,6 +121,24 @@ class SglangClient(GrpcEngineClient[pb.GenerateResponse]):
                 )
             )
         return message
+
+    reads_chunk_fields = True
+
+    def _chunk_fields(self, response: pb.GenerateResponse) -> ChunkFields | None:
+        # _decode's chunk below, without the WireChunk (the same reads: keep the two alike).
+        if response.WhichOneof("response") != "chunk":
+            return None
+        c = response.chunk
+        return (
+            c.index,
+            tuple(c.token_ids),
+            c.prompt_tokens,
+            c.completion_tokens,
+            c.cached_tokens,
+            c.reasoning_tokens,
+            output_logprobs(c.output_logprobs) if c.HasField("output_logprobs") else None,
+            input_logprobs(c.input_logprobs) if c.HasField("input_logprobs") else None,
+        )
 
     def _decode(self, response: pb.GenerateResponse) -> WireChunk | WireComplete | None:
         kind = response.WhichOneof("response")

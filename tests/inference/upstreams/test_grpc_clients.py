@@ -402,3 +402,29 @@ def test_a_chunk_is_decoded_and_folded_field_by_field() -> None:
     output = client._fold_chunk(_Choice(), piece)
     assert output == EngineOutput(index=2, token_ids=(101, 102), prompt_tokens=40, completion_tokens=7,
                                   cached_tokens=11, reasoning_tokens=5)  # fmt: skip
+
+
+def test_sglang_chunk_fields_are_the_decoded_chunks_fields() -> None:
+    """The one-token message's fields read without a WireChunk (D105) are _decode's, field by field,
+    logprobs included; a complete message is not a chunk's (None: _decode reads it)."""
+    client = SglangClient("grpc://127.0.0.1:1")
+    plain = sglang_pb.GenerateResponse(request_id="r")
+    plain.chunk.index, plain.chunk.prompt_tokens, plain.chunk.completion_tokens = 1, 40, 7
+    plain.chunk.cached_tokens, plain.chunk.reasoning_tokens = 11, 5
+    plain.chunk.token_ids.extend([101])
+    with_logprobs = sglang_pb.GenerateResponse(request_id="r")
+    with_logprobs.chunk.CopyFrom(plain.chunk)
+    with_logprobs.chunk.output_logprobs.token_ids.extend([101])
+    with_logprobs.chunk.output_logprobs.token_logprobs.extend([-0.5])
+    top = with_logprobs.chunk.output_logprobs.top_logprobs.add()
+    top.token_ids.extend([101, 7])
+    top.values.extend([-0.5, -1.5])
+    for response in (plain, with_logprobs):
+        fields = client._chunk_fields(response)
+        assert fields is not None
+        assert WireChunk(*fields) == client._decode(response)
+    assert client._chunk_fields(with_logprobs)[6] is not None  # type: ignore[index]
+    complete = sglang_pb.GenerateResponse(request_id="r")
+    complete.complete.index, complete.complete.finish_reason = 0, "stop"
+    assert client._chunk_fields(complete) is None
+    assert client._chunk_fields(sglang_pb.GenerateResponse(request_id="r")) is None
