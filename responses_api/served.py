@@ -30,6 +30,7 @@ from inference.accounting import BROKEN, CLEAN, LATER, Delivered
 from inference.admission import Admission
 from inference.errors import GatewayError
 from inference.kit import run_turn
+from inference.pipeline.engine_answer import generation_read
 from inference.pipeline.events import Usage
 from inference.pipeline.usage import token_usage
 from inference.routing.workers import WorkerHandle, WorkerType
@@ -348,6 +349,7 @@ class ServedResponses(ServedSurface):
                 for event in events:
                     builder.feed(event)
                 await flush()
+            generation_read()  # the tool rounds and turns after it are not this turn's generation (D104)
             return CLEAN
 
         if stream:

@@ -20,7 +20,9 @@ dispatch to the engine to the response written (:class:`~inference.upstreams.dea
 the HTTP relay's exchange): when it passes it cancels the waiting task, as a client disconnect does,
 so every engine stream is closed (gRPC Abort, ZMQ ABORT). Before anything reached the client that is
 UpstreamFailure TIMEOUT (504 ``upstream_timeout``, or another worker); after the stream started, the
-relay's in-band error (``Worker stream failed: timed out``) and the stream's closing event.
+relay's in-band error (``Worker stream failed: timed out``) and the stream's closing event. A
+surface whose writing goes on past the generation (a Responses turn followed by MCP tool rounds and
+the turns after them, each with a deadline of its own) ends it with :func:`generation_read`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from contextlib import aclosing
+from contextvars import ContextVar
 from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence, cast
 
 from common import tracing
@@ -38,7 +41,7 @@ from inference.upstreams.engine import EngineClient, EngineOutput, EngineRequest
 from inference.upstreams.failures import FailureKind, UpstreamFailure
 from inference.writers import ResponseWriter
 
-__all__ = ["EngineAnswer", "Deliver", "SETTLE_SECS", "open_generation", "open_generations"]
+__all__ = ["EngineAnswer", "Deliver", "SETTLE_SECS", "generation_read", "open_generation", "open_generations"]
 
 SETTLE_SECS = 0.05
 """After the response was written, how long the engine streams are read on for the engine's own end."""
@@ -48,6 +51,18 @@ Deliver = Callable[[AsyncIterator[EngineOutput], ResponseWriter], Awaitable[Deli
 it started) with the usage the surface tallied for it."""
 
 Outputs = AsyncGenerator[EngineOutput, None]
+
+# The deadline of the answer being forwarded in this task (set by EngineAnswer.forward).
+_FORWARDING: ContextVar[Deadline | None] = ContextVar("engine_answer_deadline", default=None)
+
+
+def generation_read() -> None:
+    """The answer being forwarded had its generation read to the end and its writer goes on with
+    other work (a Responses turn's MCP tool rounds and the turns after them, each with a deadline
+    of its own): its deadline stops here instead of running over that work."""
+    deadline = _FORWARDING.get()
+    if deadline is not None:
+        deadline.cancel()
 
 
 class _Generation:
@@ -166,6 +181,7 @@ class EngineAnswer:
         deadline = self._deadline
         deadline.follow()
         settling = asyncio.Event()
+        forwarding = _FORWARDING.set(deadline)
         try:
             source = generations[0].all() if len(generations) == 1 else _merged(generations, settling)
             if self.span is not None:
@@ -182,6 +198,7 @@ class EngineAnswer:
             await self._settle()
             return delivered
         finally:
+            _FORWARDING.reset(forwarding)
             await self.discard()
 
     async def _settle(self) -> None:

@@ -182,6 +182,27 @@ async def test_mcp_tools_run_by_the_gateway(start_engine_gateway: Start, mcp_url
     assert response.usage.input_tokens == sum(len(r.input_ids) for r in gw.engine.state.requests)
 
 
+async def test_the_request_timeout_bounds_each_turn_not_the_tool_rounds_after_it(start_engine_gateway: Start) -> None:
+    """--request-timeout-secs bounds each turn's engine generation (D104); the first turn's deadline
+    ends when its generation was read, so a tool round and the turn after it, longer together than
+    the timeout, still complete the response (stored, not left in progress)."""
+    server = MCPServer("weather")
+
+    @server.tool(description="Weather in a city.")
+    async def get_weather(city: str, unit: str = "celsius") -> str:
+        await asyncio.sleep(1.5)  # longer than the request timeout below
+        return f"sunny [[mock:text]] in {city} ({unit})"
+
+    with serving(server) as url:
+        gw = await start_engine_gateway(**PARSERS, gateway={**LOOPBACK, "request_timeout_secs": 1.0})
+        response = await gw.sdk().responses.create(
+            model=QWEN_MODEL, input="[[mock:tool_call]] weather?", tools=[mcp_tool(url)], reasoning={"effort": "none"},
+        )
+    assert response.status == "completed", response.error
+    assert [item.type for item in response.output] == ["mcp_list_tools", "mcp_call", "message"]
+    assert (await gw.sdk().responses.retrieve(response.id)).status == "completed"
+
+
 async def test_mcp_stream_events(start_engine_gateway: Start, mcp_url: str) -> None:
     gw = await start_engine_gateway(**PARSERS, gateway=LOOPBACK)
     stream = await gw.sdk().responses.create(
