@@ -11,36 +11,18 @@ import sys
 import time
 from pathlib import Path
 from time import perf_counter
-from typing import AsyncIterator
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from administration.metrics_server import MetricsListener
 from common import relay_metrics, runtime_metrics
 from common import telemetry as metrics
 from inference.gauges import sample_live_gauges
 from inference.routing.registry import REGISTRY
-from tests.conftest import free_port, record_for
+from tests.common.metrics_fixtures import scrape  # noqa: F401 (a fixture)
+from tests.conftest import record_for
 
 CHAT = {"model": "mock-model", "messages": [{"role": "user", "content": "hello"}]}
 SLOW = {**CHAT, "mock": {"tokens": 4, "delay_ms": 400}}
-
-
-@pytest.fixture
-async def scrape() -> AsyncIterator:
-    listener = MetricsListener("127.0.0.1", free_port())
-    assert listener.start()
-
-    async def fetch() -> dict:
-        async with httpx.AsyncClient(trust_env=False) as client:
-            response = await client.get(f"http://127.0.0.1:{listener.port}/metrics")
-        assert response.status_code == 200
-        return {family.name: family for family in text_string_to_metric_families(response.text)}
-
-    yield fetch
-    await asyncio.to_thread(listener.stop)
 
 
 def _sample(families: dict, family: str, sample: str | None = None, **labels: str) -> float | None:

@@ -5,37 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import AsyncIterator
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from common import telemetry as metrics
-from administration.metrics_server import MetricsListener
 from inference.accounting import TokenUsage
 from inference.gauges import sample_live_gauges
 from inference.routing.registry import REGISTRY
-from tests.conftest import free_port, record_for
+from tests.common.metrics_fixtures import scrape  # noqa: F401 (a fixture)
+from tests.conftest import record_for
 
 CHAT = {"model": "mock-model", "messages": [{"role": "user", "content": "hello"}]}
 SLOW = {**CHAT, "mock": {"tokens": 4, "delay_ms": 300}}
 FAST_RETRY = {"retry_initial_backoff_ms": 1, "retry_max_backoff_ms": 5}
-
-
-@pytest.fixture
-async def scrape() -> AsyncIterator:
-    listener = MetricsListener("127.0.0.1", free_port())
-    assert listener.start()
-
-    async def fetch() -> dict:
-        async with httpx.AsyncClient(trust_env=False) as client:
-            response = await client.get(f"http://127.0.0.1:{listener.port}/metrics")
-        assert response.status_code == 200
-        return {family.name: family for family in text_string_to_metric_families(response.text)}
-
-    yield fetch
-    await asyncio.to_thread(listener.stop)
 
 
 def _value(families: dict, family: str, sample: str, **labels: str) -> float:
