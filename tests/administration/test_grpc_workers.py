@@ -17,6 +17,7 @@ import pytest
 
 from administration import registration
 from administration.api import fanout
+from administration.jobs import wait_for_local_jobs
 from administration.loads import NO_LOAD_ROUTE_RETRY_SECS
 from administration.registry_sync import RegistrySync
 from common.config import current_config, install_config
@@ -74,6 +75,9 @@ async def fleet(gateway: httpx.AsyncClient) -> AsyncIterator[RegistrySync]:
     await running.astart()
     yield running
     await running.astop()
+    # A registration job still probing a gRPC worker (retrying until its startup timeout) would go on
+    # dialling that worker's port after the test, into whatever a later test binds there.
+    await asyncio.to_thread(wait_for_local_jobs, 15.0)
 
 
 async def status_of(gateway: httpx.AsyncClient, worker_id: str) -> str | None:
