@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -27,12 +28,19 @@ __all__ = ["enqueue", "wait_for_local_jobs"]
 log = logging.getLogger(__name__)
 
 REGISTRATION_BATCH = 100  # first registrations queued together run together, this many at most
+# A registration queued within REGISTRATION_BURST_SECS of the one before (POSTs one after another, a
+# fleet registered by a script) is taken REGISTRATION_LINGER_SECS later, with those queued meanwhile:
+# a burst of POSTs runs in batches as a fleet from --worker-urls does. One queued alone runs at once.
+REGISTRATION_BURST_SECS = 0.1
+REGISTRATION_LINGER_SECS = 0.1
 
 _executor: ThreadPoolExecutor | None = None
 _pending: list[Any] = []
 _lock = threading.Lock()
 _registrations: list[tuple[Any, ...]] = []  # registrations queued here that no job thread has taken yet
 _taker_queued = False  # whether a job thread is due to take them
+_last_queued = float("-inf")  # when the newest registration was queued (time.monotonic)
+_burst = False  # whether it came within REGISTRATION_BURST_SECS of the one before
 
 
 def _submit(func: Callable[..., None], *args: Any) -> None:
@@ -48,13 +56,17 @@ def _submit_local(name: str, args: tuple[Any, ...]) -> None:
     """Run the job on a local job thread. Registrations queued while none is free to take them (a
     fleet from --worker-urls or discovery, queued as its rows commit) are taken together, up to
     REGISTRATION_BATCH at once (job_runner.run_registration_batch); one queued alone (a POST) runs
-    as its own job, as every job did."""
-    global _taker_queued
+    as its own job, as every job did; one queued in a burst (within REGISTRATION_BURST_SECS of the
+    one before: POSTs one after another) is taken REGISTRATION_LINGER_SECS later with those queued
+    meanwhile."""
+    global _taker_queued, _last_queued, _burst
     if name != "register":
         _submit(run_job, name, *args)
         return
     with _lock:
         _registrations.append(args)
+        now = time.monotonic()
+        _burst, _last_queued = now - _last_queued < REGISTRATION_BURST_SECS, now
         if _taker_queued:
             return
         _taker_queued = True
@@ -63,6 +75,10 @@ def _submit_local(name: str, args: tuple[Any, ...]) -> None:
 
 def _take_registrations() -> None:
     global _taker_queued
+    with _lock:
+        linger = _burst and len(_registrations) < REGISTRATION_BATCH
+    if linger:  # more of the burst are on their way: take them together
+        time.sleep(REGISTRATION_LINGER_SECS)
     with _lock:
         taken = _registrations[:REGISTRATION_BATCH]
         del _registrations[:REGISTRATION_BATCH]

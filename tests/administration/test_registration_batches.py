@@ -169,3 +169,74 @@ def test_registrations_queued_together_are_taken_together(monkeypatch: pytest.Mo
     monkeypatch.setattr(jobs, "run_job", lambda *args: ran.append(args))
     submitted[2][0]()  # one alone (a POST's) runs as its own job
     assert ran == [("register", "w3", 1)] and batches == [batches[0]]
+
+
+class _Clock:
+    """jobs.py's clock: monotonic() as set, sleep() recorded (and ``during_sleep`` run in it)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+        self.during_sleep: Callable[[], None] = lambda: None
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, secs: float) -> None:
+        self.slept.append(secs)
+        self.during_sleep()
+
+
+@pytest.fixture
+def queue(monkeypatch: pytest.MonkeyPatch) -> tuple[_Clock, list[Any], list[list[tuple[str, int]]], list[Any]]:
+    """jobs.py's registration queue emptied, its clock, what it submits, the batches and the jobs run alone."""
+    clock = _Clock()
+    submitted: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+    batches: list[list[tuple[str, int]]] = []
+    ran: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(jobs, "time", clock)
+    monkeypatch.setattr(jobs, "_submit", lambda func, *args: submitted.append((func, args)))
+    monkeypatch.setattr(jobs, "_registrations", [])
+    monkeypatch.setattr(jobs, "_taker_queued", False)
+    monkeypatch.setattr(jobs, "_last_queued", float("-inf"))
+    monkeypatch.setattr(jobs, "_burst", False)
+    monkeypatch.setattr(jobs, "run_registration_batch", lambda batch: batches.append(batch) or [])
+    monkeypatch.setattr(jobs, "run_job", lambda *args: ran.append(args))
+    return clock, submitted, batches, ran
+
+
+def test_a_registration_queued_alone_runs_at_once(queue: tuple[_Clock, list[Any], list[Any], list[Any]]) -> None:
+    clock, submitted, batches, ran = queue
+    jobs._submit_local("register", ("w0", 1))
+    clock.now += 5 * jobs.REGISTRATION_BURST_SECS  # the next POST comes well after
+    submitted[0][0]()
+    jobs._submit_local("register", ("w1", 1))
+    submitted[1][0]()
+
+    assert clock.slept == [] and batches == []
+    assert ran == [("register", "w0", 1), ("register", "w1", 1)]
+
+
+def test_registrations_posted_one_after_another_are_taken_together(
+    queue: tuple[_Clock, list[Any], list[Any], list[Any]],
+) -> None:
+    clock, submitted, batches, ran = queue
+    jobs._submit_local("register", ("w0", 1))
+    submitted[0][0]()  # the first of the burst, alone: at once
+    clock.now += jobs.REGISTRATION_BURST_SECS / 4
+    jobs._submit_local("register", ("w1", 1))  # the next soon after: its taker waits for the rest
+
+    def more_posts() -> None:
+        for index in (2, 3):
+            clock.now += jobs.REGISTRATION_BURST_SECS / 4
+            jobs._submit_local("register", (f"w{index}", 1))
+
+    clock.during_sleep = more_posts
+    submitted[1][0]()
+
+    assert clock.slept == [jobs.REGISTRATION_LINGER_SECS]
+    assert ran == [("register", "w0", 1)]
+    assert batches == [[("w1", 1), ("w2", 1), ("w3", 1)]]
+    assert len(submitted) == 2  # the POSTs during the wait queued no taker of their own
+    jobs._submit_local("update", ("w9", 1, {}))  # other jobs never wait
+    assert submitted[2][1] == ("update", "w9", 1, {})
