@@ -64,7 +64,7 @@ class ChoiceOutput:
 
     __slots__ = (
         "index", "_detokenizer", "_stops", "_stop_ids", "_matching", "_options", "_reasoning", "_reasoning_count", "_tools", "done",
-        "completion_tokens", "reasoning_tokens", "logprobs", "text_length",
+        "completion_tokens", "reasoning_tokens", "logprobs", "text_length", "_plain",
     )  # fmt: skip
 
     def __init__(self, index: int, tokenizer: ModelTokenizer, options: ChoiceOptions) -> None:
@@ -87,6 +87,28 @@ class ChoiceOutput:
         self.reasoning_tokens = 0  # output tokens of the reasoning block so far
         self.logprobs: list[TokenLogprobs] = []
         self.text_length = 0  # characters of output text (content and reasoning) emitted
+        # Every further text is plain content until the end (see :meth:`text_step`): set by step().
+        self._plain = False
+
+    def text_step(self, output: EngineOutput) -> str | None:
+        """:meth:`step` of an output that can only add content text, as that text ("" for none): a
+        one-token output without finish or logprobs, not a stop token, once the choice has no stop
+        strings, no tool parser, reasoning parser past its block and its reasoning tokens counted.
+        None for any other output, read by nothing yet: :meth:`step` takes it. Its events would be
+        ``[TextDelta(text)]`` (none for "") and it updates the choice as step() would: the streamed
+        chunk a token without the events' objects."""
+        if not self._plain:
+            return None
+        ids = output.token_ids
+        if len(ids) != 1 or output.finish is not None or output.logprobs is not None or ids[0] in self._stop_ids:
+            return None
+        counted = output.completion_tokens
+        if counted > self.completion_tokens:
+            self.completion_tokens = counted
+        text = self._detokenizer.step(ids)
+        if text:
+            self.text_length += len(text)
+        return text
 
     def step(self, output: EngineOutput) -> list[Event]:
         """The events one engine output of this choice adds (none once the choice is done)."""
@@ -149,6 +171,7 @@ class ChoiceOutput:
         finishing = matched_stop is not None or ending
         if finishing:
             self.done = True
+            self._plain = False
             events.extend(self._finish_parsers())
         counter = self._reasoning_count
         if counter is not None:
@@ -157,6 +180,9 @@ class ChoiceOutput:
             if counter.settled:
                 self._reasoning_count = None  # final: nothing more to count
         if not finishing:
+            if not self._plain and self._reasoning_count is None and self._tools is None and not self._matching:
+                parser = self._reasoning
+                self._plain = parser is None or parser.passes_text
             return events
         if matched_stop is not None or matched_token is not None:
             reason = FinishReason.STOP.value

@@ -142,8 +142,20 @@ class ServedChat(ServedSurface):
         plain = not with_logprobs and not running and not self.usage_on_finish
         text_chunk = self._text_chunk
         count = tally.add
+        # Per choice, a content chunk's bytes up to its text (the text and _TEXT_TAIL follow).
+        heads = [b"%s%d%s" % (self._chunk_head(), choice.index, _CONTENT_KEY) for choice in choices]
+        send_event = writer.event
+        dumps = orjson.dumps
         try:
             async for output in outputs:  # turn_events written out: one generator less per token
+                if plain:  # the usual token: its content text straight to its chunk (turn_step's work)
+                    choice = choices[output.index]
+                    text = choice.text_step(output)
+                    if text is not None:
+                        count(output, choice.reasoning_tokens)
+                        if text:
+                            await send_event(b"".join((heads[output.index], dumps(text), _TEXT_TAIL)))
+                        continue
                 choice, added = turn_step(output, choices, count)
                 if not with_logprobs and len(added) == 1:
                     event = added[0]
@@ -195,13 +207,17 @@ class ServedChat(ServedSurface):
     def _text_chunk(self, index: int, key: bytes, text: str) -> bytes:
         """A content or reasoning delta's chunk, as :meth:`_event_chunk` writes it with no logprobs and
         no usage, from bytes made once per stream: the chunk a stream sends per token."""
+        return b"".join((self._head or self._chunk_head(), b"%d" % index, key, orjson.dumps(text), _TEXT_TAIL))
+
+    def _chunk_head(self) -> bytes:
+        """A chunk's bytes up to its choice's index, made once per stream."""
         head = self._head
         if head is None:
             head = self._head = b"".join((
                 b'data: {"id":', orjson.dumps(self.id), b',"object":"chat.completion.chunk","created":',
                 orjson.dumps(self.created), b',"model":', orjson.dumps(self.model), b',"choices":[{"index":',
             ))  # fmt: skip
-        return b"".join((head, b"%d" % index, key, orjson.dumps(text), _TEXT_TAIL))
+        return head
 
     def _event_bytes(self, index: int, event: Event, tally: UsageTally, logprobs: Any, last: bool) -> bytes:
         running = self.continuous_usage

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from time import perf_counter
-from typing import Callable, NoReturn, Protocol
+from typing import Awaitable, Callable, NoReturn, Protocol
 
 from inference.accounting import TokenUsage
 from inference.asgi_io import SSE_HEADERS, DisconnectWatch, Receive, ResponseAborted, Send, send_error
@@ -167,6 +167,17 @@ class ResponseWriter:
             return
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
         self._tail = data[-_TAIL:] if len(data) >= _TAIL else (self._tail + data)[-_TAIL:]
+
+    def event(self, data: bytes) -> Awaitable[None]:
+        """:meth:`chunk` of one whole event of at least 32 bytes, not the last (a surface's per-token
+        chunk): the send's awaitable, no coroutine of its own per chunk; await it at once."""
+        if not self._first_at:
+            self._first_at = perf_counter()
+            if self.observer is not None:
+                self.observer.first_chunk(self._first_at)
+        self._events += 1
+        self._tail = data[-_TAIL:]
+        return self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def end_stream(self) -> None:
         """The upstream's stream ended: close it in the surface's framing (once)."""

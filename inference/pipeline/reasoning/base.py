@@ -124,6 +124,12 @@ class ReasoningParser:
         """Whether the output has a reasoning block (opened by the prompt or the model), so far."""
         return self._had_block
 
+    @property
+    def passes_text(self) -> bool:
+        """Whether :meth:`feed` now hands any text on as one :class:`TextDelta` of it, and will until
+        :meth:`finish` (no parsing, or after the block with nothing held: feed's first branches)."""
+        return not self._separate or (self._state is _State.CONTENT and not self._skip_space and not self._buf)
+
     def feed(self, text: str) -> list[ReasoningEvent]:
         """Events for the next piece of generated text."""
         if not self._separate:

@@ -159,3 +159,22 @@ async def test_the_disconnect_watch_stops_before_the_final_message() -> None:
     assert not stopped_at
     await out.chunk(b"data: 2\n\n", last=True)
     assert stopped_at == [2]  # stopped right before the third (final) message went out
+
+
+async def test_an_event_is_a_chunk_without_a_coroutine() -> None:
+    """event() (a surface's per-token chunk, D106) writes what chunk() writes: the observer's first
+    chunk and event count, the tail the stream's end reads (one [DONE])."""
+    sent, by_chunk = Sent(), Sent()
+    out, reference = writer(sent), writer(by_chunk)
+    observer = out.observer = Observer()
+    for target in (out, reference):
+        await target.open_stream()
+    for event in (b'data: {"choices":[{"delta":{"content":"a longer piece"}}]}\n\n', b'data: {"content":"' + b"." * 40 + b'"}\n\n'):
+        await out.event(event)
+        await reference.chunk(event)
+        assert out._tail == reference._tail
+    await out.end_stream()
+    await reference.end_stream()
+    assert sent.body == by_chunk.body and sent.body.count(b"[DONE]") == 1
+    assert [m.get("more_body") for m in sent] == [m.get("more_body") for m in by_chunk]
+    assert len(observer.first) == 1 and observer.ended[0][2] == 2
