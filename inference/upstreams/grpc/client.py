@@ -53,7 +53,7 @@ from inference.upstreams.engine import (
 )
 from inference.upstreams.failures import EngineEndedWithError, FailureKind, UpstreamFailure
 from inference.upstreams.grpc.channel import WorkerChannel, failure_from_rpc_error, failure_from_status
-from inference.upstreams.grpc.h2 import GrpcStatusError
+from inference.upstreams.grpc.h2 import GrpcStatusError, H2Call
 from protos import common_pb2
 
 __all__ = [
@@ -275,7 +275,15 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
         if native is None:
             return self._open_generate(request)
         path, parse = self._generate_route()
-        return await native.unary_stream(path, self._encoded(request).SerializeToString(), self._traced_metadata(), parse)
+        return await native.unary_stream(
+            path, self._encoded(request).SerializeToString(), self._traced_metadata(), self._wire_decode(request) or parse
+        )
+
+    def _wire_decode(self, request: EngineRequest) -> Callable[[bytes], Any] | None:
+        """The event-loop reader's decode of one GenerateResponse, when the runtime has one of its own:
+        a chunk of the usual shape as its :data:`ChunkFields` tuple (read from the bytes), anything
+        else the parsed message. None: the reply's parser."""
+        return None
 
     def _traced_metadata(self) -> tuple[tuple[str, str], ...]:
         """The Generate call's metadata: under --enable-trace with the current span's traceparent and
@@ -358,19 +366,52 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
         try:
             try:
                 call = await self._start_generate(request)
-                drain = getattr(call, "drain", None)  # the event-loop reader hands over what arrived
-                # Its queue, read here so that an empty one costs no drain() call (per message).
-                waiting = getattr(call, "_messages", None) if drain is not None else None
+                # The event-loop reader's call (h2.py) is read here, from its queue, waiting on its
+                # arrival future when the queue is empty: no ``__anext__`` coroutine made, resumed and
+                # finished per message; what else arrived is taken at once (one step for a burst).
+                # A grpc.aio call is iterated.
+                native: H2Call[ResponseT] | None = call if type(call) is H2Call else None
+                if native is not None:
+                    waiting = native._messages
+                    credit_after = native._connection.credit_after
+                    loop = asyncio.get_running_loop()
+                else:
+                    responses = call.__aiter__()
                 decode = self._decode
                 chunk_fields = self._chunk_fields if self.reads_chunk_fields else None
                 cumulative = self.counts_cumulative
                 count = len(choices)
-                async for response in call:
-                    more = drain() if drain is not None and (waiting is None or waiting) else ()
+                while True:
+                    if native is not None:
+                        if not waiting:
+                            if native.done:
+                                if native.error is not None:
+                                    raise native.error
+                                break
+                            native._waiter = waiter = loop.create_future()
+                            await waiter
+                            continue
+                        response = waiting.popleft()
+                        if waiting:
+                            more: list[ResponseT] | tuple[()] = native.drain()
+                        else:
+                            more = ()
+                            if native._uncredited >= credit_after:
+                                native._credit()  # (its test written out: most messages give nothing back)
+                    else:
+                        try:
+                            response = await responses.__anext__()
+                        except StopAsyncIteration:
+                            break
+                        more = ()
                     if more:
                         pieces: Iterable[WireChunk | WireComplete] = self._pieces(response, more)
                     else:  # one message: the usual case while an engine decodes
-                        fields = chunk_fields(response) if chunk_fields is not None else None
+                        fields: ChunkFields | None
+                        if type(response) is tuple:  # read off the wire as its fields (_wire_decode)
+                            fields = response  # type: ignore[assignment]  # (no cast() call per message)
+                        else:
+                            fields = chunk_fields(response) if chunk_fields is not None else None
                         if fields is None:
                             one = decode(response)
                             if one is None:
@@ -453,11 +494,11 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
         one (their token ids, logprobs and latest counts): a burst of tokens costs the pipeline one
         step and the client one write, as an engine's own stream interval would send it."""
         if not more:  # one message: the usual case while an engine decodes
-            piece = self._decode(first)
+            piece = WireChunk(*cast(ChunkFields, first)) if type(first) is tuple else self._decode(first)
             return [] if piece is None else [piece]
         pieces: list[WireChunk | WireComplete] = []
         for response in (first, *more):
-            piece = self._decode(response)
+            piece = WireChunk(*cast(ChunkFields, response)) if type(response) is tuple else self._decode(response)
             if piece is None:
                 continue
             if pieces and type(piece) is WireChunk:
