@@ -105,7 +105,7 @@ class ChoiceOutput:
         counted = output.completion_tokens
         if counted > self.completion_tokens:
             self.completion_tokens = counted
-        text = self._detokenizer.step(ids)
+        text = self._detokenizer.step_one(ids[0])
         if text:
             self.text_length += len(text)
         return text

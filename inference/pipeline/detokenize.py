@@ -54,7 +54,7 @@ class TokenBytes:
     ids are met (a vocabulary's outputs use a small part of it); shared by every choice of one
     tokenizer (a dict's item set is atomic)."""
 
-    __slots__ = ("_tokenizer", "_special", "_special_texts", "known")
+    __slots__ = ("_tokenizer", "_special", "_special_texts", "known", "texts")
 
     def __init__(self, tokenizer: Tokenizer, special_ids: frozenset[int]) -> None:
         self._tokenizer = tokenizer
@@ -64,6 +64,7 @@ class TokenBytes:
             added.content for added in tokenizer.get_added_tokens_decoder().values() if added.special
         )
         self.known: dict[int, bytes] = {}
+        self.texts: dict[int, str] = {}  # :meth:`text`'s answers, filled as they are met
 
     def fill(self, token_ids: Sequence[int]) -> bool:
         """Learn the bytes of ``token_ids``; False when one of them has none here (a special token,
@@ -83,6 +84,23 @@ class TokenBytes:
                 self.known[token_id] = text.encode("utf-8")
         return True
 
+    def text(self, token_id: int) -> str | None:
+        """The text of ``token_id``'s bytes when they are whole UTF-8 without U+FFFD (not empty),
+        remembered in :attr:`texts`; else None."""
+        data = self.known.get(token_id)
+        if data is None:
+            if not self.fill((token_id,)):
+                return None
+            data = self.known[token_id]
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            return None
+        if not text or _REPLACEMENT in text:
+            return None
+        self.texts[token_id] = text
+        return text
+
     def joined(self, token_ids: Sequence[int]) -> bytes | None:
         """The bytes of ``token_ids`` joined, learning those not met yet; None when one of them has
         none here."""
@@ -97,7 +115,7 @@ class IncrementalDetokenizer:
 
     __slots__ = (
         "_tokenizer", "_skip", "_skipped", "_ids", "_prefix_offset", "_read_offset", "_text_length", "_concatenative",
-        "_prefix_text", "_token_bytes",
+        "_prefix_text", "_token_bytes", "_fast",
     )  # fmt: skip
 
     def __init__(
@@ -116,6 +134,9 @@ class IncrementalDetokenizer:
         self._concatenative = concatenative
         self._token_bytes = token_bytes if concatenative else None
         self._prefix_text: str | None = None  # the text of ids[prefix_offset:read_offset], when known
+        # step_one's path holds (token bytes, the prefix's text known without U+FFFD, nothing held):
+        # set by step_one, unset by every other step.
+        self._fast = False
         context = self._prompt_context(self._kept(prompt_ids))
         self._ids: list[int] = context
         self._prefix_offset = 0
@@ -151,6 +172,7 @@ class IncrementalDetokenizer:
         twin._tokenizer, twin._skip, twin._skipped = self._tokenizer, self._skip, self._skipped
         twin._concatenative, twin._prefix_text = self._concatenative, self._prefix_text
         twin._token_bytes = self._token_bytes
+        twin._fast = False
         twin._ids = list(self._ids)
         twin._prefix_offset, twin._read_offset, twin._text_length = self._prefix_offset, self._read_offset, self._text_length
         return twin
@@ -160,8 +182,38 @@ class IncrementalDetokenizer:
         """How many characters the deltas carried so far."""
         return self._text_length
 
+    def step_one(self, token_id: int) -> str:
+        """:meth:`step` of one id (an engine's message while it decodes): step's byte-level path for
+        an id whose bytes are whole UTF-8, from :attr:`TokenBytes.texts` (no decode); any other
+        case is step()'s."""
+        skipped = self._skipped
+        if skipped is not None and token_id in skipped:
+            return ""  # step() keeps nothing of it either
+        token_bytes = self._token_bytes
+        if token_bytes is not None:
+            if not self._fast:  # step()'s byte-level conditions, checked once until another step
+                prefix_text = self._prefix_text
+                self._fast = prefix_text is not None and self._read_offset == len(self._ids) and _REPLACEMENT not in prefix_text
+            if self._fast:
+                delta = token_bytes.texts.get(token_id) or token_bytes.text(token_id)
+                if delta is not None:  # as step()'s path: the window moves to this id, its text delta
+                    ids = self._ids
+                    read = self._read_offset
+                    ids.append(token_id)
+                    self._prefix_offset = read
+                    self._prefix_text = delta
+                    self._read_offset = read + 1
+                    if read > _TRIM_AFTER:
+                        del ids[:read]
+                        self._read_offset = 1
+                        self._prefix_offset = 0
+                    self._text_length += len(delta)
+                    return delta
+        return self.step((token_id,))
+
     def step(self, token_ids: Sequence[int]) -> str:
         """The text the new ids add ("" while a character is incomplete or the ids add no text)."""
+        self._fast = False
         if self._skipped is not None:
             token_ids = self._kept(token_ids)
         if not token_ids:
@@ -234,6 +286,7 @@ class IncrementalDetokenizer:
     def flush(self) -> str:
         """At the end of the output: the text still held back (an incomplete character, sent as
         the decoder renders it, U+FFFD included)."""
+        self._fast = False
         if self._read_offset >= len(self._ids):
             return ""
         prefix_text = self._prefix_text

@@ -192,3 +192,35 @@ def test_steps_read_from_token_bytes_give_the_decoded_deltas(folder: str) -> Non
                 for bytes_of in (None, table)
             )  # fmt: skip
             assert read == decoded, (ids, prompt, skip, narrowed, batch)
+
+
+@pytest.mark.parametrize("folder", ["qwen3", "llama3", "mistral"])
+def test_step_one_gives_the_deltas_of_step(folder: str) -> None:
+    """step_one (one id, D106) against step of the same id: random ids (special, split characters),
+    real text long enough to trim the window, prompts, skipping on, off and narrowed, with and
+    without token bytes, step and step_one mixed."""
+    tok = tokenizer(folder)
+    specials = frozenset(i for i, added in tok.get_added_tokens_decoder().items() if added.special)
+    table = TokenBytes(tok, specials)
+    size = tok.get_vocab_size(with_added_tokens=True)
+    real = tok.encode(" ".join(TEXTS) * 12, add_special_tokens=False).ids
+    rng = random.Random(7)
+    for trial in range(60):
+        if trial % 3 == 0:
+            ids = [rng.randrange(size) for _ in range(rng.randint(1, 40))]
+        elif trial % 3 == 1:
+            ids = list(real[: rng.randint(1, len(real))])
+        else:
+            ids = [rng.choice(real) if rng.random() < 0.7 else rng.randrange(size) for _ in range(rng.randint(1, 60))]
+        prompt = [rng.randrange(size) for _ in range(rng.randint(0, 8))]
+        for skip, narrowed in ((True, None), (False, None), (True, frozenset(sorted(specials)[:3]))):
+            for bytes_of in (None, table):
+                made = [
+                    IncrementalDetokenizer(tok, skip_special_tokens=skip, prompt_ids=prompt, skipped_ids=narrowed,
+                                           concatenative=bytes_of is not None, token_bytes=bytes_of)
+                    for _ in range(2)
+                ]  # fmt: skip
+                by_step = [made[0].step((token_id,)) for token_id in ids]
+                by_one = [made[1].step_one(token_id) if rng.random() < 0.8 else made[1].step((token_id,)) for token_id in ids]
+                assert by_one == by_step and made[1].flush() == made[0].flush(), (ids, prompt, skip, narrowed)
+                assert made[1].sent_characters == made[0].sent_characters
