@@ -44,6 +44,9 @@ __all__ = ["HealthTarget", "HealthChecker", "transition", "transitions"]
 log = logging.getLogger(__name__)
 
 _PENDING_PROBE_SECS = 1.0
+# The first probes of loops started together (a fleet at start) are spread to about this many a
+# second; a loop started alone (a worker just registered) probes at once.
+_FIRST_PROBES_PER_SEC = 1000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +141,19 @@ class HealthChecker:
         self._targets: dict[str, HealthTarget] = {}
         self._clients = WorkerClients()
         self._transitions = _Transitions()
+        self._next_first = 0.0  # the event loop's time of the next free slot for a first probe
+
+    def _first_delay(self, window: float) -> float:
+        """How long a loop started now waits before its first probe: the next free slot of a grid of
+        _FIRST_PROBES_PER_SEC, so loops started together (a thousand registered at once) are not
+        probed in one burst and one started alone is probed at once; past ``window`` (more started
+        at once than the grid spreads over it), a random point of the window, as for every loop before."""
+        now = asyncio.get_running_loop().time()
+        slot = max(now, self._next_first) + 1.0 / _FIRST_PROBES_PER_SEC
+        if slot - now > window:
+            return random.uniform(0.0, window)
+        self._next_first = slot
+        return slot - now
 
     def reconcile(self, targets: list[HealthTarget]) -> None:
         """Probe exactly these workers from now on (after a full reload of the fleet)."""
@@ -213,7 +229,7 @@ class HealthChecker:
         if target is None:
             return
         reachability = Reachability(target.url, "health check")  # why it fails, logged once per change
-        await sleep_to_mark(random.uniform(0.0, min(_PENDING_PROBE_SECS, target.interval_secs)))  # no burst
+        await sleep_to_mark(self._first_delay(min(_PENDING_PROBE_SECS, target.interval_secs)))  # no burst
         while True:
             target = self._targets.get(worker_id)
             if target is None:

@@ -240,3 +240,18 @@ def test_registrations_posted_one_after_another_are_taken_together(
     assert len(submitted) == 2  # the POSTs during the wait queued no taker of their own
     jobs._submit_local("update", ("w9", 1, {}))  # other jobs never wait
     assert submitted[2][1] == ("update", "w9", 1, {})
+
+
+async def test_first_health_probes_are_spread_only_when_loops_start_together() -> None:
+    checker = health.HealthChecker(on_change=lambda worker_id, status: asyncio.sleep(0))
+    try:
+        alone = checker._first_delay(1.0)  # a worker just registered: probed at once
+        fleet = [checker._first_delay(1.0) for _ in range(1500)]  # a fleet's loops started together
+    finally:
+        await checker.aclose()
+
+    assert alone <= 2 / health._FIRST_PROBES_PER_SEC
+    spread = fleet[: int(health._FIRST_PROBES_PER_SEC) - 2]
+    assert spread == sorted(spread) and spread[-1] > 0.9  # one after another over the whole window
+    assert all(0.0 <= delay <= 1.0 for delay in fleet)  # the rest at random points of it
+    assert len({round(delay, 1) for delay in fleet[-400:]}) > 5
