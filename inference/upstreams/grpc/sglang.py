@@ -104,20 +104,18 @@ def read_generate_response(prefix: bytes, data: bytes) -> ChunkFields | pb.Gener
         if data[at] != 0x12 or length >= 0x80 or at + 2 + length != size:
             return _PARSE(data)  # not one chunk to the end
         at += 2
-        ids: tuple[int, ...] = ()
-        seen_ids = False
+        ids: tuple[int, ...] | None = None
         prompt = completion = cached = index = reasoning = 0
         while at < size:
             tag = data[at]
             if tag == 0x0A:  # token_ids, packed
                 length = data[at + 1]
-                if seen_ids or length >= 0x80:
-                    return _PARSE(data)
-                seen_ids = True
+                if ids is not None or length >= 0x80 or not length:
+                    return _PARSE(data)  # a second run (concatenated), a long or an empty one
                 at += 2
                 end = at + length
-                found: list[int] = []
-                while at < end:
+                found: list[int] | None = None
+                while True:
                     value = data[at]
                     if value < 0x80:
                         at += 1
@@ -132,14 +130,19 @@ def read_generate_response(prefix: bytes, data: bytes) -> ChunkFields | pb.Gener
                                 return _PARSE(data)
                             value = (value & 0x7F) | (second & 0x7F) << 7 | third << 14
                             at += 3
-                    if at == end and not found:  # one token: the usual chunk while an engine decodes
-                        ids = (value,)
+                    if at >= end:
                         break
-                    found.append(value)
-                else:
-                    ids = tuple(found)
+                    if found is None:
+                        found = [value]
+                    else:
+                        found.append(value)
                 if at != end:
                     return _PARSE(data)
+                if found is None:  # one token: the usual chunk while an engine decodes
+                    ids = (value,)
+                else:
+                    found.append(value)
+                    ids = tuple(found)
                 continue
             value = data[at + 1]
             if value < 0x80:
@@ -171,7 +174,7 @@ def read_generate_response(prefix: bytes, data: bytes) -> ChunkFields | pb.Gener
             return _PARSE(data)
     except IndexError:  # truncated: upb says how
         return _PARSE(data)
-    return (index, ids, prompt, completion, cached, reasoning, None, None)
+    return (index, () if ids is None else ids, prompt, completion, cached, reasoning, None, None)
 
 
 @ENGINE_CLIENTS.register(EngineKey(Transport.GRPC, "sglang"))
@@ -231,8 +234,8 @@ class SglangClient(GrpcEngineClient[pb.GenerateResponse]):
 
     def _wire_decode(self, request: EngineRequest) -> Callable[[bytes], Any] | None:
         request_id = request.request_id.encode()
-        if len(request_id) >= 0x80:
-            return None
+        if not request.stream or len(request_id) >= 0x80:
+            return None  # a whole answer is one complete message: the reply's parser reads it
         return functools.partial(read_generate_response, b"\x0a" + bytes((len(request_id),)) + request_id)
 
     def _chunk_fields(self, response: pb.GenerateResponse) -> ChunkFields | None:
