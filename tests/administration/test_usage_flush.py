@@ -89,6 +89,34 @@ def test_log_rows_read_back_as_written_with_times_a_second_shares() -> None:
     assert RequestLogEntry.objects.filter(tokens_estimated=True).count() == 3
 
 
+def test_log_rows_cut_to_their_columns_and_times_before_1970_read_back() -> None:
+    """A request id past its column's 128 characters (a client's token may have 256) and a tenant past
+    its 255 are cut to them, beyond ASCII too; a time before 1970 (the rows' other path to their
+    microseconds) and one whose microseconds round up to the next second read back as
+    datetime.fromtimestamp gives them; rows of one tenant and model share their middle fields but
+    keep their own status, outcome and error code; on both stores (D108)."""
+    times = [-1.25, -86_400.000_000_4, 1_795_840_099.999_999_6, 1_795_840_099.000_000_5, 0.0]
+    ledger = UsageLedger()
+    for n, at in enumerate(times):
+        outcome = (Outcome.SUCCESS, Outcome.UPSTREAM_ERROR)[n % 2]
+        tenant, request_id = "t" * 300 if n == 0 else "acme", "é" * 200 if n == 1 else f"x{n}"
+        ledger.add(entry(at, tenant=tenant, outcome=outcome, request_id=request_id))
+    write_usage(ledger.drain())
+    rows = list(RequestLogEntry.objects.order_by("id"))
+    assert [row.at for row in rows] == [datetime.fromtimestamp(at, UTC) for at in times]
+    assert [(row.request_id, row.tenant) for row in rows] == [
+        ("x0", "t" * 255), ("é" * 128, "acme"), ("x2", "acme"), ("x3", "acme"), ("x4", "acme")]
+    assert [(row.status, row.outcome, row.error_code) for row in rows] == [
+        (200, "success", ""), (502, "upstream_error", "upstream_error")] * 2 + [(200, "success", "")]
+
+
+def test_the_rounder_rounds_halves_to_even_as_round_does() -> None:
+    """_ROUNDER's two additions give round()'s integer (ties to even) over a row's microseconds' range."""
+    values = [n + 0.5 for n in range(2_000)] + [999_999.5, 999_998.5, 0.49999999999999994, 999_999.4999999999]
+    values += [n / 7 * 3 for n in range(0, 2_333_333, 997)]
+    assert [int(v + usage_flush._ROUNDER - usage_flush._ROUNDER) for v in values] == [round(v) for v in values]
+
+
 def test_log_rows_text_read_back_exactly_with_what_copy_escapes() -> None:
     """Text with COPY's special characters (tab, newline, carriage return, backslash, a backslash-dot
     line, the text of NULL) and beyond ASCII reads back as written, every column, on both stores (on
