@@ -120,6 +120,19 @@ _LOG_FIELDS = (
 _LOG_COLUMNS = {f.name: str(f.column) for f in RequestLogEntry._meta.concrete_fields if not f.primary_key}
 if set(_LOG_COLUMNS) != set(_LOG_FIELDS):  # a field added to the model is written here too
     raise ImproperlyConfigured(f"the request log's fields changed: {sorted(set(_LOG_COLUMNS) ^ set(_LOG_FIELDS))}")
+# The binary COPY (_copy_binary) writes each field in its column's wire format: a type changed in the
+# model must change it too.
+_LOG_TYPES = {
+    "at": "DateTimeField", "status": "PositiveSmallIntegerField", "tokens_estimated": "BooleanField",
+    "latency_ms": "FloatField", "ttft_ms": "FloatField",
+    **dict.fromkeys(("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens"), "BigIntegerField"),
+}  # fmt: skip
+_CHANGED_TYPES = sorted(
+    name for name in _LOG_FIELDS
+    if RequestLogEntry._meta.get_field(name).get_internal_type() != _LOG_TYPES.get(name, "CharField")
+)  # fmt: skip
+if _CHANGED_TYPES:
+    raise ImproperlyConfigured(f"the request log's field types changed: {_CHANGED_TYPES}")
 
 
 _DIGITS3 = [f"{n:03d}" for n in range(1000)]
