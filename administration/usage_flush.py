@@ -145,11 +145,12 @@ _ROUNDER = 6755399441055744.0  # 1.5 * 2**52
 def _second_text(seconds: dict[int, str], second: int, zone: tzinfo | None) -> str:
     """A whole second's SQLite text (``2026-11-28 14:47:16``, naive in ``zone``), kept in ``seconds``:
     made once per second a flush's rows share (they share a few)."""
-    text = seconds[second] = str(datetime.fromtimestamp(second, zone).replace(tzinfo=None))
+    text = seconds[second] = _naive_text(second, zone)
     return text
 
 
 def _naive_text(at: float, zone: tzinfo | None) -> str:
+    """The SQLite text of a Unix time: the naive time in ``zone``, as Django's adapter stores it."""
     return str(datetime.fromtimestamp(at, zone).replace(tzinfo=None))
 
 
