@@ -28,7 +28,7 @@ from inference.pipeline.usage import UsageTally, token_usage
 from inference.routing.workers import WorkerHandle
 from inference.pipeline.target import EngineTarget
 from inference.served.base import ServedRequest, ServedSurface, engine_target
-from inference.pipeline.chat_turn import turn_events
+from inference.pipeline.chat_turn import turn_events, turn_step
 from inference.pipeline.engine_answer import EngineAnswer, open_generations
 from inference.served.openai_shapes import completion_logprobs, usage_json
 from inference.upstreams.engine import EngineOutput, EngineRequest
@@ -38,6 +38,7 @@ from inference.writers import ResponseWriter
 __all__ = ["ServedCompletion"]
 
 _OPENAI_FINISH = {"abort": "stop", "tool_calls": "stop"}
+_TEXT_TAIL = b',"logprobs":null,"finish_reason":null}]}\n\n'  # a text chunk's bytes after its text
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +188,13 @@ class ServedCompletion(ServedSurface):
             chunk["usage"] = usage
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
+    def _text_head(self, index: int) -> bytes:
+        """:meth:`_choice_chunk`'s bytes for choice ``index`` up to its text (no logprobs, no finish)."""
+        return b"".join((
+            b'data: {"id":', orjson.dumps(self.id), b',"object":"text_completion","created":', orjson.dumps(self.created),
+            b',"model":', orjson.dumps(self.model), b',"choices":[{"index":%d,"text":' % index,
+        ))  # fmt: skip
+
     def _choice_chunk(
         self, index: int, text: str, logprobs: Any = None, finish_reason: str | None = None, matched: Any = None
     ) -> bytes:
@@ -208,8 +216,25 @@ class ServedCompletion(ServedSurface):
         if self.echo:
             await writer.chunk(b"".join(self._choice_chunk(c.index, prompts[c.index // self.n].text) for c in choices))
         out = bytearray()
+        count = partial(self._tally, tallies)
+        # A text chunk per token straight from per-choice bytes (as _choice_chunk writes it without
+        # logprobs) when the choice's text_step reads the output.
+        plain = not self.sampling.logprobs
+        heads = [self._text_head(choice.index) for choice in choices]
+        send_event = writer.event
+        dumps = orjson.dumps
         try:
-            async for choice, added in turn_events(outputs, choices, partial(self._tally, tallies)):
+            async for output in outputs:  # turn_events written out: one generator less per token
+                if plain:
+                    choice = choices[output.index]
+                    text = choice.text_step(output)
+                    if text is not None:
+                        count(output, choice.reasoning_tokens)
+                        if text:
+                            offsets[output.index] += len(text)
+                            await send_event(heads[output.index] + dumps(text) + _TEXT_TAIL)
+                        continue
+                choice, added = turn_step(output, choices, count)
                 out.clear()
                 for event in added:
                     logprobs = None
@@ -225,6 +250,8 @@ class ServedCompletion(ServedSurface):
                         out += self._choice_chunk(choice.index, self.suffix, logprobs, reason, event.matched_stop)
                 if out:
                     await writer.chunk(bytes(out))
+                if choice.done and all(other.done for other in choices):  # only a step that ended its choice can end all
+                    break
         except UpstreamFailure as failure:
             await writer.break_stream(errors.stream_failed(failure.detail))
             return Delivered(False, token_usage(UsageTally.combined(tallies)))
