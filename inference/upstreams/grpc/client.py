@@ -23,6 +23,7 @@ SGLang, vLLM and TokenSpeed only; on TensorRT-LLM and MLX they raise ``UpstreamF
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -54,6 +55,7 @@ from inference.upstreams.engine import (
 from inference.upstreams.failures import EngineEndedWithError, FailureKind, UpstreamFailure
 from inference.upstreams.grpc.channel import WorkerChannel, failure_from_rpc_error, failure_from_status
 from inference.upstreams.grpc.h2 import GrpcStatusError, H2Call
+from inference.upstreams.grpc.wire import NO_FIELD, ChunkTable, read_chunk
 from protos import common_pb2
 
 __all__ = [
@@ -279,11 +281,24 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
             path, self._encoded(request).SerializeToString(), self._traced_metadata(), self._wire_decode(request) or parse
         )
 
+    wire_table: ClassVar[ChunkTable | None] = None
+    """The runtime's chunk fields for :func:`~.wire.read_chunk` (:func:`~.wire.chunk_table` of its
+    messages); None: its chunks are read by :meth:`_decode` from the parsed message."""
+
     def _wire_decode(self, request: EngineRequest) -> Callable[[bytes], Any] | None:
-        """The event-loop reader's decode of one GenerateResponse, when the runtime has one of its own:
-        a chunk of the usual shape as its :data:`ChunkFields` tuple (read from the bytes), anything
-        else the parsed message. None: the reply's parser."""
-        return None
+        """The event-loop reader's decode of one GenerateResponse, when the runtime has a
+        :attr:`wire_table`: a chunk of the usual shape as its :data:`ChunkFields` tuple (read from
+        the bytes), anything else the parsed message. None (no table, a whole answer: one complete
+        message, or a request id too long for a one-byte length): the reply's parser."""
+        table = self.wire_table
+        if table is None or not request.stream:
+            return None
+        if table.id_tag == NO_FIELD:  # the runtime's responses carry no request id
+            return functools.partial(read_chunk, table, b"")
+        request_id = request.request_id.encode()
+        if len(request_id) >= 0x80:
+            return None
+        return functools.partial(read_chunk, table, bytes((table.id_tag, len(request_id))) + request_id)
 
     def _traced_metadata(self) -> tuple[tuple[str, str], ...]:
         """The Generate call's metadata: under --enable-trace with the current span's traceparent and

@@ -33,6 +33,7 @@ from inference.upstreams.grpc.client import (
     output_logprobs,
     tokenized,
 )
+from inference.upstreams.grpc.wire import chunk_table
 from protos import mlx_engine_pb2 as pb
 from protos import mlx_engine_pb2_grpc as pb_grpc
 
@@ -47,6 +48,7 @@ class MlxClient(GrpcEngineClient[pb.GenerateResponse]):
     runtime = "mlx"
     counts_cumulative = False
     messages: ClassVar[ModuleType] = pb
+    wire_table = chunk_table(pb)  # its usual chunk read from the bytes (D110)
 
     @property
     def stub(self) -> MlxEngineAsyncStub:

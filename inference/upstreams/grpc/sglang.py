@@ -37,6 +37,7 @@ from inference.upstreams.grpc.client import (
     output_logprobs,
     tokenized,
 )
+from inference.upstreams.grpc.wire import chunk_table, read_chunk
 from protos import sglang_scheduler_pb2 as pb
 from protos import sglang_scheduler_pb2_grpc as pb_grpc
 
@@ -70,111 +71,13 @@ def sglang_constraint(constraint: Constraint) -> tuple[str, str]:
     return field, constraint.value
 
 
-_PARSE = pb.GenerateResponse.FromString
+_TABLE = chunk_table(pb)
 
-
-def read_generate_response(prefix: bytes, data: bytes) -> ChunkFields | pb.GenerateResponse:
-    """One GenerateResponse off the wire (the event-loop reader's decode, once per engine message): a
-    chunk of the usual shape read straight from its bytes as its fields, in :class:`WireChunk`'s
-    order (what :meth:`SglangClient._chunk_fields` reads from the parsed message); anything else
-    parsed by protobuf (upb) as before.
-
-    The usual shape, as SGLang's servicer sends it while it decodes: an ASCII ``request_id``
-    (field 1), then one ``chunk`` (field 2) to the end, holding only packed ``token_ids`` and the
-    counts and index (uint32 varints of at most 3 bytes: below 2**21), each length one byte. A
-    logprob, hidden state, unknown field, repeated run, longer value or length, non-ASCII id or
-    truncation goes to upb, which reads (or refuses) it as it always did. ``prefix`` is the field 1
-    the request's own id makes (:meth:`SglangClient._wire_decode`), skipped without a copy.
-
-    Reading the upb message's fields costs more than parsing it (about 13k instructions a chunk on
-    CPython 3.11: an attribute lookup by name per field, the ids' container, ``WhichOneof`` and two
-    ``HasField``; the parse 3k); this reads the ~20 bytes of a chunk in 10.8k, about half the time."""
-    try:
-        if data.startswith(prefix):  # the request's own id (field 1), as the engine echoes it
-            at = len(prefix)
-        elif data[0] == 0x0A:  # another request_id
-            length = data[1]
-            if length >= 0x80 or not data[2 : 2 + length].isascii():
-                return _PARSE(data)
-            at = 2 + length
-        else:
-            at = 0
-        size = len(data)
-        length = data[at + 1]
-        if data[at] != 0x12 or length >= 0x80 or at + 2 + length != size:
-            return _PARSE(data)  # not one chunk to the end
-        at += 2
-        ids: tuple[int, ...] | None = None
-        prompt = completion = cached = index = reasoning = 0
-        while at < size:
-            tag = data[at]
-            if tag == 0x0A:  # token_ids, packed
-                length = data[at + 1]
-                if ids is not None or length >= 0x80 or not length:
-                    return _PARSE(data)  # a second run (concatenated), a long or an empty one
-                at += 2
-                end = at + length
-                found: list[int] | None = None
-                while True:
-                    value = data[at]
-                    if value < 0x80:
-                        at += 1
-                    else:
-                        second = data[at + 1]
-                        if second < 0x80:
-                            value = (value & 0x7F) | second << 7
-                            at += 2
-                        else:
-                            third = data[at + 2]
-                            if third >= 0x80:
-                                return _PARSE(data)
-                            value = (value & 0x7F) | (second & 0x7F) << 7 | third << 14
-                            at += 3
-                    if at >= end:
-                        break
-                    if found is None:
-                        found = [value]
-                    else:
-                        found.append(value)
-                if at != end:
-                    return _PARSE(data)
-                if found is None:  # one token: the usual chunk while an engine decodes
-                    ids = (value,)
-                else:
-                    found.append(value)
-                    ids = tuple(found)
-                continue
-            value = data[at + 1]
-            if value < 0x80:
-                at += 2
-            else:
-                second = data[at + 2]
-                if second < 0x80:
-                    value = (value & 0x7F) | second << 7
-                    at += 3
-                else:
-                    third = data[at + 3]
-                    if third >= 0x80:
-                        return _PARSE(data)
-                    value = (value & 0x7F) | (second & 0x7F) << 7 | third << 14
-                    at += 4
-            if tag == 0x18:
-                completion = value
-            elif tag == 0x10:
-                prompt = value
-            elif tag == 0x40:
-                index = value
-            elif tag == 0x20:
-                cached = value
-            elif tag == 0x48:
-                reasoning = value
-            else:  # logprobs, hidden states, an unknown field
-                return _PARSE(data)
-        if at != size:
-            return _PARSE(data)
-    except IndexError:  # truncated: upb says how
-        return _PARSE(data)
-    return (index, () if ids is None else ids, prompt, completion, cached, reasoning, None, None)
+read_generate_response: Callable[[bytes, bytes], ChunkFields | pb.GenerateResponse] = functools.partial(
+    read_chunk, _TABLE
+)
+"""One GenerateResponse off the wire, ``(prefix, data)``: :func:`~.wire.read_chunk` with SGLang's
+table (the decode :meth:`SglangClient._wire_decode` gives the stream's reader, D107)."""
 
 
 @ENGINE_CLIENTS.register(EngineKey(Transport.GRPC, "sglang"))
@@ -231,12 +134,7 @@ class SglangClient(GrpcEngineClient[pb.GenerateResponse]):
         return message
 
     reads_chunk_fields = True
-
-    def _wire_decode(self, request: EngineRequest) -> Callable[[bytes], Any] | None:
-        request_id = request.request_id.encode()
-        if not request.stream or len(request_id) >= 0x80:
-            return None  # a whole answer is one complete message: the reply's parser reads it
-        return functools.partial(read_generate_response, b"\x0a" + bytes((len(request_id),)) + request_id)
+    wire_table = _TABLE
 
     def _chunk_fields(self, response: pb.GenerateResponse) -> ChunkFields | None:
         # The chunk's fields in WireChunk's order (_decode builds its WireChunk from them).

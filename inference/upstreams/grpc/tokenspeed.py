@@ -34,6 +34,7 @@ from inference.upstreams.grpc.client import (
     output_logprobs,
     tokenized,
 )
+from inference.upstreams.grpc.wire import chunk_table
 from inference.upstreams.grpc.sglang import sglang_constraint
 from protos import common_pb2
 from protos import tokenspeed_scheduler_pb2 as pb
@@ -68,6 +69,7 @@ class TokenSpeedClient(GrpcEngineClient[pb.GenerateResponse]):
     runtime = "tokenspeed"
     counts_cumulative = True
     messages: ClassVar[ModuleType] = pb
+    wire_table = chunk_table(pb)  # its usual chunk read from the bytes (D110)
 
     @property
     def stub(self) -> TokenSpeedSchedulerAsyncStub:

@@ -41,6 +41,7 @@ from inference.upstreams.engine import (
 from inference.upstreams.grpc.channel import WorkerChannel
 from inference.upstreams.grpc.client import GrpcEngineClient, WireChunk, WireComplete, tokenized
 from inference.upstreams.grpc.sglang import sglang_constraint
+from inference.upstreams.grpc.wire import chunk_table
 from protos import trtllm_service_pb2 as pb
 from protos import trtllm_service_pb2_grpc as pb_grpc
 
@@ -82,6 +83,7 @@ class TrtllmClient(GrpcEngineClient[pb.GenerateResponse]):
     runtime = "trtllm"
     counts_cumulative = True
     messages: ClassVar[ModuleType] = pb
+    wire_table = chunk_table(pb, index="sequence_index")  # its usual chunk read from the bytes (D110)
 
     def __init__(
         self,

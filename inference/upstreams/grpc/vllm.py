@@ -34,6 +34,7 @@ from inference.upstreams.grpc.client import (
     output_logprobs,
     tokenized,
 )
+from inference.upstreams.grpc.wire import chunk_table
 from protos import vllm_engine_pb2 as pb
 from protos import vllm_engine_pb2_grpc as pb_grpc
 
@@ -48,6 +49,7 @@ class VllmClient(GrpcEngineClient[pb.GenerateResponse]):
     runtime = "vllm"
     counts_cumulative = False
     messages: ClassVar[ModuleType] = pb
+    wire_table = chunk_table(pb)  # its usual chunk read from the bytes (D110)
 
     @property
     def stub(self) -> VllmEngineAsyncStub:
