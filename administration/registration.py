@@ -56,6 +56,7 @@ from common.ssrf import SsrfPolicy
 from inference.routing.workers import RuntimeType, Transport, WorkerKind, provider_of
 from inference.upstreams import ENGINE_CONNECTORS, connect_engine
 from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.upstreams.http2 import speaks_http2
 from inference.upstreams.registry import UnknownUpstream
 
 __all__ = [
@@ -308,11 +309,52 @@ def run_registration(worker_id: str, generation: int) -> None:
         # (_probe_until_up): one that answers at once goes from queued to done in one write.
         discovery = _discover_provider(worker) if external else _discover(worker, generation)
     fields = _registered_fields(worker, discovery)
+    if worker.kind is WorkerKind.RELAYED and worker.transport is Transport.HTTP:
+        fields["settings"] = {**worker.settings, HTTP2_USED: _http2_choice(worker)}
     if not _set_job(worker_id, generation, JobState.NONE, **fields):
         log.info("registration of %s finished after the worker changed; result dropped", worker.url)
         return
     _log_registered(worker, fields)
     publish_registry_changed(worker_id)
+
+
+HTTP2_USED = "http2_used"  # the settings key registration writes its HTTP/2 choice under (D111)
+_HTTP2_PROBE_SECS = 5.0
+
+
+def _http2_wanted(worker: Worker) -> bool | None:
+    """What the worker's http_pool.http2 and --upstream-http2 ask: True (HTTP/2 or fail), None (probe,
+    HTTP/2 preferred), False (HTTP/1.1)."""
+    given = (worker.setting("http_pool") or {}).get("http2")
+    if given is not None:
+        return bool(given)
+    return None if current_config().upstream_http2 else False
+
+
+def _http2_choice(worker: Worker) -> bool:
+    """Whether the relay reaches this relayed HTTP worker over HTTP/2 with prior knowledge (spec 3's
+    http_pool.http2; D111): http2 true and a worker that does not speak it fails the registration
+    with the reason; unset under --upstream-http2, HTTP/2 when it answers the preface, else
+    HTTP/1.1. https:// workers stay on HTTP/1.1 (HTTP/2 over TLS is not done yet)."""
+    wanted = _http2_wanted(worker)
+    if wanted is False:
+        return False
+    url = httpx.URL(worker.url)
+    if url.scheme != "http":
+        if wanted:
+            raise RegistrationFailed("http_pool.http2 true: HTTP/2 over TLS (https://) is not supported yet")
+        return False
+    port = url.port or 80
+    try:
+        refused = asyncio.run(speaks_http2(url.host, port, _HTTP2_PROBE_SECS))
+    except OSError as exc:
+        refused = f"its HTTP/2 probe could not connect ({exc})"
+    if refused is None:
+        return True
+    if wanted:
+        raise RegistrationFailed(f"http_pool.http2 true but the worker speaks only HTTP/1.1: {refused}")
+    log.info("worker %s: HTTP/1.1 (%s)", worker.url, refused)
+    return False
 
 
 def _registered_fields(worker: Worker, discovery: Discovery) -> dict[str, Any]:
@@ -361,7 +403,10 @@ def run_registrations(
         if worker is None or worker.job_generation != generation:
             log.info("registration of %s skipped: superseded", worker_id)
             continue
-        if dp_aware or worker.transport is Transport.ZMQ or worker.kind is not WorkerKind.RELAYED:
+        if (
+            dp_aware or worker.transport is Transport.ZMQ or worker.kind is not WorkerKind.RELAYED
+            or _http2_wanted(worker) is not False  # its HTTP/2 probe is its own job's
+        ):  # fmt: skip
             alone.append((worker_id, generation))
             continue
         try:

@@ -6,7 +6,7 @@ failure.
   any other check (the spec's deserialisation failure).
 - :class:`SpecRuleError`: a well-typed value the rules refuse (the URL's scheme, host or path; an
   api_key that cannot be sent as a header; overload values out of range; an unknown parser name;
-  http_pool.http2 true; an external provider off HTTP). Answered 400 BAD_REQUEST, at the request:
+  an external provider off HTTP). Answered 400 BAD_REQUEST, at the request:
   every rule the body alone decides is checked here, once all fields are typed, so no job starts
   for a spec it would refuse (docs/DECISIONS.md D49). The job checks only what needs the worker.
 
@@ -309,11 +309,6 @@ def _check_token_usage(value: float, name: str) -> None:
         raise SpecRuleError(f"{name} must be in (0.0, 1.0]")
 
 
-def _check_http2(value: bool, name: str) -> None:
-    if value:
-        raise SpecRuleError(f"{name} true: this gateway speaks HTTP/1.1 to workers")
-
-
 _CARD_FIELDS: dict[str, Reader] = {
     "id": _string,
     "aliases": _list_of(_string),
@@ -366,7 +361,9 @@ OVERLOAD_FIELDS: dict[str, Reader] = {
     "token_usage": _ruled(_number, _check_token_usage, {"minimum": 0, "exclusiveMinimum": True, "maximum": 1}),
 }
 HTTP_POOL_FIELDS: dict[str, Reader] = {
-    "http2": _ruled(_boolean, _check_http2, {"enum": [False], "description": "true is refused: HTTP/1.1 only"}),
+    # true: HTTP/2 with prior knowledge, and a worker speaking only HTTP/1.1 fails its registration job
+    # (spec 3: a problem found in the job, it needs the worker; D111).
+    "http2": _boolean,
     "pool_max_idle_per_host": _unsigned,
     "pool_idle_timeout_secs": _unsigned,
     "timeout_secs": _unsigned,

@@ -18,7 +18,7 @@ from administration.jobs import enqueue
 from administration.models import JobState, JobType, Worker, WorkerSource, WorkerStatus, WorkerType
 from administration.notices import publish_registry_changed
 from administration.engine_facts import dp_ranks, engine_spec
-from administration.registration import JOB_STORE_PATIENCE_SECS
+from administration.registration import HTTP2_USED, JOB_STORE_PATIENCE_SECS
 from administration.worker_spec import SpecRuleError, WorkerSpec, parse_worker_spec
 from common.config import PROVIDER_BACKENDS, GatewayConfig, current_config
 from inference.routing.breaker import DEFAULT_CAPACITY, DEFAULT_RETRYABLE, Resilience
@@ -361,7 +361,7 @@ def worker_fields(worker: Worker, config: GatewayConfig) -> dict[str, Any]:
         **spec_fields(worker),
         "is_healthy": worker.status == WorkerStatus.READY,
         "status": worker.status,
-        "http2": False,
+        "http2": bool(worker.setting(HTTP2_USED)),  # what registration chose (D111)
         "max_connection_attempts": config.retry_max_retries + 1,
     }
     if worker.model_id:
@@ -575,6 +575,7 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
                     if kind is not WorkerKind.ENGINE
                     else None
                 ),
+                http2=bool(worker.setting(HTTP2_USED)) and kind is WorkerKind.RELAYED,
             )
         )
     return records

@@ -142,6 +142,9 @@ class GatewayConfig:
     # the 5 s after which engines' HTTP servers (uvicorn) close idle connections. Workers' http_pool
     # blocks override it (pool_idle_timeout_secs).
     upstream_pool_idle_timeout_secs: float = 3.0
+    # Registration probes an http:// worker whose http_pool.http2 is unset for HTTP/2 with prior
+    # knowledge and uses it when it answers (spec 3; D111); off: HTTP/1.1 unless the block says true.
+    upstream_http2: bool = False
     max_payload_size: int = DEFAULT_MAX_PAYLOAD
     max_buffered_request_bytes: int = 16 * 1024 * 1024
     # The most of an upstream answer held for one request where it must be read whole (a provider's
@@ -580,6 +583,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("upstream_pool_idle_timeout_secs", _non_negative_float,
          "how long an idle keep-alive connection to an HTTP worker is reused (0: until the worker closes it); "
          "a worker's http_pool.pool_idle_timeout_secs overrides it"),
+    Flag("upstream_http2", _bool, "probe http:// workers whose http_pool.http2 is unset for HTTP/2 (prior knowledge) "
+         "at registration and prefer it; without it they are reached over HTTP/1.1", kind="switch"),
     Flag("max_payload_size", _positive_int, "largest accepted request body (bytes)"),
     Flag("max_buffered_request_bytes", _count, "largest body kept replayable for retries (bytes)"),
     Flag("max_buffered_response_bytes", _positive_int,

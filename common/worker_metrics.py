@@ -3,9 +3,9 @@
 
 - ``gw_worker_http2{worker}``: 1 when the gateway reaches the worker over HTTP/2, else 0, set by the
   1 s sampler (:mod:`inference.gauges`) when it changes, 0 once the worker is removed. gRPC workers
-  are reached over HTTP/2 (gRPC's own transport): 1. HTTP workers: 0, the relay speaks HTTP/1.1 only
-  (a worker spec's ``http_pool.http2`` true is refused, and the API shows ``http2`` false). ZMQ
-  workers: 0.
+  are reached over HTTP/2 (gRPC's own transport): 1. HTTP workers: 1 when registration chose HTTP/2
+  with prior knowledge (``http_pool.http2`` true, or found speaking it under --upstream-http2; the
+  API's ``http2`` says the same), else 0 (D111). ZMQ workers: 0.
 - ``gw_kv_event_subscription_failures_total{worker, reason}``: failures of the gateway's subscription
   to a worker's KV cache events. The gateway does not subscribe to KV events (its cache-aware policy
   keeps its own approximate tree of the prompts it routed; the generated TRT-LLM stub's
@@ -32,20 +32,22 @@ KV_EVENT_SUBSCRIPTION_FAILURES = Counter(
 _HTTP2_TRANSPORTS = frozenset({"grpc"})
 
 
-def http2_of(transport: str) -> int:
-    """1 when a worker of ``transport`` is reached over HTTP/2 (gRPC), else 0."""
-    return 1 if transport in _HTTP2_TRANSPORTS else 0
+def http2_of(transport: str, http2: bool = False) -> int:
+    """1 when a worker of ``transport`` is reached over HTTP/2 (gRPC, or an HTTP worker whose
+    registration chose it: ``http2``), else 0."""
+    return 1 if http2 or transport in _HTTP2_TRANSPORTS else 0
 
 
 _set_to: dict[str, int] = {}  # worker URL -> the value its gauge was last set to
 
 
-def sample_worker_http2(workers: Iterable[tuple[str, str]]) -> None:
-    """Set gw_worker_http2 from (url, transport) of the registered workers; 0 for those gone."""
+def sample_worker_http2(workers: Iterable[tuple[str, str, bool]]) -> None:
+    """Set gw_worker_http2 from (url, transport, HTTP/2 chosen) of the registered workers; 0 for
+    those gone."""
     present: set[str] = set()
-    for url, transport in workers:
+    for url, transport, http2 in workers:
         present.add(url)
-        value = http2_of(transport)
+        value = http2_of(transport, http2)
         if _set_to.get(url) != value:
             _set_to[url] = value
             _child(WORKER_HTTP2, url).set(value)

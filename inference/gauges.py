@@ -36,6 +36,8 @@ def sample_live_gauges(dp: DataPlane | None = None) -> None:
     telemetry.sample_gauges(
         permits.in_flight if permits is not None else 0, permits.queued if permits is not None else 0, workers
     )
-    sample_worker_http2((handle.record.url, handle.record.transport) for handle in dp.registry.snapshot.workers)
+    sample_worker_http2(
+        (handle.record.url, handle.record.transport, handle.record.http2) for handle in dp.registry.snapshot.workers
+    )
     sample_runtime()
     fold_bodies()

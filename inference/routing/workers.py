@@ -271,6 +271,9 @@ class WorkerRecord:
     # Its http_pool block with the defaults filled in (HTTP workers: the relay's per-worker pool and
     # timeouts); None: the block sets none of them, the relay's defaults (the flags) apply.
     http_pool: HttpPool | None = None
+    # Reached over HTTP/2 with prior knowledge (an http:// relayed worker whose registration chose it:
+    # http_pool.http2 true, or found speaking it under --upstream-http2; D111); else HTTP/1.1.
+    http2: bool = False
     # Derived once from the URL and the runtime (never given): how the gateway reaches it, and what
     # the gateway is to it.
     transport: Transport = field(init=False, compare=False)

@@ -24,6 +24,12 @@ none of it (docs/DECISIONS.md D13). What the session gave and this module keeps:
 
 Cancelling the relaying task (the client went away) closes the upstream connection, which is how a
 client disconnect reaches the worker.
+
+A worker whose record says HTTP/2 (``WorkerRecord.http2``: its http_pool.http2, or found speaking it
+under --upstream-http2; D111) is reached over HTTP/2 with prior knowledge
+(:mod:`inference.upstreams.http2`); its answer is read by the same :class:`_HttpAnswer`, the stream
+standing in for aiohttp's payload reader, and a cancelled relay resets the stream (RST_STREAM CANCEL)
+instead of closing a connection other requests share.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from inference.routing.workers import HttpPool, Transport, WorkerRecord
 from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
 from inference.upstreams.deadline import Deadline as _Deadline
 from inference.upstreams.failures import FailureKind, UpstreamFailure
+from inference.upstreams.http2 import H2Pool, H2Stream, literal, request_block
 from inference.upstreams.usage_estimate import stream_estimate
 from inference.upstreams.usage_scan import StreamUsage, usage_in_body, usage_key
 from inference.writers import ResponseWriter
@@ -221,6 +228,49 @@ class _Exchange:
         self.conn.close()
 
 
+class _H2Exchange:
+    """A request on an HTTP/2 stream whose answer's head is read and whose body is not (what
+    :class:`_HttpAnswer` reads, as it reads an :class:`_Exchange`): ending it early resets the stream."""
+
+    __slots__ = ("payload", "deadline", "settings")
+
+    def __init__(self, stream: H2Stream, deadline: _Deadline, settings: HttpPool) -> None:
+        self.payload = stream
+        self.deadline = deadline
+        self.settings = settings
+
+    def finish(self) -> None:
+        self.deadline.cancel()
+        self.payload.cancel()  # nothing when the stream ended
+
+    def close(self) -> None:
+        self.deadline.cancel()
+        self.payload.cancel()
+
+
+@dataclass(frozen=True, slots=True)
+class _H2Target:
+    """One HTTP/2 worker route, prepared once: where to connect, the path, and the fixed header fields."""
+
+    host: str
+    port: int
+    authority: str
+    block: bytes  # the request's header block but for its per-request fields (http2.request_block)
+
+
+# Connection-specific fields HTTP/2 forbids (RFC 9113 8.2.2): never forwarded to an HTTP/2 worker.
+_H2_DROPPED = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te", "host"})
+
+
+_H2_ACCEPT_SSE = literal("accept", "text/event-stream")
+
+
+def _h2_field(name: str, value: str) -> tuple[str, str]:
+    """A header field for HTTP/2 (lowercase name), refused as :func:`_header_line` refuses it."""
+    _header_line(name, value)
+    return name.lower(), value
+
+
 @RELAYS.register(Transport.HTTP)
 class HttpRelay(Relay):
     transport = Transport.HTTP
@@ -251,6 +301,8 @@ class HttpRelay(Relay):
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._pools: dict[asyncio.AbstractEventLoop, _IdlePool] = {}
         self._targets: dict[tuple[str, str, str | None], _Target] = {}
+        self._h2_pools: dict[asyncio.AbstractEventLoop, H2Pool] = {}
+        self._h2_targets: dict[tuple[str, str, str | None], _H2Target] = {}
 
     def session(self, loop: asyncio.AbstractEventLoop | None = None) -> aiohttp.ClientSession:
         """This loop's session (``loop``: the running one, when the caller has it already)."""
@@ -309,6 +361,9 @@ class HttpRelay(Relay):
         session = self._sessions.pop(loop, None)
         pool = self._pools.pop(loop, None)
         held = pool.drain() if pool is not None else []
+        h2 = self._h2_pools.pop(loop, None)
+        if h2 is not None:
+            h2.close()
         if session is not None:
             await session.close()
         for conn in held:
@@ -359,6 +414,8 @@ class HttpRelay(Relay):
 
     async def open(self, request: RelayRequest) -> RelayAnswer:
         record = request.worker.record
+        if record.http2:
+            return await self._open_h2(request, record)
         target = self._target(record, request.path)
         head = self._head(target, request)
         settings = record.http_pool or self.defaults  # the worker's http_pool block (D102)
@@ -422,6 +479,82 @@ class HttpRelay(Relay):
         )
 
 
+    def _h2_target(self, record: WorkerRecord, path: str) -> _H2Target:
+        base = record.url
+        api_key = record.api_key
+        key = (base, path, api_key)
+        target = self._h2_targets.get(key)
+        if target is None:
+            if len(self._h2_targets) > 4096:
+                self._h2_targets.clear()
+            url = URL(base.rstrip("/") + path)
+            if url.scheme != "http" or not url.host or url.port is None:
+                raise UpstreamFailure(FailureKind.CONNECT, f"not an HTTP/2 (h2c) worker URL: {base}")
+            fields = [("content-type", "application/json")]
+            if api_key:
+                fields.append(_h2_field("authorization", f"Bearer {api_key}"))
+            authority = url.host_port_subcomponent or url.host
+            block = request_block(url.raw_path_qs, authority, fields)
+            target = self._h2_targets[key] = _H2Target(url.host, url.port, authority, block)
+        return target
+
+    async def _open_h2(self, request: RelayRequest, record: WorkerRecord) -> RelayAnswer:
+        """The request on an HTTP/2 stream (D111); the answer as :meth:`open` gives an HTTP/1.1 one."""
+        target = self._h2_target(record, request.path)
+        body = request.body
+        parts = [
+            target.block, literal("content-length", str(len(body))),
+            literal("x-request-id", request.request_id.decode("latin-1")),
+        ]  # fmt: skip
+        if request.stream:
+            parts.append(_H2_ACCEPT_SSE)
+        for name, value in request.headers:
+            if name.lower() not in _H2_DROPPED:
+                parts.append(literal(*_h2_field(name, value)))
+        settings = record.http_pool or self.defaults
+        loop = asyncio.get_running_loop()
+        pool = self._h2_pools.get(loop)
+        if pool is None:
+            pool = self._h2_pools[loop] = H2Pool()
+        deadline = _Deadline(loop, settings.timeout_secs)
+        stream: H2Stream | None = None
+        try:
+            try:
+                connection = await pool.connection(
+                    target.host, target.port, target.authority, settings.idle_secs, settings.connect_secs
+                )
+            except (OSError, asyncio.TimeoutError) as exc:
+                if isinstance(exc, asyncio.TimeoutError):
+                    raise UpstreamFailure(
+                        FailureKind.CONNECT, f"no connection within {settings.connect_secs:g} seconds"
+                    ) from None
+                raise UpstreamFailure(FailureKind.CONNECT, f"cannot connect to {target.host}:{target.port}") from None
+            stream = connection.start(b"".join(parts), body)
+            await stream.head()
+        except asyncio.CancelledError:
+            if stream is not None:
+                stream.cancel()
+            deadline.cancel()
+            if deadline.absorb():
+                raise self._timed_out(settings.timeout_secs) from None
+            raise
+        except aiohttp.ClientError as exc:
+            if stream is not None:
+                stream.cancel()
+            deadline.cancel()
+            raise self._failure(exc, settings.connect_secs) from None
+        except BaseException:
+            if stream is not None:
+                stream.cancel()
+            deadline.cancel()
+            raise
+        headers = stream.headers
+        return _HttpAnswer(
+            self, request, stream.status, headers.get("content-type", ""), headers.get("content-length"),
+            _H2Exchange(stream, deadline, settings),
+        )
+
+
 class _HttpAnswer(RelayAnswer):
     """An HTTP worker's answer: its head is read, its body waits on the pooled connection."""
 
@@ -429,7 +562,7 @@ class _HttpAnswer(RelayAnswer):
 
     def __init__(
         self, relay: HttpRelay, request: RelayRequest, status: int, content_type: str, declared: str | None,
-        exchange: _Exchange,
+        exchange: _Exchange | _H2Exchange,
     ) -> None:
         super().__init__(status, content_type)
         self._relay = relay

@@ -53,7 +53,6 @@ def test_a_key_that_cannot_be_sent_as_a_header_is_400_and_the_url_stays_free(cli
         ({"overload": {"waiting_requests": 0}}, "overload.waiting_requests must be at least 1"),
         ({"overload": {"token_usage": 0}}, "overload.token_usage must be in (0.0, 1.0]"),
         ({"overload": {"token_usage": 1.5}}, "overload.token_usage must be in (0.0, 1.0]"),
-        ({"http_pool": {"http2": True}}, "http_pool.http2 true"),
         ({"models": [{"id": "m", "tool_parser": "no_such_parser"}]}, "models[0].tool_parser: unknown tool parser"),
         ({"models": [{"id": "m", "reasoning_parser": "nope"}]}, "models[0].reasoning_parser: unknown reasoning parser"),
         ({"labels": {"tool_parser": "no_such_parser"}}, "labels.tool_parser: unknown tool parser"),
@@ -77,6 +76,12 @@ def test_rules_within_range_and_known_parser_names_in_any_spelling_are_accepted(
         "labels": {"tool_parser": "llama3_json", "zone": "anything"},
     }
     assert post(client, body).status_code == 202
+
+
+def test_http2_true_is_accepted_at_the_request(client: Client) -> None:
+    """http_pool.http2 true is the job's to check (spec 3: a worker speaking only HTTP/1.1 fails its
+    registration; D111), no longer refused at the request (D49 refused it while the relay spoke HTTP/1.1 only)."""
+    assert post(client, {"url": URL, "http_pool": {"http2": True}}).status_code == 202
 
 
 def test_a_wrong_type_is_still_422_before_any_rule(client: Client) -> None:
