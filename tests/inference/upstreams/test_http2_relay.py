@@ -18,6 +18,8 @@ import orjson
 import pytest
 from django.test import AsyncClient
 
+from administration.models import Worker
+from administration.registration import RegistrationFailed, _http2_choice
 from common.config import GatewayConfig
 from common.worker_metrics import http2_of
 from gateway_project.asgi import application
@@ -276,3 +278,24 @@ async def test_the_request_timeout_is_a_504_or_ends_the_stream_in_band(
 
     await until(reset)
     assert worker.front.connections == 1
+
+
+async def test_a_request_body_past_the_peers_window_waits_for_it(
+    make_gateway: GatewayFactory, start_h2_worker: Any
+) -> None:
+    """A 300 KB prompt against the worker's 64 KiB initial windows: sent as its WINDOW_UPDATEs admit it."""
+    worker = await start_h2_worker(max_model_len=1_000_000)
+    gateway = make_gateway([h2_record(worker)])
+    content = "word " * 60_000
+    answer = await gateway.post(
+        "/v1/chat/completions", json={"model": "mock-model", "messages": [{"role": "user", "content": content}]}
+    )
+    assert answer.status_code == 200
+    relayed = [r for r in worker.inner.requests() if r["path"] == "/v1/chat/completions"]
+    assert relayed[-1]["json"]["messages"][0]["content"] == content
+
+
+def test_http2_true_on_an_https_worker_fails_saying_tls_is_not_done() -> None:
+    with pytest.raises(RegistrationFailed, match="HTTP/2 over TLS"):
+        _http2_choice(Worker(url="https://127.0.0.1:1", settings={"http_pool": {"http2": True}}))
+    assert _http2_choice(Worker(url="https://127.0.0.1:1", settings={})) is False
