@@ -23,7 +23,6 @@ SGLang, vLLM and TokenSpeed only; on TensorRT-LLM and MLX they raise ``UpstreamF
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -55,7 +54,7 @@ from inference.upstreams.engine import (
 from inference.upstreams.failures import EngineEndedWithError, FailureKind, UpstreamFailure
 from inference.upstreams.grpc.channel import WorkerChannel, failure_from_rpc_error, failure_from_status
 from inference.upstreams.grpc.h2 import GrpcStatusError, H2Call
-from inference.upstreams.grpc.wire import NO_FIELD, ChunkTable, read_chunk
+from inference.upstreams.grpc.wire import NO_FIELD, ChunkTable, chunk_reader
 from protos import common_pb2
 
 __all__ = [
@@ -294,11 +293,11 @@ class GrpcEngineClient(EngineClient, Generic[ResponseT]):
         if table is None or not request.stream:
             return None
         if table.id_tag == NO_FIELD:  # the runtime's responses carry no request id
-            return functools.partial(read_chunk, table, b"")
+            return chunk_reader(table, b"")
         request_id = request.request_id.encode()
         if len(request_id) >= 0x80:
             return None
-        return functools.partial(read_chunk, table, bytes((table.id_tag, len(request_id))) + request_id)
+        return chunk_reader(table, bytes((table.id_tag, len(request_id))) + request_id)
 
     def _traced_metadata(self) -> tuple[tuple[str, str], ...]:
         """The Generate call's metadata: under --enable-trace with the current span's traceparent and

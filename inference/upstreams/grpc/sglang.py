@@ -10,7 +10,6 @@ and cumulative counts, then one ``complete`` per choice. Embed takes the same to
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from types import ModuleType
@@ -73,11 +72,11 @@ def sglang_constraint(constraint: Constraint) -> tuple[str, str]:
 
 _TABLE = chunk_table(pb)
 
-read_generate_response: Callable[[bytes, bytes], ChunkFields | pb.GenerateResponse] = functools.partial(
-    read_chunk, _TABLE
-)
-"""One GenerateResponse off the wire, ``(prefix, data)``: :func:`~.wire.read_chunk` with SGLang's
-table (the decode :meth:`SglangClient._wire_decode` gives the stream's reader, D107)."""
+
+def read_generate_response(prefix: bytes, data: bytes) -> ChunkFields | pb.GenerateResponse:
+    """One GenerateResponse off the wire: :func:`~.wire.read_chunk` with SGLang's table (a stream
+    reads with the decode :meth:`SglangClient._wire_decode` makes once, D107)."""
+    return read_chunk(_TABLE, prefix, data)
 
 
 @ENGINE_CLIENTS.register(EngineKey(Transport.GRPC, "sglang"))
