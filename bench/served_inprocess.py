@@ -2,7 +2,7 @@
 ``--in-process`` runs this file under valgrind with the working directory of the build to count).
 
 ``cd BUILD && valgrind --tool=callgrind --instr-atstart=no ... python bench/served_inprocess.py URL``
-``--streams 4 --tokens 16,64 --whole 96``
+``--streams 4 --tokens 16,64 --whole 96 [--runtime sglang]``
 
 The build's ASGI application is called directly (no HTTP server, no client socket, none of a started
 gateway's background tasks) for an engine worker at ``URL`` (bench/lean_engine.py, Qwen3's fixture,
@@ -97,7 +97,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     install_config(config, export=False)
     reset_data_plane(config)
     tokenizer = str(FIXTURE_MODELS / "qwen3")
-    record = WorkerRecord(id=str(uuid.uuid4()), url=args.url, model_id=MODEL, runtime_type="sglang",
+    record = WorkerRecord(id=str(uuid.uuid4()), url=args.url, model_id=MODEL, runtime_type=args.runtime,
                           status=WorkerStatus.READY,
                           engine=EngineSpec(tokenizer=tokenizer, reasoning_parser="qwen3", tool_parser="qwen"))  # fmt: skip
     TOKENIZERS.cache.get(tokenizer, None)
@@ -140,6 +140,7 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--tokens", type=lambda s: tuple(int(x) for x in s.split(",")), default=(16, 64))
     parser.add_argument("--whole", type=int, default=96)
+    parser.add_argument("--runtime", default="sglang", help="the worker's runtime (the lean engine's --runtime)")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(run(args))), flush=True)
     return 0

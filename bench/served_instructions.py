@@ -3,7 +3,7 @@ before/after figures a loaded machine does not change.
 
 ``.venv/bin/python bench/served_instructions.py [--repo PATH ...] [--no-gateway] [--smg]``
 ``[--whole 200] [--streams 4] [--tokens 16,64] [--parsers on|off] [--thinking off|on] [--delay-ms 150]``
-``[--in-process]``
+``[--in-process] [--runtime sglang|vllm|tokenspeed|mlx|trtllm]``
 
 The lean engine stand-in (bench/lean_engine.py, Qwen3's fixture tokenizer, one message per token,
 paced ``--delay-ms`` before each so no stream's messages pile up behind the slowed gateway: the
@@ -160,7 +160,8 @@ def in_process(name: str, number: int, repo: Path, engine_url: str, work: Path, 
     out_file = work / f"inprocess-{number}.callgrind"
     low, high = args.tokens
     argv = [*_callgrind(out_file), PYTHON, str(REPO / "bench" / "served_inprocess.py"), engine_url,
-            "--streams", str(args.streams), "--tokens", f"{low},{high}", "--whole", str(args.whole)]  # fmt: skip
+            "--streams", str(args.streams), "--tokens", f"{low},{high}", "--whole", str(args.whole),
+            "--runtime", args.runtime]  # fmt: skip
     started = time.monotonic()
     done = subprocess.run(argv, cwd=repo, env=child_env(), capture_output=True, text=True, timeout=3600, check=True)
     events = json.loads(done.stdout.strip().splitlines()[-1])
@@ -187,6 +188,9 @@ def main() -> int:
     parser.add_argument("--in-process", action="store_true",
                         help="count each build in-process (bench/served_inprocess.py: the ASGI app called directly); "
                              "smg as a process beside it with --smg")  # fmt: skip
+    parser.add_argument("--runtime", default="sglang",
+                        help="the lean engine's gRPC runtime (bench/lean_engine.py --runtime), the gateway's worker's with "
+                             "--in-process (a started gateway detects it)")  # fmt: skip
     parser.add_argument("--gateway-args", default="", help="more rungateway arguments for every gateway build")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -198,7 +202,8 @@ def main() -> int:
     results: dict[str, dict[str, float]] = {}
     with ProcessGroup(work / "logs") as group:
         engine_port = free_port()
-        argv = [*grpc_engine_argv(engine_port, model.folder, lean=True, to_max_tokens=True, delay_ms=args.delay_ms),
+        argv = [*grpc_engine_argv(engine_port, model.folder, runtime=args.runtime, lean=True, to_max_tokens=True,
+                                 delay_ms=args.delay_ms),
                 "--stream-delay-only"]  # fmt: skip
         engine = group.start(f"grpc-engine-{engine_port}", argv, env=child_env(), cwd=REPO)
         engine.wait_ready(lambda: f"on grpc://{LOOPBACK}:{engine_port}" in engine.log_path.read_text(errors="replace"),
