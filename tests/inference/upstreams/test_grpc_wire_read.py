@@ -265,7 +265,7 @@ def _same_as_protobuf(client: GrpcEngineClient[Any], read: Any, data: bytes) -> 
 
 
 def test_each_runtimes_table_is_its_messages_field_numbers() -> None:
-    expected = {  # ../shared/docs/GRPC-FIELDS.md: (request_id, chunk, index, reasoning_tokens)
+    expected = {  # the engines' published field numbers: (request_id, chunk, index, reasoning_tokens)
         "sglang": (1, 2, 8, 9), "vllm": (None, 1, 7, None), "tokenspeed": (1, 2, 6, None), "mlx": (None, 1, 6, None),
         "trtllm": (1, 2, 2, None),
     }  # fmt: skip
