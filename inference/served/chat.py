@@ -146,6 +146,7 @@ class ServedChat(ServedSurface):
         heads = [b"%s%d%s" % (self._chunk_head(), choice.index, _CONTENT_KEY) for choice in choices]
         send_event = writer.event
         dumps = orjson.dumps
+        final = b""  # the last step's bytes, when it ended every choice (sent with the stream's end)
         try:
             async for output in outputs:  # turn_events written out: one generator less per token
                 if plain:  # the usual token: its content text straight to its chunk (turn_step's work)
@@ -174,19 +175,24 @@ class ServedChat(ServedSurface):
                     last = isinstance(event, Finished) and all(other.done for other in choices)
                     out += self._event_bytes(choice.index, event, tally, logprobs, last)
                     logprobs = None
+                # Only a step that ended its choice can end all (its events close with Finished: not
+                # one of the single deltas above). Its bytes go out with the usage chunk and the
+                # closing event: one body message for the stream's end (the same bytes).
+                if choice.done and all(other.done for other in choices):
+                    final = bytes(out)
+                    break
                 if out:
                     await writer.chunk(bytes(out))
-                # Only a step that ended its choice can end all (its events close with Finished: not
-                # one of the single deltas above).
-                if choice.done and all(other.done for other in choices):
-                    break
         except UpstreamFailure as failure:
             await writer.break_stream(errors.stream_failed(failure.detail))
             return Delivered(False, token_usage(tally.usage()))
         usage = tally.usage()
         if self.include_usage and not self.usage_on_finish:
-            await writer.chunk(self._chunk([], usage_json(usage), with_usage=True))
-        await writer.end_stream()
+            final += self._chunk([], usage_json(usage), with_usage=True)
+        if final:
+            await writer.chunk(final, last=True)
+        else:
+            await writer.end_stream()
         return Delivered(True, token_usage(usage))
 
     def _event_chunk(

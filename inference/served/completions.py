@@ -223,6 +223,7 @@ class ServedCompletion(ServedSurface):
         heads = [self._text_head(choice.index) for choice in choices]
         send_event = writer.event
         dumps = orjson.dumps
+        final = b""  # the last step's bytes, when it ended every choice (sent with the stream's end)
         try:
             async for output in outputs:  # turn_events written out: one generator less per token
                 if plain:
@@ -248,14 +249,20 @@ class ServedCompletion(ServedSurface):
                     elif isinstance(event, Finished):
                         reason = _OPENAI_FINISH.get(event.reason, event.reason)
                         out += self._choice_chunk(choice.index, self.suffix, logprobs, reason, event.matched_stop)
+                # Only a step that ended its choice can end all: its bytes go out with the usage
+                # chunk and the closing event, one body message for the stream's end (the same bytes).
+                if choice.done and all(other.done for other in choices):
+                    final = bytes(out)
+                    break
                 if out:
                     await writer.chunk(bytes(out))
-                if choice.done and all(other.done for other in choices):  # only a step that ended its choice can end all
-                    break
         except UpstreamFailure as failure:
             await writer.break_stream(errors.stream_failed(failure.detail))
             return Delivered(False, token_usage(UsageTally.combined(tallies)))
         if self.include_usage:
-            await writer.chunk(self._chunk([], self._usage(tallies)))
-        await writer.end_stream()
+            final += self._chunk([], self._usage(tallies))
+        if final:
+            await writer.chunk(final, last=True)
+        else:
+            await writer.end_stream()
         return Delivered(True, token_usage(UsageTally.combined(tallies)))
