@@ -124,6 +124,8 @@ async def test_a_waves_end_goes_to_client_zero(clients: Clients) -> None:
     await group.start()
     try:
         identities = await clients.accept(2)
+        for _ in identities:  # each engine's ready response on client 1's input: until then its ROUTER drops what it sends them
+            await clients.inputs[1].recv_multipart()
         prompt = list(model.tokenizer.encode("Hello").ids)
         first = sorted(identities)[0]
         await clients.send(1, first, codec.RequestType.ADD, _from(1, "w", prompt, model.eos_token_id, max_tokens=1))
