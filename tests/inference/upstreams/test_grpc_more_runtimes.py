@@ -38,8 +38,7 @@ from inference.upstreams.grpc import (
 from inference.upstreams.grpc.client import GrpcEngineClient
 from inference.upstreams.grpc.detect import DETECTION_ORDER
 from standins.grpc_engine import GrpcEngineServer
-from tests.conftest import until
-from tests.inference.upstreams.test_grpc_clients import PROMPT, QWEN, _collect, _reply, _request, _serve, _true
+from tests.inference.upstreams.test_grpc_clients import PROMPT, QWEN, _collect, _reply, _request, _serve
 
 RUNTIMES = ("trtllm", "tokenspeed", "mlx")
 CLIENTS = {"sglang": SglangClient, "vllm": VllmClient, "trtllm": TrtllmClient, "tokenspeed": TokenSpeedClient, "mlx": MlxClient}
@@ -282,46 +281,6 @@ async def test_trtllm_bounds_a_request_without_a_limit_by_the_engines_context() 
     finally:
         await client.close()
         await server.stop()
-
-
-async def test_closing_the_stream_mid_way_sends_exactly_one_abort(slow_server: GrpcEngineServer) -> None:
-    server = slow_server
-    client = ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, server.config.runtime))(server.url)
-    try:
-        stream = client.generate(_request(server, "chatcmpl-gone"))
-        first = await stream.__anext__()
-        assert first.token_ids and not first.finished
-        await stream.aclose()  # type: ignore[attr-defined]
-        assert server.state.aborted_ids() == ["chatcmpl-gone"]
-        await until(lambda: _true(server.state.request("chatcmpl-gone").cancelled))
-        assert not server.state.request("chatcmpl-gone").done
-        await asyncio.sleep(0.05)
-        assert server.state.aborted_ids() == ["chatcmpl-gone"]
-    finally:
-        await client.close()
-
-
-async def test_cancelling_the_consumer_task_sends_exactly_one_abort(slow_server: GrpcEngineServer) -> None:
-    server = slow_server
-    client = ENGINE_CLIENTS.get(EngineKey(Transport.GRPC, server.config.runtime))(server.url)
-    got_one = asyncio.Event()
-
-    async def consume() -> None:
-        async for _output in client.generate(_request(server, "chatcmpl-cancel")):
-            got_one.set()
-
-    try:
-        task = asyncio.create_task(consume())
-        await asyncio.wait_for(got_one.wait(), 5)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert server.state.aborted_ids() == ["chatcmpl-cancel"]
-        if server.config.runtime == "tokenspeed":
-            assert server.state.aborts[0].reason == "aborted by the gateway"
-        await until(lambda: _true(server.state.request("chatcmpl-cancel").cancelled))
-    finally:
-        await client.close()
 
 
 async def test_an_explicit_abort_ends_a_running_stream_with_abort(slow_server: GrpcEngineServer) -> None:
