@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import jwt
 
-from common.secrets import DigestTable, bearer_token
+from common.secrets import DigestTable, bearer_token, header_bytes
 from common.config import GatewayConfig, current_config
 
 __all__ = [
@@ -115,7 +115,7 @@ class ControlPlaneAuth:
         """The caller behind an ``Authorization`` header value. Raises :class:`ControlPlaneDenied` (401)."""
         if self.open:
             return OPEN
-        token = bearer_token(_header_bytes(authorization))
+        token = bearer_token(header_bytes(authorization))
         if token is None:
             raise _unauthorized("missing bearer credential")
         principal = self._keys.find(token)
@@ -141,16 +141,6 @@ class ControlPlaneAuth:
     def __repr__(self) -> str:
         mode = "open" if self.open else "control-plane" if self.configured else "shared-key"
         return f"<ControlPlaneAuth {mode}: {len(self._keys)} keys, jwt={'on' if self._jwt else 'off'}>"
-
-
-def _header_bytes(authorization: str | None) -> bytes | None:
-    # Django decodes header bytes as latin-1; encoding back gives the bytes the client sent.
-    if authorization is None:
-        return None
-    try:
-        return authorization.encode("latin-1")
-    except UnicodeEncodeError:
-        return authorization.encode()
 
 
 # --- JWT -----------------------------------------------------------------------------------------

@@ -12,11 +12,22 @@ import hashlib
 import hmac
 from typing import Generic, TypeVar
 
-__all__ = ["DigestTable", "bearer_token"]
+__all__ = ["DigestTable", "bearer_token", "header_bytes"]
 
 T = TypeVar("T")
 
 _BEARER = b"bearer "
+
+
+def header_bytes(value: str | None) -> bytes | None:
+    """An ``Authorization`` value as the client sent it: Django decodes header bytes as latin-1, so
+    encoding back gives those bytes (UTF-8 for a value latin-1 cannot hold)."""
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value.encode()
 
 
 def bearer_token(authorization: bytes | None) -> bytes | None:

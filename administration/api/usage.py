@@ -42,7 +42,7 @@ from administration.usage_read import (
     usage,
 )
 from common.config import current_config
-from common.secrets import bearer_token
+from common.secrets import bearer_token, header_bytes
 from inference.auth import IdentityKind
 from inference.dataplane import data_plane
 
@@ -64,15 +64,6 @@ class TenantCaller:
         return f"<TenantCaller {self.tenant}>"
 
 
-def _authorization_bytes(value: str | None) -> bytes | None:
-    if value is None:
-        return None
-    try:
-        return value.encode("latin-1")
-    except UnicodeEncodeError:
-        return value.encode()
-
-
 class UsageAuthentication(ControlPlaneAuthentication):
     """A tenant key of the data plane's ring (read first: a digest lookup, no JWKS fetch), else the
     control-plane credential as every control route reads it (401 when neither)."""
@@ -80,7 +71,7 @@ class UsageAuthentication(ControlPlaneAuthentication):
     def authenticate(self, request: Any) -> tuple[Principal | TenantCaller, None]:  # type: ignore[override]
         ring = data_plane().keys
         if ring.enabled:
-            token = bearer_token(_authorization_bytes(request.META.get("HTTP_AUTHORIZATION")))
+            token = bearer_token(header_bytes(request.META.get("HTTP_AUTHORIZATION")))
             identity = ring.find(token) if token is not None else None
             if identity is not None and identity.kind is IdentityKind.TENANT and identity.tenant_id is not None:
                 return (TenantCaller(identity.tenant_id), None)

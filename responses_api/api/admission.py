@@ -27,9 +27,9 @@ from django.http import HttpRequest, HttpResponse
 
 from common import telemetry
 from common.outages import STORE
+from common.secrets import header_bytes
 from inference import errors
 from inference.dataplane import data_plane
-from responses_api.api.auth import header_bytes
 from responses_api.api.errors import refusal, store_unavailable
 from responses_api.storage import history_store
 

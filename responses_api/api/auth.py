@@ -9,20 +9,11 @@ from typing import Any
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 
+from common.secrets import header_bytes
 from inference.auth import Identity
 from inference.dataplane import data_plane
 
 __all__ = ["ClientKeyAuthentication", "header_bytes"]
-
-
-def header_bytes(value: str | None) -> bytes | None:
-    """An ``Authorization`` value as the client sent it (Django decodes headers as latin-1)."""
-    if value is None:
-        return None
-    try:
-        return value.encode("latin-1")
-    except UnicodeEncodeError:
-        return value.encode()
 
 
 class ClientKeyAuthentication(BaseAuthentication):
