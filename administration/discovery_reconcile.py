@@ -34,7 +34,7 @@ import orjson
 from django.db import transaction
 from django.utils import timezone
 
-from administration.db import STORE_ERRORS, arun_db
+from common.db import STORE_ERRORS, arun_db
 from administration.models import JobState, JobType, Worker, WorkerSource, WorkerType
 from administration.worker_spec import SpecRuleError, SpecTypeError, WorkerSpec, parse_worker_spec
 from administration.workers import (

@@ -27,7 +27,7 @@ from typing import Awaitable, Callable, Sequence
 
 from django.db import transaction
 
-from administration.db import STORE_ERRORS, arun_db
+from common.db import STORE_ERRORS, arun_db
 from administration.kv_engine_reread import reread_kv_engine_id, rereads_kv_engine_id
 from administration.worker_clients import WorkerClients, WorkerRequestFailed
 from common.telemetry import record_health_check

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from administration.db import STORE_ERRORS, release_connections
+from common.db import STORE_ERRORS, release_connections
 from administration.registration import (
     JOB_STORE_PATIENCE_SECS,
     RegistrationFailed,

@@ -18,7 +18,7 @@ import logging
 
 from django.db import transaction
 
-from administration.db import STORE_ERRORS, arun_db
+from common.db import STORE_ERRORS, arun_db
 from administration.engine_facts import kv_labels_from_server_info
 from administration.models import Worker
 from administration.notices import record_change

@@ -31,7 +31,7 @@ from django.db import connections, router
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from administration.db import STORE_ERRORS
+from common.db import STORE_ERRORS
 from administration.models import RegistryChange
 from common.outages import REDIS, STORE
 

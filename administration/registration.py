@@ -36,7 +36,7 @@ import httpx
 from django.db import transaction
 from django.utils import timezone
 
-from administration.db import release_connections
+from common.db import release_connections
 from administration.discovery import (
     Discovery, WorkerRefused, WorkerUnreachable, adiscover_http_worker, discover_http_worker, discover_provider,
     http_server_info, json_answer, probe_headers,

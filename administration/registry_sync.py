@@ -29,7 +29,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from administration.db import STORE_ERRORS, arun_db
+from common.db import STORE_ERRORS, arun_db
 from administration.health import HealthChecker, HealthTarget
 from administration.host import HostPeers, Leadership, read_load_reports, write_load_reports
 from administration.loads import LoadMonitor, LoadTarget

@@ -1,7 +1,7 @@
 """Control-plane answers while the store is down: 503 in each route family's envelope, at once.
 
 One middleware (settings.MIDDLEWARE) for every Django route: a store error that escapes a view
-(:data:`administration.db.STORE_ERRORS`: Postgres down, a dropped connection, no pooled connection
+(:data:`common.db.STORE_ERRORS`: Postgres down, a dropped connection, no pooled connection
 within the pool's timeout) is answered 503 instead of 500, with ``Retry-After``:
 
 - the worker endpoints (/workers...): ``{"error": <message>, "code": "SERVICE_UNAVAILABLE"}``;
@@ -24,7 +24,7 @@ from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from administration.api.errors import ErrorType, error_body, worker_error_body
-from administration.db import STORE_ERRORS
+from common.db import STORE_ERRORS
 from common.outages import STORE
 
 __all__ = ["StoreOutageMiddleware", "store_unavailable", "STORE_ROUTES", "STORE_UNAVAILABLE_CODE"]

@@ -44,7 +44,7 @@ def _no_unhandled_exceptions(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _threads_give_back_their_connections(monkeypatch: pytest.MonkeyPatch) -> None:
     """A test's ``asyncio.to_thread`` call closes the Django connections its thread opened, as the
-    product's :func:`administration.db.arun_db` does. A thread's connection goes back to the Postgres
+    product's :func:`common.db.arun_db` does. A thread's connection goes back to the Postgres
     pool only when closed: each test's event loop brings new executor threads, so ORM calls left
     open there held pooled connections past their test until the pool ran dry (PoolTimeout, the store
     marked down, every later test failing)."""

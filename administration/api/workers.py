@@ -18,7 +18,7 @@ from rest_framework.response import Response
 
 from administration.api.errors import worker_error_body
 from administration.api.methods import ControlPlaneView
-from administration.db import on_store_thread
+from common.db import on_store_thread
 from administration.lifecycle import LIFECYCLE
 from administration.models import Worker, WorkerType
 from administration.worker_spec import SpecRuleError, SpecTypeError, parse_worker_patch, parse_worker_spec

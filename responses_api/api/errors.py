@@ -26,7 +26,7 @@ from responses_api.storage.base import (
     ItemNotFound,
     ReferencedItemNotFound,
 )
-from responses_api.storage.db import STORE_ERRORS
+from common.db import STORE_ERRORS
 
 __all__ = [
     "StructuredError",

@@ -1,7 +1,7 @@
 """The db history backend (``--history-backend db``, the default): the gateway's database
 (responses_api/models.py), shared by every gateway process on it.
 
-Each method is one sync function run on a worker thread (:func:`_arun`): a write is one transaction
+Each method is one sync function run on a worker thread (:func:`common.db.arun_db`): a write is one transaction
 there, so none is ever held across an await, and the thread's connections are closed afterwards (on
 Postgres they go back to the pool). Failures of the store itself (Postgres down) are reported to
 :data:`common.outages.STORE` and raised (the API answers 503).
@@ -12,15 +12,14 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
-from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import orjson
-from asgiref.sync import sync_to_async
-from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from common.json_text import storable
-from common.outages import STORE
+from common.db import STORE_ERRORS, arun_db as _arun
 from responses_api.background import RUN_STALE_SECS
 from responses_api.ids import new_conversation_id
 from responses_api.limits import HISTORY_CHAIN_MAX, LIST_LIMIT_DEFAULT
@@ -44,30 +43,11 @@ from responses_api.storage.base import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DatabaseHistoryStore", "STORE_ERRORS", "purge_orphan_items"]
+__all__ = ["DatabaseHistoryStore", "purge_orphan_items"]
 
 T = TypeVar("T")
 
-# The store could not be reached (an outage, answered 503), as administration/db.py counts them.
-STORE_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
 _CHUNK = 500  # ids per IN (...) list
-
-
-def _closing(func: Callable[..., T], *args: Any) -> T:
-    try:
-        result = func(*args)
-    except STORE_ERRORS as exc:
-        STORE.failed(exc)
-        raise
-    finally:
-        if connections["default"].vendor != "sqlite":
-            connections.close_all()
-    STORE.recovered()
-    return result
-
-
-async def _arun(func: Callable[..., T], *args: Any) -> T:
-    return await sync_to_async(_closing, thread_sensitive=False)(func, *args)
 
 
 def _chunks(values: Sequence[T]) -> Iterator[Sequence[T]]:

@@ -1,8 +1,8 @@
-"""A local job thread keeps its SQLite connection for its next job (administration/db.py
+"""A local job thread keeps its SQLite connection for its next job (common/db.py
 release_connections): opening the store's file again parses its schema, about a millisecond of CPU
 per registration while a fleet registers. A pooled store's connections still go back after each job,
 and a SQLite connection that saw a database error is still closed. POST /workers does its store work
-on such a thread too (administration/db.py on_store_thread): Django's ASGI handler gives each
+on such a thread too (common/db.py on_store_thread): Django's ASGI handler gives each
 request a thread of its own."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from django.db.backends.signals import connection_created
 from django.test import Client
 from django.utils import timezone
 
-from administration import db
-from administration.db import release_connections
+from common import db
+from common.db import release_connections
 from administration.job_runner import run_job
 from administration.jobs import wait_for_local_jobs
 from administration.models import JobState, JobType, Worker, WorkerStatus

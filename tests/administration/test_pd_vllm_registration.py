@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator
 import httpx
 import pytest
 
-from administration.db import arun_db
+from common.db import arun_db
 from administration.kv_engine_reread import reread_kv_engine_id, rereads_kv_engine_id
 from administration.models import Worker
 from administration.registry_sync import RegistrySync

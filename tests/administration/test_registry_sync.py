@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from administration import notices
 from administration.api import workers as api_workers
-from administration.db import arun_db
+from common.db import arun_db
 from administration.health import transition
 from administration.lifecycle import LIFECYCLE
 from administration.models import RegistryChange, Worker, WorkerQuerySet, WorkerStatus

@@ -2,7 +2,7 @@
 an empty snapshot at once, /readiness answers 503 naming the store, control routes that need the
 store answer 503, and when the store answers the first load runs by itself: the --worker-urls are
 registered, the loops start, and the worker is routed. The store's refusal is the real error path
-(an OperationalError through administration.db, which reports the outage); the real Postgres at a
+(an OperationalError through common.db, which reports the outage); the real Postgres at a
 closed port is tests/e2e/test_service_outages.py."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from django.db import OperationalError
 
 from administration import registry_sync
-from administration.db import arun_db
+from common.db import arun_db
 from administration.registry_sync import RegistrySync
 from common.config import current_config
 from common.outages import STORE

@@ -17,7 +17,7 @@ from django.db import IntegrityError, transaction
 from django.test import AsyncClient, Client
 
 from administration import registry_sync as fleet_module
-from administration.db import arun_db
+from common.db import arun_db
 from administration.notices import record_change
 from administration.registry_sync import RegistrySync
 from administration.models import TenantRateLimit, Worker, WorkerSource, WorkerStatus
