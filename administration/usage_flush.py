@@ -10,7 +10,7 @@ INSERT of the request log's rows executed for each row (not the ORM's bulk_creat
 one COPY: D85, amended). The upsert's rows go in one order (minute, tenant, model) in every process,
 so two flushes touching the same rows wait for each other instead of deadlocking.
 
-A flush the store refuses (an outage: :data:`administration.db.STORE_ERRORS`, logged once as one by
+A flush the store refuses (an outage: :data:`common.db.STORE_ERRORS`, logged once as one by
 :data:`common.outages.STORE`) puts its batch back into the ledger, bounded (the oldest minutes and log
 rows go first past :data:`MAX_HELD_MINUTES` and the ledger's log capacity), and the next interval
 carries it. Any other error is a bug: logged, and that batch dropped (the same rows would fail again).
@@ -42,7 +42,7 @@ from django.db import connection, transaction
 from django.db.models import CharField, QuerySet
 from django.utils import timezone
 
-from administration.db import STORE_ERRORS, arun_db
+from common.db import STORE_ERRORS, arun_db
 from administration.models import RequestLogEntry, UsageMinute
 from common.config import GatewayConfig
 from common.ticks import next_mark
