@@ -2,7 +2,8 @@
 store off the request path, and the request log kept to its size and age (docs/DECISIONS.md D67).
 
 Every ``--usage-flush-interval-secs`` the flusher drains the data plane's ledger on the event loop (a
-swap of two containers) and writes the batch on a worker thread in ONE transaction: one bulk upsert
+swap of containers) and writes the batch on a worker thread in ONE transaction (the minute sums folded
+from the batch's entries first, in the loop that makes the log's rows: D116): one bulk upsert
 of the (minute, tenant, model) sums that ADDS to the stored rows (``INSERT ... ON CONFLICT (minute,
 tenant, model) DO UPDATE SET requests = <table>.requests + excluded.requests, ...``, the same text on
 Postgres and SQLite), so every process of every host on one store sums into the same rows, and one
@@ -47,7 +48,7 @@ from administration.models import RequestLogEntry, UsageMinute
 from common.config import GatewayConfig
 from common.ticks import next_mark
 from inference.accounting import (
-    MINUTE_FIELDS, AccountingEntry, Drained, EstimatedUsage, MinuteKey, Outcome, UsageLedger,
+    MINUTE_FIELDS, AccountingEntry, Drained, EstimatedUsage, MinuteKey, Outcome, TokenUsage, UsageLedger, add_usages,
 )
 from inference.dataplane import DataPlane
 
@@ -161,7 +162,7 @@ def stored_time() -> Callable[[float], Any]:
     Django's adapter checks each value (expression, awareness, settings), and a datetime made,
     replaced and formatted per row cost about a fifth of the row's write."""
     if connection.vendor == "sqlite":
-        return lambda at: _log_params([_timed(at)])[0]
+        return lambda at: _log_params([_timed(at)])[0][0]
     adapt = connection.ops.adapt_datetimefield_value
     return lambda at: adapt(datetime.fromtimestamp(at, UTC))
 
@@ -179,17 +180,31 @@ _NO_TTFT = -1.0
 # each compiled once and kept in the connection's statement cache (D96).
 _SQLITE_CHUNK_ROWS = 32
 _MIDDLE_FIELDS = _LOG_FIELDS[2:10]  # tenant to error code: values the rows of a flush share
+# A flush's rows grouped by their shared columns and minute: the key is tenant to error code's values
+# (:data:`_MIDDLE_FIELDS`, the outcome as its text) and the minute (Unix seconds // 60, a float); the
+# group holds those columns as the store takes them and the rows' usages, whose sums are the minute's
+# (D116).
+Groups = dict[tuple[Any, ...], tuple[Any, list[TokenUsage]]]
+_SUCCESS_TEXT = Outcome.SUCCESS.value
 
 
-def _cut_middle(middles: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The SQLite parameters tenant to error code (:data:`_MIDDLE_FIELDS`) of ``key`` (their values),
-    each text cut to its column's length, kept in ``middles``."""
-    cut = middles[key] = tuple(value if name == "status" else value[: _LOG_LIMITS[name]]
-                               for name, value in zip(_MIDDLE_FIELDS, key))  # fmt: skip
-    return cut
+def _fold_groups(minutes: dict[MinuteKey, list[int]], groups: Groups) -> None:
+    """Add the rows' usages of each group to its (tenant, model, minute) sums: the minute sums of a
+    flush whose log holds every request drained, made from the log's own loop (D116)."""
+    for key, (_, usages) in groups.items():
+        add_usages(minutes, (key[0], key[1], int(key[8])), key[6] != _SUCCESS_TEXT, usages)
 
 
-def _log_params(entries: list[AccountingEntry]) -> list[Any]:
+def _cut_middle(middles: Groups, key: tuple[Any, ...]) -> tuple[Any, list[TokenUsage]]:
+    """The SQLite parameters tenant to error code (:data:`_MIDDLE_FIELDS`) of ``key`` (their values and
+    the minute), each text cut to its column's length, kept in ``middles`` with an empty list of usages."""
+    cut = tuple(value if name == "status" else value[: _LOG_LIMITS[name]]
+                for name, value in zip(_MIDDLE_FIELDS, key))  # fmt: skip
+    group = middles[key] = (cut, [])
+    return group
+
+
+def _log_params(entries: list[AccountingEntry]) -> tuple[list[Any], Groups]:
     """The SQLite parameters of :data:`_LOG_FIELDS` for ``entries``, one flat list (a row after
     another). A time is the text of the naive time in the connection's zone: its second's text
     (:func:`_second_text`) and its microseconds, rounded as ``datetime.fromtimestamp`` rounds them
@@ -198,11 +213,13 @@ def _log_params(entries: list[AccountingEntry]) -> list[Any]:
     per flush (:func:`_cut_middle`: a subscript of a dict subclass is a slot call, and seven cuts a
     row were ~3k instructions). A boolean is the integer it stores, no time to first token
     :data:`_NO_TTFT`. The outcome's text is its ``_value_``: ``.value`` is a property call on Python
-    3.11, and the member itself a str subclass the SQLite module adapts the slow way (D108)."""
+    3.11, and the member itself a str subclass the SQLite module adapts the slow way (D108). Also the
+    rows' groups (:data:`Groups`: the lookup's key has the minute too), whose usages make the minute
+    sums (:func:`_fold_groups`, D116)."""
     zone, digits, rounder = connection.timezone, _DIGITS3, _ROUNDER
     request_id, estimated, no_ttft, flags = _LOG_LIMITS["request_id"], EstimatedUsage, _NO_TTFT, (0, 1)
     seconds: dict[int, str] = {}
-    middles: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    middles: Groups = {}
     known_second, known_middle = seconds.get, middles.get
     params: list[Any] = []
     for entry in entries:
@@ -216,12 +233,14 @@ def _log_params(entries: list[AccountingEntry]) -> list[Any]:
             if micros:
                 text = f"{text}.{digits[micros // 1000]}{digits[micros % 1000]}"
         key = (entry.tenant, entry.model, entry.worker, entry.surface, entry.route, entry.status,
-               entry.outcome._value_, entry.error_code)
+               entry.outcome._value_, entry.error_code, at // 60.0)
+        middle, usages = known_middle(key) or _cut_middle(middles, key)
+        usages.append(usage)
         params += (text, entry.request_id[:request_id])
-        params += known_middle(key) or _cut_middle(middles, key)
+        params += middle
         params += (usage.prompt, usage.completion, usage.cached, usage.reasoning, flags[type(usage) is estimated],
                    entry.latency_secs * 1000.0, no_ttft if ttft is None else ttft * 1000.0)
-    return params
+    return params, middles
 
 
 # Postgres's binary COPY (https://www.postgresql.org/docs/current/sql-copy.html, "Binary Format"): the
@@ -240,14 +259,14 @@ _SMALLINT = Struct(">ih").pack  # a status, after its length
 _LENGTH = Struct(">i").pack
 
 
-def _binary_middle(middles: dict[tuple[Any, ...], bytes], key: tuple[Any, ...]) -> bytes:
-    """The binary fields tenant to error code (:data:`_MIDDLE_FIELDS`) of ``key`` (their values), kept
-    in ``middles``: each text cut to its column's length and encoded (UTF-8, the connection's encoding)
-    after its length, the status a smallint."""
+def _binary_middle(middles: Groups, key: tuple[Any, ...]) -> tuple[Any, list[TokenUsage]]:
+    """The binary fields tenant to error code (:data:`_MIDDLE_FIELDS`) of ``key`` (their values and the
+    minute), kept in ``middles`` with an empty list of usages: each text cut to its column's length and
+    encoded (UTF-8, the connection's encoding) after its length, the status a smallint."""
     parts = [_SMALLINT(2, value) if name == "status" else _binary_text(value[: _LOG_LIMITS[name]])
              for name, value in zip(_MIDDLE_FIELDS, key)]  # fmt: skip
-    binary = middles[key] = b"".join(parts)
-    return binary
+    group = middles[key] = (b"".join(parts), [])
+    return group
 
 
 def _binary_text(value: str) -> bytes:
@@ -261,15 +280,16 @@ def _binary_micros(at: float) -> int:
     return (datetime.fromtimestamp(at, UTC) - datetime.fromtimestamp(_PG_EPOCH, UTC)) // timedelta(microseconds=1)
 
 
-def _copy_binary(entries: list[AccountingEntry]) -> bytes:
+def _copy_binary(entries: list[AccountingEntry]) -> tuple[bytes, Groups]:
     """``entries``' rows (:data:`_LOG_FIELDS`) in COPY's binary format: no text made for a time, a
     count or a float (a float's shortest text, its ``repr``, costs ~3.7k instructions) and nothing
     escaped. Per row two packs, the request id cut and encoded, one lookup of tenant to error code by
     their values (:func:`_binary_middle`, made once per flush), and the time's microseconds rounded as
-    ``datetime.fromtimestamp`` rounds them (:data:`_ROUNDER`) (D108)."""
+    ``datetime.fromtimestamp`` rounds them (:data:`_ROUNDER`) (D108). Also the rows' groups, as
+    :func:`_log_params` gives them (D116)."""
     request_id, epoch, rounder, estimated = _LOG_LIMITS["request_id"], _PG_EPOCH, _ROUNDER, EstimatedUsage
     head, tail, tail_no_ttft = _ROW_HEAD, _ROW_TAIL, _ROW_TAIL_NO_TTFT
-    middles: dict[tuple[Any, ...], bytes] = {}
+    middles: Groups = {}
     known = middles.get
     parts = [_COPY_HEADER]
     for entry in entries:
@@ -281,10 +301,12 @@ def _copy_binary(entries: list[AccountingEntry]) -> bytes:
             micros = _binary_micros(at)
         rid = entry.request_id[:request_id].encode()
         key = (entry.tenant, entry.model, entry.worker, entry.surface, entry.route, entry.status,
-               entry.outcome._value_, entry.error_code)
+               entry.outcome._value_, entry.error_code, at // 60.0)
+        middle, usages = known(key) or _binary_middle(middles, key)
+        usages.append(usage)
         parts.append(head(17, 8, micros, len(rid)))
         parts.append(rid)
-        parts.append(known(key) or _binary_middle(middles, key))
+        parts.append(middle)
         if ttft is None:
             parts.append(tail_no_ttft(8, usage.prompt, 8, usage.completion, 8, usage.cached, 8, usage.reasoning,
                                       1, type(usage) is estimated, 8, entry.latency_secs * 1000.0, -1))
@@ -292,22 +314,24 @@ def _copy_binary(entries: list[AccountingEntry]) -> bytes:
             parts.append(tail(8, usage.prompt, 8, usage.completion, 8, usage.cached, 8, usage.reasoning,
                               1, type(usage) is estimated, 8, entry.latency_secs * 1000.0, 8, ttft * 1000.0))
     parts.append(_COPY_TRAILER)
-    return b"".join(parts)
+    return b"".join(parts), middles
 
 
-def _insert_log(entries: list[AccountingEntry]) -> None:
-    """The request log's rows in multi-row INSERTs (SQLite), or one binary COPY (Postgres). Not the
-    ORM's bulk_create: a model instance per row and every field prepared through it cost about four
-    times the row's own insert (issue 27, D82: a fifth of a relayed request's CPU went to the flusher's
-    thread). On SQLite no parameter is None (D85)."""
+def _packed_log(entries: list[AccountingEntry]) -> tuple[Callable[[], None], Groups]:
+    """The request log's rows made for the store (no statement run yet): the write that inserts them,
+    multi-row INSERTs on SQLite or one binary COPY on Postgres, and the rows' groups (their usages by
+    tenant, model, minute and outcome). Not the ORM's bulk_create: a model instance per row and every
+    field prepared through it cost about four times the row's own insert (issue 27, D82: a fifth of a
+    relayed request's CPU went to the flusher's thread). On SQLite no parameter is None (D85)."""
     quote = connection.ops.quote_name
     table = quote(RequestLogEntry._meta.db_table)
     columns = ", ".join(quote(_LOG_COLUMNS[name]) for name in _LOG_FIELDS)
     if connection.vendor == "postgresql":
-        _copy_log(f"COPY {table} ({columns}) FROM STDIN (FORMAT BINARY)", _copy_binary(entries))
-        return
+        data, groups = _copy_binary(entries)
+        return lambda: _copy_log(f"COPY {table} ({columns}) FROM STDIN (FORMAT BINARY)", data), groups
     one = "(" + ", ".join(["?"] * (len(_LOG_FIELDS) - 1) + [f"NULLIF(?, {_NO_TTFT})"]) + ")"
-    _insert_sqlite_log(f"INSERT INTO {table} ({columns}) VALUES ", one, _log_params(entries))
+    params, groups = _log_params(entries)
+    return lambda: _insert_sqlite_log(f"INSERT INTO {table} ({columns}) VALUES ", one, params), groups
 
 
 def _insert_sqlite_log(head: str, one: str, params: list[Any]) -> None:
@@ -365,14 +389,25 @@ def _copy_log(sql: str, data: bytes) -> None:
 
 
 def write_usage(batch: Drained) -> None:
-    """Write one drained batch in one transaction: the minute sums added, the log rows inserted."""
+    """Write one drained batch in one transaction: the minute sums added, the log rows inserted. The
+    log's rows are made first; when they are every request the batch drained (the usual flush), the
+    minute sums are folded from the groups their loop makes (D116), else by the batch itself. Both
+    are in ``batch.minutes`` before any statement runs, so a batch a refused store hands back to the
+    ledger holds its sums."""
     if not batch:
         return
+    insert_log: Callable[[], None] | None = None
+    folds = batch.claim_log_fold()
+    if batch.log:
+        insert_log, groups = _packed_log(batch.log)
+        if folds:
+            _fold_groups(batch.minutes, groups)
+    minutes = batch.minutes
     with transaction.atomic():
-        if batch.minutes:
-            _upsert_minutes(batch.minutes)
-        if batch.log:
-            _insert_log(batch.log)
+        if minutes:
+            _upsert_minutes(minutes)
+        if insert_log is not None:
+            insert_log()
 
 
 def _delete_in_batches(rows: QuerySet[Any], max_batches: int) -> int:

@@ -10,12 +10,13 @@ usage-only event the gateway asked for taken out, and the request body written a
 Prints microseconds per request, best of 5 rounds of process CPU time.
 
 ``--callgrind``: instructions instead, each case counted in a window of its own under
-``valgrind --tool=callgrind --instr-atstart=no`` (figures the machine's load does not move), and two
+``valgrind --tool=callgrind --instr-atstart=no`` (figures the machine's load does not move), and three
 more cases: the account made and answered but not closed (what a build with accounting off still
-does: the close is the account's cost), and a request log row written by the flush's
-``write_usage`` into a store of its own (a fresh SQLite file store in a temporary directory, as the
-gateway's default; Postgres with ``DATABASE_URL``), 5 flushes of 400 rows after 10 flushes that fill
-the table first.
+does: the close is the account's cost), the minute sums folded from a flush's entries (``fold_minutes``,
+per entry: what the flush adds for every request, log or not: D116), and a request log row written by
+the flush's ``write_usage`` (the fold included) into a store of its own (a fresh SQLite file store in a
+temporary directory, as the gateway's default; Postgres with ``DATABASE_URL``), 5 flushes of 400 rows
+after 10 flushes that fill the table first.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from django.core.management import call_command  # noqa: E402
 from administration.usage_flush import write_usage  # noqa: E402
 from common import telemetry  # noqa: E402
 from common.config import GatewayConfig  # noqa: E402
-from inference.accounting import Delivered, TokenUsage, UsageLedger  # noqa: E402
+from inference.accounting import Delivered, TokenUsage, UsageLedger, fold_minutes  # noqa: E402
 from inference.asgi_io import new_request_id  # noqa: E402
 from inference.auth import Identity, IdentityKind  # noqa: E402
 from inference.dataplane import DataPlane  # noqa: E402
@@ -147,11 +148,13 @@ def _log_batches(dp: DataPlane, flushes: int) -> list[Any]:
 def _child(requests: int) -> None:
     call_command("migrate", verbosity=0)
     dp = DataPlane.build(GatewayConfig())
-    dp.ledger.log_capacity = 0  # the flush would drain it; a growing log is not the request's cost
+    dp.ledger.log_capacity = 0  # no log kept; the entries collect (folded every FOLD_EVERY) as between flushes
     for name, work in _cases(dp).items():
         _counted(name, requests // 10 if name == "stream" else requests, work)
     for batch in _log_batches(dp, 10):  # the table holds rows first, as a running gateway's does
         write_usage(batch)
+    entries = iter([batch.log for batch in _log_batches(dp, LOG_FLUSHES + 1)])
+    _counted("fold", LOG_FLUSHES, lambda: fold_minutes({}, next(entries)))  # the sums alone (D116)
     batches = iter(_log_batches(dp, LOG_FLUSHES + 1))  # one for _counted's warm-up
     _counted("log_row", LOG_FLUSHES, lambda: write_usage(next(batches)))
 
@@ -176,12 +179,15 @@ def _callgrind(requests: int) -> None:
         "account": counts["account"] / requests, "opened": counts["opened"] / requests,
         "whole": counts["whole"] / requests, "stream": counts["stream"] / (requests // 10),
         "log_row": counts["log_row"] / (LOG_FLUSHES * LOG_FLUSH_ROWS),
+        "fold": counts["fold"] / (LOG_FLUSHES * LOG_FLUSH_ROWS),
     }
     print(f"account (made, answered, closed): {per['account']:,.0f} instructions per request")
     print(f"  of which the close (entry, ledger, tokens noted): {per['account'] - per['opened']:,.0f}")
+    print(f"minute sums folded at the flush ({LOG_FLUSH_ROWS} entries a flush): {per['fold']:,.0f} per request")
     print(f"usage of a whole relayed answer ({len(WHOLE)} bytes): {per['whole']:,.0f}")
     print(f"usage of a relayed 16-token stream (+ body rewrite): {per['stream']:,.0f}")
-    print(f"request log row written by the flush ({LOG_FLUSHES} flushes of {LOG_FLUSH_ROWS}): {per['log_row']:,.0f}")
+    print(f"request log row written by the flush ({LOG_FLUSHES} flushes of {LOG_FLUSH_ROWS}, the fold included): "
+          f"{per['log_row']:,.0f}")
 
 
 def main() -> None:
@@ -197,7 +203,7 @@ def main() -> None:
         _callgrind(args.requests or 2_000)
         return
     dp = DataPlane.build(GatewayConfig())
-    dp.ledger.log_capacity = 0  # the flush would drain it; a growing log is not the request's cost
+    dp.ledger.log_capacity = 0  # no log kept; the entries collect (folded every FOLD_EVERY) as between flushes
     cases = _cases(dp)
     count = args.requests or 200_000
     print(f"account (entry, ledger, counters): {_best(5, count, cases['account']):.2f} us per request")

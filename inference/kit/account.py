@@ -3,7 +3,7 @@ once its caller is known, told by the attempts loop which worker answered and wh
 (the :class:`~inference.accounting.Delivered` every ``forward`` returns), and closed exactly once at
 the request's end into one :class:`~inference.accounting.AccountingEntry` for the data plane's ledger
 (:meth:`DataPlane.account`) and the token counters on /metrics. No I/O: a few attribute writes per
-request, and one dict update in the ledger.
+request, and one list append in the ledger (its sums are folded at the flush: D116).
 
 A request's later model turns (Responses tool rounds, the Messages MCP loop) are summed by the surface
 that runs them into the one answer it hands back; a background run's request is closed by the run

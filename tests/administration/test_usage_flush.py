@@ -409,3 +409,38 @@ def test_a_log_rows_time_is_what_djangos_adapter_stores() -> None:
     to_stored = usage_flush.stored_time()
     for at in (1_795_840_099.0, 1_795_840_099.887711, 1_000_000_000.5, 1_795_881_600.000001):
         assert to_stored(at) == connection.ops.adapt_datetimefield_value(datetime.fromtimestamp(at, UTC))
+
+
+async def test_a_flush_refused_inside_its_transaction_is_carried_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The minute sums of a usual flush are folded from the log's own rows (D116) before any statement
+    runs: a store that refuses the transaction gets the batch back with its sums, and the next flush
+    writes them once, the log's rows too; with no log the sums are folded from the entries alone."""
+    real_upsert = usage_flush._upsert_minutes
+    refusals = [OperationalError("connection to server at 127.0.0.1 failed: Connection refused")]
+
+    def upsert(minutes: dict) -> None:  # type: ignore[type-arg]
+        if refusals:
+            raise refusals.pop()
+        real_upsert(minutes)
+
+    monkeypatch.setattr(usage_flush, "_upsert_minutes", upsert)
+    ledger = UsageLedger()
+    flusher = UsageFlusher(GatewayConfig(), lambda: ledger)
+    ledger.add(entry(MINUTE * 60 + 1))
+    ledger.add(entry(MINUTE * 60 + 2, outcome=Outcome.UPSTREAM_ERROR, tenant="globex"))
+    try:
+        assert not await flusher.aflush()
+        ledger.add(entry(MINUTE * 60 + 61))
+        assert await flusher.aflush()
+    finally:
+        STORE.recovered()
+    off = UsageLedger(log_capacity=0)
+    off.add(entry(MINUTE * 60 + 3))
+    await asyncio.to_thread(write_usage, off.drain())
+    assert await asyncio.to_thread(stored) == {
+        ("acme", "m", at_minute(MINUTE)): (2, 0, 20, 10, 4, 2),
+        ("globex", "m", at_minute(MINUTE)): (1, 1, 10, 5, 2, 1),
+        ("acme", "m", at_minute(MINUTE + 1)): (1, 0, 10, 5, 2, 1),
+    }
+    ids = await asyncio.to_thread(lambda: list(RequestLogEntry.objects.order_by("id").values_list("request_id", flat=True)))
+    assert ids == [f"r{MINUTE * 60 + n}" for n in (1, 2, 61)]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from inference.accounting import AccountingEntry, Outcome, TokenUsage, UsageLedger
+from inference.accounting import ledger as ledger_module
 
 
 def _entry(at: float, tenant: str = "acme", model: str = "m", outcome: Outcome = Outcome.SUCCESS,
@@ -51,3 +54,45 @@ def test_the_unflushed_log_is_bounded_and_can_be_off() -> None:
     off = UsageLedger(log_capacity=0)
     off.add(_entry(1.0))
     assert off.drain().log == []
+
+
+def _summed_one_by_one(entries: list[AccountingEntry]) -> dict[tuple[str, str, int], list[int]]:
+    """The sums as the request path added them before D116: each entry's six sums in turn."""
+    minutes: dict[tuple[str, str, int], list[int]] = {}
+    for entry in entries:
+        sums = minutes.setdefault((entry.tenant, entry.model, int(entry.at // 60)), [0] * 6)
+        usage = entry.usage
+        for i, n in enumerate((1, int(entry.outcome is not Outcome.SUCCESS), usage.prompt, usage.completion,
+                               usage.cached, usage.reasoning)):
+            sums[i] += n
+    return minutes
+
+
+def test_the_flush_fold_sums_as_each_entry_added_would() -> None:
+    """Tenants, models, outcomes and minutes mixed (times before 1970 and on a minute's edge too): the
+    sums folded from a drained batch equal the per-entry sums, and are made when first read."""
+    outcomes = list(Outcome)
+    entries = [_entry(at, tenant=("acme", "globex")[n % 2], model=("m", "n", "m")[n % 3],
+                      outcome=outcomes[n % len(outcomes)], prompt=n, completion=n * 2)
+               for n, at in enumerate([-61.0, -60.0, -0.5, 0.0, 59.999, 60.0, 119.0, 1_795_840_099.9] * 7)]
+    ledger = UsageLedger()
+    for made in entries:
+        ledger.add(made)
+    drained = ledger.drain()
+    assert drained and len(drained.log) == len(entries)
+    assert drained.minutes == _summed_one_by_one(entries)
+
+
+def test_unflushed_entries_past_fold_every_are_folded_and_the_log_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flush that never comes (a store that hangs) holds bounded memory: past FOLD_EVERY the entries
+    become sums and the log keeps its capacity; nothing is lost from the sums."""
+    monkeypatch.setattr(ledger_module, "FOLD_EVERY", 4)
+    ledger = UsageLedger(log_capacity=3)
+    entries = [_entry(float(second * 20)) for second in range(10)]
+    for made in entries:
+        ledger.add(made)
+        assert len(ledger._entries) < 4 and len(ledger._held) <= 3
+    drained = ledger.drain()
+    assert drained.minutes == _summed_one_by_one(entries)
+    assert [entry.at for entry in drained.log] == [140.0, 160.0, 180.0]
+    assert not len(ledger)
