@@ -16,7 +16,9 @@ What the client does, and no more (RFC 9113, gRPC over HTTP/2):
   that arrived, so a consumer that stops reading (a slow client) stops its engine stream at one
   window; the peer's windows respected on send (a long prompt waits for WINDOW_UPDATE);
 - HEADERS/CONTINUATION through one HPACK encoder and decoder per connection (every header block
-  decoded, in order, so the dynamic table stays in step); SETTINGS acknowledged, PING answered,
+  decoded, in order, so the dynamic table stays in step; a block seen before that changed nothing
+  in the table, while it still has not changed, takes the fields it decoded to then); SETTINGS
+  acknowledged, PING answered,
   GOAWAY honoured (streams past its last id fail as UNAVAILABLE, no new streams), RST_STREAM;
 - gRPC's length-prefixed messages (uncompressed: no grpc-encoding is offered), status from the
   trailers (or a trailers-only answer); cancelling a call sends RST_STREAM CANCEL, which ends the
@@ -275,8 +277,8 @@ _KEPT_BLOCKS = 64  # header blocks kept per connection (H2Connection._header_blo
 
 
 class _CountedTable(HeaderTable):
-    """hpack's dynamic table, counting its additions (a header block that added nothing can be sent
-    again while the count stays)."""
+    """hpack's dynamic table, counting its changes, additions and size settings (a header block that
+    changed nothing can be sent again, or its decoded fields reused, while the count stays)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -285,6 +287,15 @@ class _CountedTable(HeaderTable):
     def add(self, name: bytes, value: bytes) -> None:
         self.changes += 1
         super().add(name, value)
+
+    @property
+    def maxsize(self) -> int:
+        return self._maxsize
+
+    @maxsize.setter
+    def maxsize(self, size: int) -> None:
+        self.changes += 1
+        HeaderTable.maxsize.fset(self, size)  # type: ignore[attr-defined]
 
 
 class H2Connection(asyncio.Protocol):
@@ -304,6 +315,10 @@ class H2Connection(asyncio.Protocol):
         self._blocks: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, bytes]] = {}
         self._decoder = hpack.Decoder()
         self._decoder.max_allowed_table_size = 1 << 16
+        self._decoding = self._decoder.header_table = _CountedTable()
+        # Received header blocks that changed nothing in the decoder's table, by their bytes: their
+        # fields, the same while the table stays as it was (a worker's response headers and trailers).
+        self._decoded: dict[bytes, tuple[int, list[tuple[str, str]]]] = {}
         self._calls: dict[int, H2Call[Any]] = {}
         self._next_id = 1
         self._buffer = bytearray()
@@ -489,15 +504,27 @@ class H2Connection(asyncio.Protocol):
             self._end_block(stream_id, block, call._block_end_stream if call is not None else False)
 
     def _end_block(self, stream_id: int, block: bytearray, end_stream: bool) -> None:
-        try:
-            headers = self._decoder.decode(bytes(block))  # always, to keep the dynamic table in step
-        except hpack.HPACKError as exc:
-            self._protocol_error(f"a header block did not decode ({exc})")
-            return
+        data = bytes(block)
+        table = self._decoding
+        kept = self._decoded.get(data)
+        if kept is not None and kept[0] == table.changes:
+            fields = kept[1]  # decoding it again would give the same fields and leave the table as it is
+        else:
+            changes = table.changes
+            try:
+                headers = self._decoder.decode(data)  # always, to keep the dynamic table in step
+            except hpack.HPACKError as exc:
+                self._protocol_error(f"a header block did not decode ({exc})")
+                return
+            fields = [(str(name), str(value)) for name, value in headers]
+            if table.changes == changes:
+                if len(self._decoded) >= _KEPT_BLOCKS:
+                    self._decoded.clear()
+                self._decoded[data] = (changes, fields)
         block.clear()
         call = self._calls.get(stream_id)
         if call is not None:
-            call._header_block([(str(name), str(value)) for name, value in headers], end_stream)
+            call._header_block(fields, end_stream)
 
     def _consume(self, size: int) -> None:
         self._consumed += size
