@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import unicodedata
 from functools import lru_cache
@@ -78,7 +79,10 @@ class BpeEncoder:
     """tiktoken (or ``fastokens``, once built and checked) in place of ``tokenizers`` for encoding
     texts without added special tokens."""
 
-    __slots__ = ("encoding", "needs_nfc", "native", "_source", "_reference", "_added", "_lock", "_started")
+    __slots__ = (
+        "encoding", "needs_nfc", "native", "_source", "_reference", "_added", "_lock", "_started", "_split",
+        "_added_ids", "_ordinary",
+    )  # fmt: skip
 
     def __init__(
         self, encoding: tiktoken.Encoding, needs_nfc: bool, *, source: Path | None = None,
@@ -92,6 +96,12 @@ class BpeEncoder:
         self._added = tuple(added)
         self._lock = threading.Lock()
         self._started = False
+        # The text cut at its added tokens (captured: every odd piece is one), as tiktoken's encode
+        # with allowed_special="all" finds them (leftmost; none starts another, _added_tokens).
+        specials = sorted(encoding.special_tokens_set, key=len, reverse=True)
+        self._split = re.compile("(%s)" % "|".join(map(re.escape, specials))).split if specials else None
+        self._added_ids: dict[str, int] = dict(encoding._special_tokens)  # the ids encode gives them
+        self._ordinary = encoding.encode_ordinary
 
     def encode(self, text: str) -> list[int] | None:
         """The ids of ``text``, added tokens matched; None when ``text`` must go to ``tokenizers``
@@ -103,7 +113,27 @@ class BpeEncoder:
             return native.encode(text, add_special_tokens=False).ids
         if len(text) >= NATIVE_MIN_CHARS and self._source is not None and not self._started:
             self.start_native()
-        return self.encoding.encode(text, allowed_special="all")
+        return self._encode_all(text)
+
+    def _encode_all(self, text: str) -> list[int]:
+        """``self.encoding.encode(text, allowed_special="all")``: the text between added tokens
+        through tiktoken's ``encode_ordinary``, each added token its id. tiktoken's ``encode`` turns
+        its set of every added token into a Rust one on every call (hashing each token): ~40k
+        instructions, more than a short piece's encoding (D114)."""
+        split = self._split
+        if split is None:
+            return self._ordinary(text)
+        pieces = split(text)
+        ordinary = self._ordinary
+        if len(pieces) == 1:
+            return ordinary(text)
+        added = self._added_ids
+        ids: list[int] = ordinary(pieces[0]) if pieces[0] else []
+        for token, piece in zip(pieces[1::2], pieces[2::2]):
+            ids.append(added[token])
+            if piece:
+                ids += ordinary(piece)
+        return ids
 
     def start_native(self) -> threading.Thread | None:
         """Start building the ``fastokens`` encoder on a thread (once); the thread, or None when
