@@ -125,6 +125,10 @@ def _tojson(
 
 
 _PLAIN_TYPES = frozenset((str, dict, list, tuple, int, float, bool, type(None), LoopContext, Namespace))
+# A loop's counters (ints and bools) and a string's methods but the two the sandbox wraps: a value
+# the sandbox returns as it is once the attribute is known safe (_Sandbox.getattr).
+_LOOP_NUMBERS = frozenset(("index0", "index", "revindex0", "revindex", "first", "last", "length", "depth0", "depth"))
+_FORMATS = frozenset(("format", "format_map"))
 _DICT_ATTRIBUTES = frozenset(dir(dict))
 
 
@@ -139,17 +143,29 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     - a name a plain ``dict`` has no attribute of (``message.content``) is its item at once: the
       lookup the sandbox tries first can only fail (a ``dict`` instance has no attributes of its own);
     - a built-in method (``content.split``) is always safe to call: it cannot carry the
-      ``unsafe_callable`` or ``alters_data`` marks the sandbox looks for.
+      ``unsafe_callable`` or ``alters_data`` marks the sandbox looks for;
+    - a loop's counter (``loop.index0``, an int or a bool) or a string's method (``startswith``;
+      not ``format`` or ``format_map``, which the sandbox wraps) known safe is returned as it is:
+      what the sandbox's checks would return for it (D114).
     """
 
     _safe: dict[tuple[type, str], bool] = {}
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+        kind = type(obj)
+        if kind is dict and attribute not in _DICT_ATTRIBUTES:
             try:
                 return obj[attribute]
             except (TypeError, LookupError):
                 return self.undefined(obj=obj, name=attribute)
+        if (
+            (kind is LoopContext and attribute in _LOOP_NUMBERS or kind is str and attribute not in _FORMATS)
+            and self._safe.get((kind, attribute))
+        ):  # fmt: skip
+            try:
+                return getattr(obj, attribute)
+            except AttributeError:
+                pass
         return super().getattr(obj, attribute)
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
@@ -186,6 +202,29 @@ def compile_template(source: str) -> jinja2.Template:
         return _environment().from_string(source)
     except jinja2.TemplateSyntaxError as error:
         raise TemplateCompileError(f"chat template does not compile: {error}") from error
+
+
+@lru_cache(maxsize=128)
+def _template_globals(source: str) -> tuple[dict[str, Any], set[str]]:
+    """The globals of ``source``'s compiled template as a plain dict, and their names: read once from
+    the template's ``ChainMap`` over the environment's globals (set before any template compiles),
+    which ``Template.render`` copies item by item in Python on every call."""
+    values = dict(compile_template(source).globals)
+    return values, set(values)
+
+
+def _render_text(source: str, compiled: jinja2.Template, context: dict[str, Any]) -> str:
+    """``compiled.render(context)`` (``compiled``: ``source``'s template): the same context (the
+    globals, then ``context`` over them) built from :func:`_template_globals`, the same render and
+    error handling."""
+    environment = compiled.environment
+    values, names = _template_globals(source)
+    ctx = environment.context_class(environment, {**values, **context}, compiled.name, compiled.blocks)
+    ctx.globals_keys = names
+    try:
+        return environment.concat(compiled.root_render_func(ctx))
+    except Exception:
+        environment.handle_exception()
 
 
 @lru_cache(maxsize=128)
@@ -560,7 +599,7 @@ def render(
         add_generation_prompt=add_generation_prompt and not continue_final_message,
     )
     try:
-        text = compiled.render(context)
+        text = _render_text(source, compiled, context)
     except ChatTemplateError:
         raise
     except jinja2.TemplateError as error:
