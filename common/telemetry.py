@@ -639,9 +639,11 @@ def record_retries_exhausted(worker_type: str, endpoint: str) -> None:
 
 
 def record_tokenizer_cache_lookup(layer: str, hit: bool, reused_bytes: int) -> None:
-    _child(TOKENIZER_CACHE_LOOKUPS, layer, "hit" if hit else "miss").inc()
+    """Once or twice per served request (D114: the memoized increments, no ``Counter.inc`` checks;
+    ``reused_bytes`` is a length, never negative)."""
+    _add(TOKENIZER_CACHE_LOOKUPS, layer, "hit" if hit else "miss")(1)
     if reused_bytes:
-        _child(TOKENIZER_CACHE_REUSED, layer).inc(reused_bytes)
+        _add(TOKENIZER_CACHE_REUSED, layer)(reused_bytes)
 
 
 def record_tokenizer_cache_eviction(layer: str) -> None:

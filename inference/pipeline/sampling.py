@@ -75,30 +75,32 @@ def output_constraint(body: Mapping[str, Any], tool_choice: ToolChoice | None = 
     return None
 
 
+# Body fields that are SamplingParams fields of the same name, passed when set (not null).
+_SAME_NAMED = (
+    "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+    "skip_special_tokens", "ignore_eos",
+)  # fmt: skip
+
+
 def _common(body: Mapping[str, Any], max_new_tokens: Any, n: int) -> dict[str, Any]:
+    """The SamplingParams fields the body sets (a null field keeps its default)."""
     get = body.get
+    values: dict[str, Any] = {name: value for name in _SAME_NAMED if (value := get(name)) is not None}
     seed = get("sampling_seed")
     if seed is None:
         seed = get("seed")
-    values: dict[str, Any] = {
-        "temperature": get("temperature"),
-        "top_p": get("top_p"),
-        "top_k": get("top_k"),
-        "min_p": get("min_p"),
-        "frequency_penalty": get("frequency_penalty"),
-        "presence_penalty": get("presence_penalty"),
-        "repetition_penalty": get("repetition_penalty"),
-        "max_new_tokens": max_new_tokens,
-        "min_new_tokens": get("min_tokens"),
-        "stop": stop_strings(body),
-        "stop_token_ids": tuple(get("stop_token_ids") or ()),
-        "skip_special_tokens": get("skip_special_tokens"),
-        "ignore_eos": get("ignore_eos"),
-        "n": n,
-        "seed": seed,
-        "logit_bias": _logit_bias(get("logit_bias")),
-    }
-    return {key: value for key, value in values.items() if value is not None}
+    if seed is not None:
+        values["seed"] = seed
+    if max_new_tokens is not None:
+        values["max_new_tokens"] = max_new_tokens
+    minimum = get("min_tokens")
+    if minimum is not None:
+        values["min_new_tokens"] = minimum
+    values["stop"] = stop_strings(body)
+    values["stop_token_ids"] = tuple(get("stop_token_ids") or ())
+    values["n"] = n
+    values["logit_bias"] = _logit_bias(get("logit_bias"))
+    return values
 
 
 def chat_sampling(body: Mapping[str, Any], tool_choice: ToolChoice | None = None) -> SamplingParams:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from random import getrandbits
 from typing import Any, Protocol
 
 from inference.accounting import CLEAN, Delivered
@@ -25,8 +26,19 @@ from inference.writers import ResponseWriter
 
 __all__ = [
     "LocalAnswer", "ServedAnswer", "ServedRequest", "ServedSurface", "engine_target",
-    "models_without_tokenizer", "tokenizer_ready",
+    "models_without_tokenizer", "tokenizer_ready", "uuid4_hex",
 ]  # fmt: skip
+
+# uuid4's version (4) and variant (RFC 4122) bits, as uuid.UUID(version=4) sets them.
+_UUID4_KEPT = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def uuid4_hex() -> str:
+    """``uuid.uuid4().hex``'s form (32 hex digits, version 4, RFC 4122 variant) for an answer's id,
+    from the process's Mersenne Twister as inference.asgi_io.new_request_id draws: an identifier,
+    not a secret, and no ``os.urandom`` system call on the request path (D82, D114)."""
+    return "%032x" % (getrandbits(128) & _UUID4_KEPT | _UUID4_SET)
 
 
 class ServedAnswer(Protocol):

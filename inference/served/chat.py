@@ -16,7 +16,6 @@ is the in-band error frame, then ``[DONE]``.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any, AsyncIterator
 
 import orjson
@@ -29,7 +28,7 @@ from inference.pipeline.usage import UsageTally, token_usage
 from inference.routing.workers import WorkerHandle
 from inference.schemas.profiles import Profile, detect_profile
 from inference.pipeline.target import EngineTarget
-from inference.served.base import ServedRequest, ServedSurface
+from inference.served.base import ServedRequest, ServedSurface, uuid4_hex
 from inference.pipeline.turn import chat_turn
 from inference.pipeline.chat_turn import ChatTurn, TurnRun, turn_events, turn_step
 from inference.pipeline.engine_answer import EngineAnswer
@@ -43,6 +42,7 @@ __all__ = ["ServedChat"]
 _OPENAI_FINISH = {"abort": "stop"}  # the engine's own abort is not an OpenAI finish reason
 _TEXT_TAIL = b'},"logprobs":null,"finish_reason":null}]}\n\n'
 _CONTENT_KEY = b',"delta":{"content":'
+_ROLE_KEY = b',"delta":{"role":"assistant","content":'
 
 
 class ServedChat(ServedSurface):
@@ -50,7 +50,7 @@ class ServedChat(ServedSurface):
         super().__init__(request)
         body = request.body
         rid = body.get("rid")
-        self.id = rid if isinstance(rid, str) and rid else f"chatcmpl-{uuid.uuid4().hex}"
+        self.id = rid if isinstance(rid, str) and rid else f"chatcmpl-{uuid4_hex()}"
         self.turn = ChatTurn(request.target_of, chat_turn(body, request.model, stream=request.stream), self.id)
         self.sampling = self.turn.sampling
         self.created = int(time.time())
@@ -134,8 +134,11 @@ class ServedChat(ServedSurface):
         await writer.open_stream()
         out = bytearray()
         running = self.continuous_usage
-        for choice in choices:
-            out += self._event_chunk(choice.index, {"role": "assistant", "content": ""}, tally, running)
+        for choice in choices:  # the role chunk, from the per-stream bytes when no usage goes in it
+            if running or self.usage_on_finish:
+                out += self._event_chunk(choice.index, {"role": "assistant", "content": ""}, tally, running)
+            else:
+                out += self._text_chunk(choice.index, _ROLE_KEY, "")
         await writer.chunk(bytes(out))
         with_logprobs = self.sampling.logprobs
         # A content delta's chunk straight from the per-stream bytes when _event_bytes would write it so.

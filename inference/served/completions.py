@@ -10,7 +10,6 @@ Usage sums every prompt's counts.
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, AsyncIterator
@@ -27,7 +26,7 @@ from inference.accounting import Delivered
 from inference.pipeline.usage import UsageTally, token_usage
 from inference.routing.workers import WorkerHandle
 from inference.pipeline.target import EngineTarget
-from inference.served.base import ServedRequest, ServedSurface, engine_target
+from inference.served.base import ServedRequest, ServedSurface, engine_target, uuid4_hex
 from inference.pipeline.chat_turn import turn_events, turn_step
 from inference.pipeline.engine_answer import EngineAnswer, open_generations
 from inference.served.openai_shapes import completion_logprobs, usage_json
@@ -69,7 +68,7 @@ class ServedCompletion(ServedSurface):
         self.items = prompt_items(body.get("prompt"))
         self.sampling = completion_sampling(body)
         self.n = self.sampling.n
-        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.id = f"cmpl-{uuid4_hex()}"
         self.created = int(time.time())
         self.model = request.model or request.requested_model
         self.echo = body.get("echo") is True

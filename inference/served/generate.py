@@ -9,7 +9,6 @@ SGLang streams it, with ``index``), then ``data: [DONE]``.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, AsyncIterator, Mapping
@@ -25,7 +24,7 @@ from inference.accounting import Delivered
 from inference.pipeline.usage import UsageTally, token_usage
 from inference.routing.workers import WorkerHandle
 from inference.pipeline.target import EngineTarget
-from inference.served.base import ServedRequest, ServedSurface, engine_target
+from inference.served.base import ServedRequest, ServedSurface, engine_target, uuid4_hex
 from inference.pipeline.engine_answer import EngineAnswer, open_generations
 from inference.upstreams.engine import Constraint, ConstraintKind, EngineOutput, EngineRequest, SamplingParams
 from inference.upstreams.failures import UpstreamFailure
@@ -119,7 +118,7 @@ class ServedGenerate(ServedSurface):
         self.sampling = native_sampling(body.get("sampling_params"), logprobs=return_logprob, top_logprobs=top)
         self.n = self.sampling.n
         rid = body.get("rid")
-        self.id = rid if isinstance(rid, str) and rid else uuid.uuid4().hex
+        self.id = rid if isinstance(rid, str) and rid else uuid4_hex()
         self.no_stop_trim = (body.get("sampling_params") or {}).get("no_stop_trim") is True
 
     async def open(self, worker: WorkerHandle) -> EngineAnswer:
