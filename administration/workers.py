@@ -21,6 +21,7 @@ from administration.engine_facts import dp_ranks, engine_spec
 from administration.registration import HTTP2_USED, JOB_STORE_PATIENCE_SECS
 from administration.worker_spec import SpecRuleError, WorkerSpec, parse_worker_spec
 from common.config import PROVIDER_BACKENDS, GatewayConfig, current_config
+from common.worker_metrics import http2_of
 from inference.routing.breaker import DEFAULT_CAPACITY, DEFAULT_RETRYABLE, Resilience
 from inference.routing.pd import pairing_key
 from inference.routing.workers import HttpPool, PdTraits, RuntimeType, Transport, WorkerKind, WorkerRecord, kind_of
@@ -352,6 +353,13 @@ def handshake_address_of(worker: Worker) -> str | None:
         return str(given) if given is not None else None
 
 
+def http2_chosen(worker: Worker, kind: WorkerKind | None = None) -> bool:
+    """Whether the HTTP relay reaches this worker over HTTP/2 with prior knowledge: a relayed worker
+    whose registration chose it (D111; external providers stay on HTTP/1.1). ``kind``: the worker's,
+    when the caller has it already."""
+    return bool(worker.setting(HTTP2_USED)) and (kind or worker.kind) is WorkerKind.RELAYED
+
+
 def worker_fields(worker: Worker, config: GatewayConfig) -> dict[str, Any]:
     """The worker as the API shows it, but for its live state (load, engine load, job status): the
     spec's fields (never api_key), its status and settings. Built from the stored row, so the fleet
@@ -361,7 +369,8 @@ def worker_fields(worker: Worker, config: GatewayConfig) -> dict[str, Any]:
         **spec_fields(worker),
         "is_healthy": worker.status == WorkerStatus.READY,
         "status": worker.status,
-        "http2": bool(worker.setting(HTTP2_USED)),  # what registration chose (D111)
+        # The gauge's fact (gw_worker_http2): gRPC is HTTP/2; an HTTP worker as registration chose.
+        "http2": bool(http2_of(worker.transport, http2_chosen(worker))),
         "max_connection_attempts": config.retry_max_retries + 1,
     }
     if worker.model_id:
@@ -575,7 +584,7 @@ def worker_records(config: GatewayConfig, workers: Iterable[Worker] | None = Non
                     if kind is not WorkerKind.ENGINE
                     else None
                 ),
-                http2=bool(worker.setting(HTTP2_USED)) and kind is WorkerKind.RELAYED,
+                http2=http2_chosen(worker, kind),
             )
         )
     return records

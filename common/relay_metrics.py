@@ -10,11 +10,13 @@ metrics registry (:mod:`common.telemetry`), counted for what the gateway does wi
 - ``gw_router_request_buffers_released_early_bytes_total``: bytes of request bodies let go before
   their request ended; the gateway keeps each body to the end for its retries, so this stays 0.
 - ``gw_router_upstream_send_retries_total{router_type}``: resends of a request on the same worker
-  when its first send failed before any response. The HTTP relay does not resend (a pooled
-  connection is reused only within 4 s, under the engines' 5 s keep-alive, so the stale-connection
-  race such a resend covers is avoided instead: :data:`inference.upstreams.http.KEEPALIVE_SECS`); a
-  send that fails goes to the retry policy on another worker (``gw_worker_retries_total``). The
-  family is declared and has no series.
+  when its first send failed before any response: the HTTP relay's request written on a pooled
+  keep-alive connection the worker had closed (it hung up or reset before any byte of an answer),
+  sent once more on a new connection, and an HTTP/2 stream the worker did not process (GOAWAY,
+  REFUSED_STREAM) sent once more (D113). Pooled connections are reused only within 3 s, under the
+  engines' 5 s keep-alive (:data:`inference.upstreams.http.KEEPALIVE_SECS`), so this is rare: a
+  worker closing sooner, or restarted. Any other failed send goes to the retry policy on another
+  worker (``gw_worker_retries_total``). The family is declared before its first resend.
 """
 
 from __future__ import annotations

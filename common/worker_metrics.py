@@ -4,8 +4,9 @@
 - ``gw_worker_http2{worker}``: 1 when the gateway reaches the worker over HTTP/2, else 0, set by the
   1 s sampler (:mod:`inference.gauges`) when it changes, 0 once the worker is removed. gRPC workers
   are reached over HTTP/2 (gRPC's own transport): 1. HTTP workers: 1 when registration chose HTTP/2
-  with prior knowledge (``http_pool.http2`` true, or found speaking it under --upstream-http2; the
-  API's ``http2`` says the same), else 0 (D111). ZMQ workers: 0.
+  with prior knowledge (``http_pool.http2`` true, or found speaking it under --upstream-http2), else
+  0 (D111). ZMQ workers: 0. GET /workers' ``http2`` is the same fact from the same function
+  (:func:`http2_of`), so a gRPC worker shows true there too.
 - ``gw_kv_event_subscription_failures_total{worker, reason}``: failures of the gateway's subscription
   to a worker's KV cache events. The gateway does not subscribe to KV events (its cache-aware policy
   keeps its own approximate tree of the prompts it routed; the generated TRT-LLM stub's

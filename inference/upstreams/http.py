@@ -9,7 +9,12 @@ middlewares, ClientResponse) cost ~50 us of a relay's ~200 us of CPU, and a rela
 none of it (docs/DECISIONS.md D13). What the session gave and this module keeps:
 
 - connections from the pool, released for reuse once the answer was read to its end, closed when it
-  was not (a cancelled or failed relay never returns a half-read connection to the pool). Workers'
+  was not (a cancelled or failed relay never returns a half-read connection to the pool). A request
+  written on a pooled connection the worker had closed (it hung up or reset before any byte of an
+  answer) is sent once more on a new connection (spec 3's gw_router_upstream_send_retries_total: one
+  resend when the first send fails before any response; not an attempt of the retry policy, never
+  the worker's failure); over HTTP/2, a stream the worker did not process (GOAWAY, REFUSED_STREAM).
+  A new connection the worker closes unanswered is its failure, never sent twice (D113). Workers'
   idle connections are pooled here (:class:`_IdlePool`: the connector's rules, first in first out,
   none reused past the worker's idle time, expired ones closed by a sweep, at most the worker's
   ``pool_max_idle_per_host`` kept), the connector opening new ones and closing them (a TLS one's
@@ -35,6 +40,7 @@ instead of closing a connection other requests share.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -52,12 +58,14 @@ from yarl import URL
 
 from common.config import GatewayConfig
 from common.http_clients import tls_context
+from common.relay_metrics import UPSTREAM_SEND_RETRIES
+from common.telemetry import _add
 from inference.accounting import CLEAN, Delivered, TokenUsage
 from inference.routing.workers import HttpPool, Transport, WorkerRecord
 from inference.upstreams.base import RELAYS, Relay, RelayAnswer, RelayRequest
 from inference.upstreams.deadline import Deadline as _Deadline
 from inference.upstreams.failures import FailureKind, UpstreamFailure
-from inference.upstreams.http2 import H2Pool, H2Stream, literal, request_block
+from inference.upstreams.http2 import H2Pool, H2Stream, StreamRefused, literal, request_block
 from inference.upstreams.usage_estimate import stream_estimate
 from inference.upstreams.usage_scan import StreamUsage, usage_in_body, usage_key
 from inference.writers import ResponseWriter
@@ -69,8 +77,9 @@ log = logging.getLogger(__name__)
 _CONNECT_TIMEOUT_SECS = 10.0
 # An idle pooled connection is reused only this long (--upstream-pool-idle-timeout-secs, a worker's
 # pool_idle_timeout_secs). Engines' HTTP servers close idle keep-alive connections after 5 s
-# (uvicorn's default, which sglang and vllm keep); a request written on a connection the worker is
-# closing at that moment fails (another worker, or 502). Staying under it avoids the race.
+# (uvicorn's default, which sglang and vllm keep); staying under it avoids writing a request on a
+# connection the worker is closing at that moment. A worker that closes sooner (or restarted) still
+# meets that race: such a request is sent once more on a new connection (HttpRelay._resend).
 KEEPALIVE_SECS = 3.0
 _MAX_IDLE = 500  # idle connections kept per worker host (spec 3's pool_max_idle_per_host default)
 # The sweep also closes the connections due within this long: one wake-up for those expiring together.
@@ -83,6 +92,27 @@ HOLD_BYTES = 256 * 1024
 _ONE_WRITE_MAX = 2**16  # bodies up to this size go out in the same write as the head
 _NO_TIMER = TimerNoop()
 _USAGE_TAIL = 4096  # of an answer relayed through, the end kept to read its usage from
+
+
+# How a kept-alive connection the worker closed meets the request written on it: reset by the peer,
+# or the write refused. ECONNREFUSED and the rest belong to opening a connection, never a reused one.
+_HUNG_UP = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
+
+
+class _NotSent(aiohttp.ServerDisconnectedError):
+    """The connection was closed before the request was written to it (nothing was sent)."""
+
+
+def _unanswered(exc: BaseException) -> bool:
+    """Whether a request on a reused kept-alive connection failed because the worker had closed the
+    connection before any of an answer came: it hung up before a byte of an answer was parsed (a
+    ServerDisconnectedError holds the partial answer it broke off in, else only its text), or the
+    connection was reset or refused the write. A reset after part of an answer counts too (aiohttp
+    keeps no trace of the part); a worker resetting mid-answer on a connection it had kept alive
+    is the rarer case, and the request goes to it once more."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return isinstance(exc.message, str)
+    return isinstance(exc, OSError) and exc.errno in _HUNG_UP
 
 
 def _header_line(name: str, value: str) -> bytes:
@@ -111,10 +141,10 @@ class _IdlePool:
     or no longer connected is closed instead of reused, at most the worker's ``max_idle`` kept (more
     closed as they come back), and a sweep at the earliest expiry closes the expired ones. Connections
     kept forever (idle time 0 in the block or the flag: infinity) never schedule the sweep; one the
-    worker closed is found closed when taken, and a request that meets its closing fails as any
-    broken exchange does (another worker, or 502). Each is the connector's :class:`Connection`, kept
-    (never released to the connector) and closed through it. One per event loop (its connections
-    belong to it)."""
+    worker closed is found closed when taken, and a request that meets its closing (the worker hangs
+    up or resets before any of an answer) is sent once more on a new connection (``_resend``). Each
+    is the connector's :class:`Connection`, kept (never released to the connector) and closed
+    through it. One per event loop (its connections belong to it)."""
 
     __slots__ = ("_loop", "_idle", "_sweep", "_sweep_at")
 
@@ -438,7 +468,7 @@ class HttpRelay(Relay):
             protocol: ResponseHandler | None = conn.protocol
             transport = conn.transport
             if protocol is None or transport is None:
-                raise aiohttp.ServerDisconnectedError()
+                raise _NotSent()
             if fresh:
                 # A connection from the idle pool keeps the parser of its last answer, read to its end
                 # with these same settings, which reads the next (llhttp, keep-alive): a new parser
@@ -446,6 +476,66 @@ class HttpRelay(Relay):
                 protocol.set_response_params(
                     timer=_NO_TIMER, auto_decompress=False, read_bufsize=_READ_BUFSIZE, read_until_eof=True
                 )
+            body = request.body
+            if len(body) <= _ONE_WRITE_MAX:
+                transport.write(head + body)
+            else:
+                transport.writelines((head, body))
+            while True:
+                message, payload = await protocol.read()
+                if not (100 <= message.code <= 199) or message.code == 101:
+                    break
+        except asyncio.CancelledError:
+            if conn is not None:
+                conn.close()
+            deadline.cancel()
+            if deadline.absorb():
+                raise self._timed_out(settings.timeout_secs) from None
+            raise
+        except (aiohttp.ClientError, HttpProcessingError, OSError, asyncio.TimeoutError) as exc:
+            if conn is not None:
+                conn.close()
+                # ``fresh`` is set whenever ``conn`` is: a pooled one the worker closed before answering,
+                # or any one closed before the request was written
+                if (not fresh and _unanswered(exc)) or type(exc) is _NotSent:
+                    return await self._resend(request, target.probe, head, settings, session, key, pool, deadline)
+            deadline.cancel()
+            raise self._failure(exc, settings.connect_secs) from None
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            deadline.cancel()
+            raise
+        headers = message.headers
+        return _HttpAnswer(
+            self, request, message.code, headers.get("Content-Type", ""), headers.get("Content-Length"),
+            _Exchange(conn, pool, key, payload, deadline, settings),
+        )
+
+    async def _resend(
+        self, request: RelayRequest, probe: aiohttp.ClientRequest, head: bytes, settings: HttpPool,
+        session: aiohttp.ClientSession, key: ConnectionKey, pool: _IdlePool, deadline: _Deadline,
+    ) -> RelayAnswer:  # fmt: skip
+        """The request again, once, on a new connection: the kept-alive one it was written on was
+        closed by the worker before any byte of an answer came back (the worker closing an idle
+        connection as the request went out, or a worker restarted since), or the connection was
+        closed before the request was written at all. Not an attempt of the retry policy and not the
+        worker's failure: the attempts loop sees only this send's outcome, within the same deadline.
+        Counted in gw_router_upstream_send_retries_total (spec 3)."""
+        _add(UPSTREAM_SEND_RETRIES, request.worker.record.transport)(1)
+        log.info("connection to %s closed before any answer; sending the request again", request.worker.url)
+        conn: Connection | None = None
+        try:
+            connector = session.connector
+            assert connector is not None
+            conn = await connector.connect(probe, traces=[], timeout=self._connect_timeout(settings))
+            protocol: ResponseHandler | None = conn.protocol
+            transport = conn.transport
+            if protocol is None or transport is None:
+                raise aiohttp.ServerDisconnectedError()
+            protocol.set_response_params(
+                timer=_NO_TIMER, auto_decompress=False, read_bufsize=_READ_BUFSIZE, read_until_eof=True
+            )
             body = request.body
             if len(body) <= _ONE_WRITE_MAX:
                 transport.write(head + body)
@@ -530,6 +620,56 @@ class HttpRelay(Relay):
                     ) from None
                 raise UpstreamFailure(FailureKind.CONNECT, f"cannot connect to {target.host}:{target.port}") from None
             stream = connection.start(b"".join(parts), body)
+            await stream.head()
+        except asyncio.CancelledError:
+            if stream is not None:
+                stream.cancel()
+            deadline.cancel()
+            if deadline.absorb():
+                raise self._timed_out(settings.timeout_secs) from None
+            raise
+        except aiohttp.ClientError as exc:
+            if stream is not None:
+                stream.cancel()
+            if isinstance(exc, StreamRefused):  # not processed: once more (as _resend for HTTP/1.1)
+                return await self._h2_resend(request, target, b"".join(parts), settings, pool, deadline, exc)
+            deadline.cancel()
+            raise self._failure(exc, settings.connect_secs) from None
+        except BaseException:
+            if stream is not None:
+                stream.cancel()
+            deadline.cancel()
+            raise
+        headers = stream.headers
+        return _HttpAnswer(
+            self, request, stream.status, headers.get("content-type", ""), headers.get("content-length"),
+            _H2Exchange(stream, deadline, settings),
+        )
+
+    async def _h2_resend(
+        self, request: RelayRequest, target: _H2Target, block: bytes, settings: HttpPool, pool: H2Pool,
+        deadline: _Deadline, refused: StreamRefused,
+    ) -> RelayAnswer:  # fmt: skip
+        """The request on a new stream, once: the worker did not process the first
+        (:class:`StreamRefused`: a GOAWAY that excluded it, REFUSED_STREAM, a connection that closed
+        as it was handed out), so it goes out again on a connection not going away, within the same
+        deadline and counted as :meth:`_resend` counts an HTTP/1.1 one."""
+        _add(UPSTREAM_SEND_RETRIES, request.worker.record.transport)(1)
+        log.info("HTTP/2 stream to %s not processed (%s); sending it again", request.worker.url, refused)
+        body = request.body
+        stream: H2Stream | None = None
+        try:
+            try:
+                connection = await pool.connection(
+                    target.host, target.port, target.authority, settings.idle_secs, settings.connect_secs
+                )
+            except (OSError, asyncio.TimeoutError) as exc:
+                if isinstance(exc, asyncio.TimeoutError):
+                    raise UpstreamFailure(
+                        FailureKind.CONNECT, f"no connection within {settings.connect_secs:g} seconds"
+                    ) from None
+                raise UpstreamFailure(FailureKind.CONNECT, f"cannot connect to {target.host}:{target.port}") from None
+            stream = connection.start(block, body)
             await stream.head()
         except asyncio.CancelledError:
             if stream is not None:

@@ -37,7 +37,7 @@ from typing import Iterable
 import aiohttp
 import hpack
 
-__all__ = ["H2Pool", "H2Stream", "STREAM_WINDOW", "literal", "request_block", "speaks_http2"]
+__all__ = ["H2Pool", "H2Stream", "STREAM_WINDOW", "StreamRefused", "literal", "request_block", "speaks_http2"]
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PING, _GOAWAY, _WINDOW_UPDATE, _CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
@@ -89,6 +89,14 @@ def request_block(path: str, authority: str, fields: Iterable[tuple[str, str]], 
     return head + _literal(":path", path) + _literal(":authority", authority) + b"".join(
         _literal(name, value) for name, value in fields
     )
+
+
+class StreamRefused(aiohttp.ClientPayloadError):
+    """The worker did not process the stream, so it may be sent again (RFC 9113 8.7): a GOAWAY's last
+    stream id excluded it, or it was reset with REFUSED_STREAM."""
+
+
+_REFUSED_STREAM = 0x7
 
 
 def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -330,13 +338,14 @@ class H2Connection(asyncio.Protocol):
             stream = self.streams.get(stream_id)
             if stream is not None:
                 code = int.from_bytes(payload[:4], "big")
-                stream._finish(aiohttp.ClientPayloadError(f"the stream was reset (HTTP/2 error {code})"))
+                failed = StreamRefused if code == _REFUSED_STREAM else aiohttp.ClientPayloadError
+                stream._finish(failed(f"the stream was reset (HTTP/2 error {code})"))
         elif kind == _GOAWAY:
             last = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
             self.going_away = True
             for number, stream in list(self.streams.items()):
                 if number > last:
-                    stream._finish(aiohttp.ClientPayloadError("the worker is going away"))
+                    stream._finish(StreamRefused("the worker is going away"))
         # PRIORITY, PUSH_PROMISE (push is off) and unknown frame types are ignored
 
     def _settings(self, payload: bytes) -> None:
@@ -407,6 +416,10 @@ class H2Connection(asyncio.Protocol):
         self._next_id += 2
         stream = H2Stream(self, stream_id)
         self.streams[stream_id] = stream
+        if self.failed is not None or self.going_away:  # since the pool handed it out: nothing is sent
+            why = self.failed or "going away"
+            stream._finish(StreamRefused(f"the connection closed before the stream went out ({why})"))
+            return stream
         frames = bytearray()
         limit = self._peer_frame
         first, rest = block[:limit], block[limit:]

@@ -139,7 +139,7 @@ async def test_each_routed_body_is_counted_buffered(make_gateway, start_worker, 
     assert _sample(families, "gw_router_request_body_path", "gw_router_request_body_path_total", path="streamed") is None
     assert _sample(families, "gw_router_request_buffers_released_early_bytes",
                    "gw_router_request_buffers_released_early_bytes_total") == 0  # fmt: skip
-    assert "gw_router_upstream_send_retries" in families  # declared: the relay never resends
+    assert "gw_router_upstream_send_retries" in families  # declared before any resend (D113)
     assert "gw_kv_event_subscription_failures" in families  # declared: no KV event subscription
 
 

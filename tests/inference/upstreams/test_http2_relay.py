@@ -17,9 +17,11 @@ import openai
 import orjson
 import pytest
 from django.test import AsyncClient
+from django.utils import timezone
 
 from administration.models import Worker
 from administration.registration import RegistrationFailed, _http2_choice
+from administration.workers import worker_fields, worker_records
 from common.config import GatewayConfig
 from common.worker_metrics import http2_of
 from gateway_project.asgi import application
@@ -299,3 +301,56 @@ def test_http2_true_on_an_https_worker_fails_saying_tls_is_not_done() -> None:
     with pytest.raises(RegistrationFailed, match="HTTP/2 over TLS"):
         _http2_choice(Worker(url="https://127.0.0.1:1", settings={"http_pool": {"http2": True}}))
     assert _http2_choice(Worker(url="https://127.0.0.1:1", settings={})) is False
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_put_applies_http2_and_patch_leaves_it(start_h2_worker: Any) -> None:
+    """http_pool is a field PATCH ignores (spec 3: "use PUT"): a PATCH naming http2 changes only its
+    PATCH fields, the row's block and the relay's choice stay; a PUT with it registers again, probing
+    the worker, and the relay then speaks HTTP/2 to it."""
+    worker = await start_h2_worker()
+    api = AsyncClient()
+    async with running_fleet(GatewayConfig(**FAST)):  # type: ignore[arg-type]
+        got = await _register(api, {"url": worker.url})
+        assert got["http2"] is False
+        patch = await api.patch(f"/workers/{got['id']}", {"priority": 7, "http_pool": {"http2": True}},
+                                content_type="application/json")  # fmt: skip
+        assert patch.status_code == 202
+
+        async def patched() -> bool:
+            seen = (await api.get(f"/workers/{got['id']}")).json()
+            return seen.get("priority") == 7 and "job_status" not in seen
+
+        await until(patched)
+        assert (await api.get(f"/workers/{got['id']}")).json()["http2"] is False
+        row = await Worker.objects.aget(pk=got["id"])
+        assert "http_pool" not in row.settings
+        assert not next(h.record for h in REGISTRY.snapshot.workers if h.record.url == worker.url).http2
+        put = await api.put(f"/workers/{got['id']}", {"url": worker.url, "http_pool": {"http2": True}},
+                            content_type="application/json")  # fmt: skip
+        assert put.status_code == 202
+
+        async def over_http2() -> bool:
+            return any(h.record.url == worker.url and h.record.http2 for h in REGISTRY.snapshot.workers)
+
+        await until(over_http2)
+        assert (await api.get(f"/workers/{got['id']}")).json()["http2"] is True
+
+
+def test_the_api_says_what_the_gauge_says() -> None:
+    """GET /workers' http2 and gw_worker_http2 are one fact: gRPC workers are reached over HTTP/2,
+    relayed HTTP workers as registration chose, external providers and ZMQ workers over neither."""
+    config = GatewayConfig()
+    rows = [
+        Worker(url="http://127.0.0.1:1", runtime_type="sglang", settings={"http2_used": True}),
+        Worker(url="http://127.0.0.1:2", runtime_type="sglang", settings={"http2_used": False}),
+        Worker(url="http://127.0.0.1:3", runtime_type="sglang", settings={}),
+        Worker(url="grpc://127.0.0.1:4", runtime_type="sglang", settings={}),
+        Worker(url="https://api.openai.com", runtime_type="external", settings={"http2_used": True}),
+        Worker(url="zmq://127.0.0.1:5", runtime_type="vllm", settings={}),
+    ]
+    for row in rows:
+        row.created_at = timezone.now()
+    api = [worker_fields(row, config)["http2"] for row in rows]
+    gauge = [http2_of(record.transport, record.http2) == 1 for record in worker_records(config, rows)]
+    assert api == gauge == [True, False, False, True, False, False]
