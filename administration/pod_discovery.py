@@ -168,6 +168,7 @@ class PodDiscovery:
         self.config = config
         self.selector = list_selector(config)
         self.pods: dict[str, Mapping[str, Any]] = {}  # uid -> the pod as last seen
+        self.workers: dict[str, DiscoveredWorker] = {}  # uid -> the worker the pod is, for those that are one
         self.resource_version: str | None = None
         self.lists = 0  # lists made (a first one, then one per 410 Gone)
         self.watches = 0  # watches started
@@ -196,14 +197,34 @@ class PodDiscovery:
         return api.list_pod_for_all_namespaces(**query)
 
     def _publish(self, publish: Publish) -> None:
+        """After a list: the workers every pod is, published if the set changed."""
         found: dict[str, DiscoveredWorker] = {}
-        for pod in self.pods.values():
+        self.workers = {}
+        for uid, pod in self.pods.items():
             worker = worker_of_pod(pod, self.config)
             if worker is not None:
-                found[worker.discovery_id] = worker
+                found[worker.discovery_id] = self.workers[uid] = worker
         if found != self._published:
             self._published = found
-            publish(found)
+            publish(dict(found))
+
+    def _publish_pod(self, uid: str, pod: Mapping[str, Any] | None, publish: Publish) -> None:
+        """After a watch event: the set changed by that one pod (None: deleted), published if it
+        changed. Per event the cost is the pod's, not the fleet's: a thousand pods scaled up
+        (several events each) are not a thousand passes over every pod (D117)."""
+        before = self.workers.pop(uid, None)
+        after = worker_of_pod(pod, self.config) if pod is not None else None
+        if after is not None:
+            self.workers[uid] = after
+        if after == before:
+            return
+        found = self._published if self._published is not None else {}
+        if before is not None:
+            found.pop(before.discovery_id, None)
+        if after is not None:
+            found[after.discovery_id] = after
+        self._published = found
+        publish(dict(found))
 
     async def run(self, publish: Publish) -> None:
         pause = self._pause
@@ -299,7 +320,8 @@ class PodDiscovery:
                     continue
                 if kind == "DELETED":
                     self.pods.pop(metadata["uid"], None)
+                    self._publish_pod(metadata["uid"], None, publish)
                 else:  # ADDED, MODIFIED
                     self.pods[metadata["uid"]] = pod
-                self._publish(publish)
+                    self._publish_pod(metadata["uid"], pod, publish)
         return seen

@@ -7,7 +7,13 @@ worker. For each size and target (core 0, health checks every 5 s, everything el
 
 - registration: POST /workers for every URL, one after another (``--via cli``: every URL in
   ``--worker-urls`` at start; ``--via file``: every URL in a manifest of the file discovery provider,
-  ``--discovery-provider file``; both timed from the process's start), then the time until every
+  ``--discovery-provider file``; ``--via k8s``: every worker a Running and Ready pod of the stand-in
+  Kubernetes API server (standins/kube_api.py, its own process on core 1, named by a kubeconfig), read
+  with ``--service-discovery --selector app=bench-fleet --service-discovery-port P``, the pods' IPs
+  distinct loopback addresses (127.1.x.y) where nginx listens on P; ``--via k8s-scale``: the same
+  pods, none of them there until the target's first watch, then brought as a scale-up does, in waves
+  of 100, three watch events a pod (Pending, Running with its IP, Ready); all timed from the
+  process's start), then the time until every
   worker is healthy in GET /workers (the gateway needs two successful probes, smg its own rule), and
   the target's CPU seconds meanwhile;
 - idle CPU over ``--idle-secs`` with the whole fleet registered (percent of one core);
@@ -47,6 +53,9 @@ RESULTS = REPO / "bench" / "results"
 START_TIMEOUT_S = 60.0
 
 
+POD_LABEL = "app=bench-fleet"
+
+
 def _discovery_flags(urls: list[str], manifest: Path | None) -> list[str]:
     """--worker-urls, or the file discovery provider's flags with its manifest written."""
     if manifest is None:
@@ -56,27 +65,69 @@ def _discovery_flags(urls: list[str], manifest: Path | None) -> list[str]:
     return ["--discovery-provider", "file", "--discovery-file", str(manifest)]
 
 
+def _pod_address(index: int) -> str:
+    """The loopback address pod ``index`` has as its IP (127.1.0.1, ...; 250 to a /24)."""
+    return f"127.1.{index // 250}.{1 + index % 250}"
+
+
+def _kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: stand-in, cluster: {{server: \"{server}\"}}}}]\n"
+        "users: [{name: bench, user: {token: stand-in-token}}]\n"
+        "contexts: [{name: stand-in, context: {cluster: stand-in, user: bench}}]\n"
+        "current-context: stand-in\n"
+    )
+    return path
+
+
+def _start_kube_api(group: ProcessGroup, work: Path, addresses: list[str], scale_up: bool) -> Path:
+    """The stand-in API server (core 1) holding one Running and Ready pod per address (``scale_up``:
+    bringing them after the first watch): its kubeconfig."""
+    work.mkdir(parents=True, exist_ok=True)
+    key, _, value = POD_LABEL.partition("=")
+    pods = work / "pods.json"
+    pods.write_text(json.dumps([{"name": f"engine-{n}", "ip": ip, "labels": {key: value}}
+                                for n, ip in enumerate(addresses)]))
+    port = free_port()
+    argv = [PYTHON, "-m", "standins.kube_api", "--host", LOOPBACK, "--port", str(port), "--pods", str(pods)]
+    argv += ["--scale-up"] if scale_up else []
+    proc = group.start("kube-api", pinned(1, argv), env=child_env(), cwd=REPO)
+    proc.wait_ready(lambda: http_get(f"http://{LOOPBACK}:{port}/api/v1/pods?limit=1")[0] == 200,
+                    timeout=START_TIMEOUT_S)
+    return _kubeconfig(work / "kubeconfig", f"http://{LOOPBACK}:{port}")
+
+
+def _kube_env(kubeconfig: Path | None) -> dict[str, str]:
+    """KUBECONFIG naming the stand-in, for a target under ``--via k8s`` (nothing otherwise)."""
+    return {} if kubeconfig is None else {"KUBECONFIG": str(kubeconfig)}
+
+
 def _start_gateway(
-    group: ProcessGroup, work: Path, port: int, interval: float, urls: list[str], manifest: Path | None = None
+    group: ProcessGroup, work: Path, port: int, interval: float, flags: list[str], kubeconfig: Path | None
 ) -> ManagedProcess:
     argv = [PYTHON, MANAGE, "rungateway", "--host", LOOPBACK, "--port", str(port), "--log-level", "warning",
             "--health-check-interval-secs", f"{interval:g}", "--prometheus-port", str(free_port())]
-    argv += _discovery_flags(urls, manifest)
-    env = child_env({"GW_DATA_DIR": str(work / "data"), "DJANGO_SETTINGS_MODULE": "gateway_project.settings"})
+    argv += flags
+    env = child_env({"GW_DATA_DIR": str(work / "data"), "DJANGO_SETTINGS_MODULE": "gateway_project.settings",
+                     **_kube_env(kubeconfig)})
+    env.pop("KUBERNETES_SERVICE_HOST", None)
     proc = group.start(f"gateway-{port}", pinned(0, argv), env=env, cwd=REPO)
     proc.wait_ready(lambda: http_get(f"http://{LOOPBACK}:{port}/liveness")[0] == 200, timeout=START_TIMEOUT_S)
     return proc
 
 
 def _start_smg(
-    group: ProcessGroup, work: Path, port: int, interval: float, urls: list[str], manifest: Path | None = None
+    group: ProcessGroup, work: Path, port: int, interval: float, flags: list[str], kubeconfig: Path | None
 ) -> ManagedProcess:
     argv = [str(PEERS["smg"].binary), "launch", "--host", LOOPBACK, "--port", str(port), "--policy", "round_robin",
             "--health-check-interval-secs", f"{interval:g}", "--prometheus-host", LOOPBACK,
             "--prometheus-port", str(free_port()), "--log-level", "warn"]
-    argv += _discovery_flags(urls, manifest)
+    argv += flags
     work.mkdir(parents=True, exist_ok=True)
-    proc = group.start(f"smg-{port}", pinned(0, argv), env=child_env(), cwd=work)
+    env = child_env(_kube_env(kubeconfig))
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    proc = group.start(f"smg-{port}", pinned(0, argv), env=env, cwd=work)
     proc.wait_ready(lambda: http_get(f"http://{LOOPBACK}:{port}/liveness")[0] == 200, timeout=START_TIMEOUT_S)
     return proc
 
@@ -128,14 +179,24 @@ def _profiler(args: argparse.Namespace, pid: int, name: str, secs: float) -> sub
 
 def measure(target: str, size: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with ProcessGroup(work / f"logs-{target}-{size}") as group:
-        ports = _distinct_ports(size + 1)  # the workers' and the target's
-        port = ports.pop()
-        start_nginx_worker(group, work / f"nginx-{target}-{size}", ports[0], core=1, extra_ports=ports[1:])
-        urls = [f"http://{LOOPBACK}:{worker_port}" for worker_port in ports]
+        kubeconfig: Path | None = None
+        if args.via in ("k8s", "k8s-scale"):  # one port on many loopback addresses, the pods' IPs
+            port, nginx_port, pod_port = _distinct_ports(3)
+            addresses = [_pod_address(n) for n in range(size)]
+            start_nginx_worker(group, work / f"nginx-{target}-{size}", nginx_port, core=1,
+                               extra_listens=[f"{address}:{pod_port}" for address in addresses])
+            urls = [f"http://{address}:{pod_port}" for address in addresses]
+            kubeconfig = _start_kube_api(group, work / f"kube-{target}-{size}", addresses, args.via == "k8s-scale")
+            flags = ["--service-discovery", "--selector", POD_LABEL, "--service-discovery-port", str(pod_port)]
+        else:
+            ports = _distinct_ports(size + 1)  # the workers' and the target's
+            port = ports.pop()
+            start_nginx_worker(group, work / f"nginx-{target}-{size}", ports[0], core=1, extra_ports=ports[1:])
+            urls = [f"http://{LOOPBACK}:{worker_port}" for worker_port in ports]
+            manifest = work / f"{target}-{size}-workers.json" if args.via == "file" else None
+            flags = _discovery_flags(urls if args.via in ("cli", "file") else [], manifest)
         started = time.monotonic()  # through --worker-urls or discovery: from the process's start
-        manifest = work / f"{target}-{size}-workers.json" if args.via == "file" else None
-        proc = STARTERS[target](group, work / f"{target}-{size}", port, args.health_interval,
-                                urls if args.via in ("cli", "file") else [], manifest)
+        proc = STARTERS[target](group, work / f"{target}-{size}", port, args.health_interval, flags, kubeconfig)
         cpu_started = cpu_seconds(proc.popen.pid) if args.via == "post" else 0.0  # else from the start
         base = f"http://{LOOPBACK}:{port}"
         profiling = _profiler(args, proc.popen.pid, f"{target}-{size}-register", 20) if target == "gateway" else None
@@ -194,9 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-secs", type=float, default=30.0)
     parser.add_argument("--duration", type=float, default=6.0, help="wrk seconds for the relay throughput")
     parser.add_argument("--ready-timeout", type=float, default=600.0)
-    parser.add_argument("--via", choices=("post", "cli", "file"), default="post",
+    parser.add_argument("--via", choices=("post", "cli", "file", "k8s", "k8s-scale"), default="post",
                         help="register by POST /workers one after another, or all at start with --worker-urls, "
-                             "or all at start in the file discovery provider's manifest")
+                             "or all at start in the file discovery provider's manifest, or as pods of the "
+                             "stand-in Kubernetes API server read by --service-discovery (k8s-scale: brought "
+                             "after the first watch, as a scale-up)")
     parser.add_argument("--profile", default="", help="write py-spy collapsed stacks of the gateway here")
     args = parser.parse_args(argv)
     sizes = [int(size) for size in args.sizes.split(",") if size.strip()]

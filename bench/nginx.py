@@ -46,16 +46,19 @@ def _literal(payload: object) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def write_config(prefix: Path, port: int, extra_ports: Sequence[int] = ()) -> Path:
+def write_config(prefix: Path, port: int, extra_ports: Sequence[int] = (), extra_listens: Sequence[str] = ()) -> Path:
     for sub in ("logs", "tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):
         (prefix / sub).mkdir(parents=True, exist_ok=True)
-    listens = "\n".join(f"        listen {LOOPBACK}:{extra_port};" for extra_port in extra_ports)
+    listens = "\n".join(
+        [f"        listen {LOOPBACK}:{extra_port};" for extra_port in extra_ports]
+        + [f"        listen {address};" for address in extra_listens]
+    )
     extra = "\n".join(
         f"        location = {path} {{ return 200 {_literal(body)}; }}" for path, body in _EXTRA_GET.items()
     )
     # Every listening port takes a connection slot too; each worker URL may hold a probe's, a load
     # poll's and a relay's connection.
-    connections = max(4096, 4 * (1 + len(extra_ports)))
+    connections = max(4096, 4 * (1 + len(extra_ports) + len(extra_listens)))
     conf = f"""\
 daemon off;
 master_process on;
@@ -95,13 +98,15 @@ http {{
 
 
 def start_nginx_worker(
-    group: ProcessGroup, prefix: Path, port: int, core: int | str, extra_ports: Sequence[int] = ()
+    group: ProcessGroup, prefix: Path, port: int, core: int | str, extra_ports: Sequence[int] = (),
+    extra_listens: Sequence[str] = (),
 ) -> ManagedProcess:
-    """nginx (one worker process, pinned to ``core``) on 127.0.0.1:port (and ``extra_ports``: one
-    worker seen as many); waits until it answers."""
+    """nginx (one worker process, pinned to ``core``) on 127.0.0.1:port (and ``extra_ports``, and
+    ``extra_listens``' ``address:port`` pairs, e.g. other loopback addresses as pod IPs: one worker
+    seen as many); waits until it answers."""
     if shutil.which(NGINX) is None and not Path(NGINX).exists():
         raise FileNotFoundError(f"{NGINX} not found (apt-get install nginx-light)")
-    conf = write_config(prefix, port, extra_ports)
+    conf = write_config(prefix, port, extra_ports, extra_listens)
     proc = group.start("nginx", pinned(core, [NGINX, "-p", str(prefix), "-c", str(conf)]))
     url = f"http://{LOOPBACK}:{port}/v1/models"
     proc.wait_ready(lambda: http_get(url)[0] == 200, timeout=10)

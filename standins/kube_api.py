@@ -95,6 +95,12 @@ class KubeApi:
         self._change((namespace, name), pod)
         return pod
 
+    def schedule(self, name: str, ip: str, *, namespace: str = "default") -> None:
+        """A pending pod scheduled: Running with its IP, not yet Ready."""
+        pod = copy.deepcopy(self.pods[(namespace, name)])
+        pod["status"].update(phase="Running", podIP=ip)
+        self._change((namespace, name), pod)
+
     def set_ready(self, name: str, ready: bool, *, namespace: str = "default") -> None:
         pod = copy.deepcopy(self.pods[(namespace, name)])
         pod["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
@@ -255,3 +261,64 @@ async def serve_kube_api(api: KubeApi, host: str = "127.0.0.1") -> tuple[str, we
     await site.start()
     port = runner.addresses[0][1]
     return f"http://{host}:{port}", runner
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m standins.kube_api --port N --pods FILE``: serve the pods listed in FILE (a JSON list
+    of ``{"name", "ip", "labels"}``, every one Running and Ready) until stopped, in a process of its
+    own (the fleet bench's API server for the gateway and smg alike). ``--scale-up``: none of them
+    exists until the first watch; then they come as a Deployment scaled up brings them, in waves of
+    ``--wave`` pods: each ADDED Pending, then Running with its IP, then Ready (three events a pod)."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description="stand-in Kubernetes API server (pods)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--pods", default="", help="JSON list of {name, ip, labels[, namespace]}")
+    parser.add_argument("--scale-up", action="store_true", help="the pods come after the first watch")
+    parser.add_argument("--wave", type=int, default=100, help="pods a wave of --scale-up brings")
+    args = parser.parse_args(argv)
+    api = KubeApi()
+    pods = json.loads(Path(args.pods).read_text()) if args.pods else []
+    if not args.scale_up:
+        for pod in pods:
+            api.add_pod(pod["name"], pod["ip"], pod.get("labels") or {}, namespace=pod.get("namespace") or "default")
+        api.events.clear()  # the pods exist from the start: no history to replay
+        api.oldest = api.version
+
+    async def scale_up() -> None:
+        while not api.watch_requests():
+            await asyncio.sleep(0.05)
+        for start in range(0, len(pods), max(1, args.wave)):
+            wave = pods[start:start + max(1, args.wave)]
+            for pod in wave:
+                api.add_pod(pod["name"], None, pod.get("labels") or {}, namespace=pod.get("namespace") or "default",
+                            ready=False, phase="Pending")
+            await asyncio.sleep(0.05)
+            for pod in wave:
+                api.schedule(pod["name"], pod["ip"], namespace=pod.get("namespace") or "default")
+            await asyncio.sleep(0.05)
+            for pod in wave:
+                api.set_ready(pod["name"], True, namespace=pod.get("namespace") or "default")
+            await asyncio.sleep(0.05)
+        print(f"scaled up to {len(api.pods)} pod(s) in {api.version - 1000} event(s)", flush=True)
+
+    async def serve() -> None:
+        runner = web.AppRunner(api.app(), access_log=None, handler_cancellation=True)
+        await runner.setup()
+        await web.TCPSite(runner, args.host, args.port).start()
+        print(f"kube api on http://{args.host}:{args.port} with {len(api.pods)} pod(s)", flush=True)
+        if args.scale_up:
+            await scale_up()
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

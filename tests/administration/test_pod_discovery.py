@@ -147,6 +147,44 @@ def test_a_pod_is_a_worker_when_it_matches_runs_and_is_ready() -> None:
     assert worker_of_pod(api.add_pod("g", "10.1.2.8", {"app": "llm"}, namespace="qwen"), by_namespace).model_id == "qwen"  # type: ignore[union-attr]
 
 
+def test_a_watch_event_changes_the_published_set_by_its_pod_alone() -> None:
+    """Each event updates the set by the one pod it names (D117); the set is what reading every pod
+    again would give, and an event that changes no worker publishes nothing."""
+    api = KubeApi()
+    config = discovery_config(8000)
+    provider = PodDiscovery(config)
+    published: list[dict[str, DiscoveredWorker]] = []
+    pods = [api.add_pod(name, f"10.1.2.{n}", {"app": "llm"}, ready=False) for n, name in enumerate("abc", 1)]
+    provider.pods = {pod["metadata"]["uid"]: pod for pod in pods}
+    provider._publish(lambda found: published.append(dict(found)))  # the list: no worker yet
+    assert published == [{}]
+
+    def event(uid: str, pod: dict[str, object] | None) -> None:
+        if pod is None:
+            provider.pods.pop(uid, None)
+        else:
+            provider.pods[uid] = pod
+        provider._publish_pod(uid, pod, lambda found: published.append(dict(found)))
+
+    def uid(name: str) -> str:
+        return str(api.pods[("default", name)]["metadata"]["uid"])
+
+    for name in "abc":
+        api.set_ready(name, True)
+        event(uid(name), api.pods[("default", name)])
+    assert len(published) == 4 and len(published[-1]) == 3
+    api.relabel("a", {"app": "llm", "extra": "label"})  # still the same worker: nothing published
+    event(uid("a"), api.pods[("default", "a")])
+    assert len(published) == 4
+    api.set_ready("b", False)
+    event(uid("b"), api.pods[("default", "b")])
+    gone = uid("c")
+    api.delete_pod("c")
+    event(gone, None)
+    expected = {w.discovery_id: w for w in (worker_of_pod(pod, config) for pod in provider.pods.values()) if w}
+    assert published[-1] == expected and [w.labels["pod_name"] for w in expected.values()] == ["a"]
+
+
 # --- against the stand-in API server --------------------------------------------------------------
 
 
