@@ -13,6 +13,7 @@ import logging
 from time import perf_counter
 from typing import Awaitable, Callable, NoReturn, Protocol
 
+from common.telemetry import body_send
 from inference.accounting import TokenUsage
 from inference.asgi_io import SSE_HEADERS, DisconnectWatch, Receive, ResponseAborted, Send, send_error
 from inference.errors import GatewayError
@@ -150,6 +151,7 @@ class ResponseWriter:
         self.clock.stamp(headers, 0.0)
         self.started = True
         await self._send({"type": "http.response.start", "status": 200, "headers": headers})
+        self._send = body_send(self._send)  # the body's messages straight to the server's send
 
     async def chunk(self, data: bytes, last: bool = False) -> None:
         """Framed bytes of the stream; ``last`` makes this the final body message (closed by the

@@ -56,7 +56,7 @@ _REOPEN_AFTER = 2**30  # consumed bytes after which the connection's receive win
 _CANCEL = 0x8
 _FRAME_HEAD = struct.Struct(">IBI")  # length (24 bits) and type in one word, flags, stream id
 _SETTING = struct.Struct(">HI")
-_MESSAGE_HEAD = struct.Struct(">BI")  # gRPC's message prefix: compressed flag, length
+_DATA_HEAD = struct.Struct(">IBIBI")  # a frame's head and the gRPC message prefix after it, in one read
 _DEFAULT_WINDOW = 65_535
 _DEFAULT_FRAME = 16_384
 _MAX_HEADER_BLOCK = 1 << 20  # a peer's header block past this fails the connection
@@ -351,7 +351,11 @@ class H2Connection(asyncio.Protocol):
         start = 0
         size = len(buffer)
         while size - start >= 9:
-            head, flags, stream_id = _FRAME_HEAD.unpack_from(buffer, start)
+            if size - start >= 14:  # with what would be a DATA frame's message prefix (one read, D115)
+                head, flags, stream_id, compressed, message_length = _DATA_HEAD.unpack_from(buffer, start)
+            else:  # a short frame (or a part of one): no DATA frame of a message is whole here
+                head, flags, stream_id = _FRAME_HEAD.unpack_from(buffer, start)
+                compressed = message_length = 0
             length = head >> 8
             if length > _DEFAULT_FRAME:  # past the SETTINGS_MAX_FRAME_SIZE we keep (the default)
                 self._protocol_error(f"a frame of {length} bytes")
@@ -374,7 +378,6 @@ class H2Connection(asyncio.Protocol):
                 call = self._calls.get(stream_id & 0x7FFFFFFF)
                 if call is None:
                     continue
-                compressed, message_length = _MESSAGE_HEAD.unpack_from(buffer, body)
                 if compressed or message_length != length - 5 or call._buffer:
                     call._data(buffer[body:end], False, length)
                 else:

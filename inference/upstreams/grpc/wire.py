@@ -121,6 +121,25 @@ def chunk_reader(table: ChunkTable, prefix: bytes) -> Callable[[bytes], ChunkFie
             at += 2
             ids: tuple[int, ...] | None = None
             prompt = completion = cached = index = reasoning = 0
+            if at < size and data[at] == ids_tag:  # the usual chunk's first field: one token id, read here (D115)
+                length = data[at + 1]
+                value = data[at + 2]
+                if length == 3:  # an id of 2**14 or more (most of a large vocabulary)
+                    second = data[at + 3]
+                    third = data[at + 4]
+                    if value >= 0x80 and second >= 0x80 and third < 0x80:
+                        ids = ((value & 0x7F) | (second & 0x7F) << 7 | third << 14,)
+                        at += 5
+                elif length == 1:
+                    if value < 0x80:
+                        ids = (value,)
+                        at += 3
+                elif length == 2:
+                    second = data[at + 3]
+                    if value >= 0x80 and second < 0x80:
+                        ids = ((value & 0x7F) | second << 7,)
+                        at += 4
+                # anything else (several ids, a longer value): the loop below reads it
             while at < size:
                 tag = data[at]
                 if tag == ids_tag:  # token_ids, packed
