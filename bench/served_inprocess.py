@@ -2,7 +2,7 @@
 ``--in-process`` runs this file under valgrind with the working directory of the build to count).
 
 ``cd BUILD && valgrind --tool=callgrind --instr-atstart=no ... python bench/served_inprocess.py URL``
-``--streams 4 --tokens 16,64 --whole 96 [--runtime sglang]``
+``--streams 4 --tokens 16,64 --whole 96 [--runtime sglang] [--loop asyncio|uvloop]``
 
 The build's ASGI application is called directly (no HTTP server, no client socket, none of a started
 gateway's background tasks) for an engine worker at ``URL`` (bench/lean_engine.py, Qwen3's fixture,
@@ -141,7 +141,14 @@ def main() -> int:
     parser.add_argument("--tokens", type=lambda s: tuple(int(x) for x in s.split(",")), default=(16, 64))
     parser.add_argument("--whole", type=int, default=96)
     parser.add_argument("--runtime", default="sglang", help="the worker's runtime (the lean engine's --runtime)")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                        help="the event loop: asyncio's own (Python: its wake-ups are counted as bytecodes) or "
+                             "uvloop, as a served gateway runs")  # fmt: skip
     args = parser.parse_args()
+    if args.loop == "uvloop":
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     print(json.dumps(asyncio.run(run(args))), flush=True)
     return 0
 

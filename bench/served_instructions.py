@@ -3,7 +3,7 @@ before/after figures a loaded machine does not change.
 
 ``.venv/bin/python bench/served_instructions.py [--repo PATH ...] [--no-gateway] [--smg]``
 ``[--whole 200] [--streams 4] [--tokens 16,64] [--parsers on|off] [--thinking off|on] [--delay-ms 150]``
-``[--in-process] [--runtime sglang|vllm|tokenspeed|mlx|trtllm]``
+``[--in-process] [--runtime sglang|vllm|tokenspeed|mlx|trtllm] [--loop asyncio|uvloop]``
 
 The lean engine stand-in (bench/lean_engine.py, Qwen3's fixture tokenizer, one message per token,
 paced ``--delay-ms`` before each so no stream's messages pile up behind the slowed gateway: the
@@ -161,7 +161,7 @@ def in_process(name: str, number: int, repo: Path, engine_url: str, work: Path, 
     low, high = args.tokens
     argv = [*_callgrind(out_file), PYTHON, str(REPO / "bench" / "served_inprocess.py"), engine_url,
             "--streams", str(args.streams), "--tokens", f"{low},{high}", "--whole", str(args.whole),
-            "--runtime", args.runtime]  # fmt: skip
+            "--runtime", args.runtime, "--loop", args.loop]  # fmt: skip
     started = time.monotonic()
     done = subprocess.run(argv, cwd=repo, env=child_env(), capture_output=True, text=True, timeout=3600, check=True)
     events = json.loads(done.stdout.strip().splitlines()[-1])
@@ -192,6 +192,9 @@ def main() -> int:
                         help="the lean engine's gRPC runtime (bench/lean_engine.py --runtime), the gateway's worker's with "
                              "--in-process (a started gateway detects it)")  # fmt: skip
     parser.add_argument("--gateway-args", default="", help="more rungateway arguments for every gateway build")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                        help="--in-process: the event loop the ASGI app runs on (asyncio's stock loop, whose "
+                             "wake-ups are Python, or uvloop, as a served gateway runs)")  # fmt: skip
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind (callgrind) is needed: apt-get install valgrind", file=sys.stderr)
