@@ -8,6 +8,10 @@ import sys
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["rungateway"]:  # no collector passes over the start's objects (D118)
+        from common.start_collector import pause_for_start
+
+        pause_for_start()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
     from django.core.management import execute_from_command_line
 

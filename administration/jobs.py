@@ -17,10 +17,8 @@ from typing import Any, Callable
 
 from django.conf import settings
 from django.db import transaction
-from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from administration.job_runner import JOBS, run_job, run_registration_batch
-from administration.tasks import run_job_task
 from common.outages import BROKER
 
 __all__ = ["enqueue", "wait_for_local_jobs"]
@@ -111,6 +109,11 @@ def enqueue(name: str, *args: Any, local: bool = False) -> None:
 
 def _sent(name: str, args: tuple[Any, ...]) -> bool:
     """Hand the job to the broker; False when it did not take it (the caller runs it here)."""
+    # Celery is imported by a gateway that has a broker, at its first job sent (D118)
+    from kombu.exceptions import OperationalError as BrokerUnavailable
+
+    from administration.tasks import run_job_task
+
     try:
         run_job_task.delay(name, *args)
     except (BrokerUnavailable, OSError) as exc:

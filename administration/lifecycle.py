@@ -10,7 +10,6 @@ with 503 (waiting for the store) until the registry is loaded (administration/re
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from typing import Protocol
 
@@ -25,6 +24,7 @@ from administration.usage_flush import UsageFlusher, fit_ledger
 from common import telemetry, tracing
 from common import tls
 from common.config import current_config
+from common.start_collector import resume_after_start
 from common.http_clients import aclose_http_client
 from inference.api.routes import data_plane_paths
 from inference.asgi_io import ASGIApp, Receive, Scope, Send
@@ -113,13 +113,12 @@ class GatewayLifecycle:
                 log.info("gateway started, policy %s; waiting for the %s", config.policy, data_plane().waiting_for)
             self.started = True
             # Everything alive now (settings, apps, migrations, templates) lives as long as the
-            # process: keep it out of the collector's full passes, which otherwise stall requests.
-            gc.collect()
-            gc.freeze()
+            # process: kept out of the collector's full passes, which otherwise stall requests; the
+            # collector, paused through the start by manage.py rungateway, on again (D118).
             # A relayed request allocates a few hundred container objects: at CPython's default of
             # 700 the collector ran every few requests and its older passes walked the whole fleet's
             # records, the larger share of a request's cost at 1,000 workers (D27).
-            gc.set_threshold(*GC_THRESHOLDS)
+            resume_after_start(GC_THRESHOLDS)
 
     async def astop(self) -> None:
         if self._tls_watch is not None:

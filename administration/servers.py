@@ -26,7 +26,6 @@ import uvicorn
 
 from administration.lifecycle import LIFECYCLE
 from administration.receipt import ReceiptLimits, bounded_protocol
-from administration.receipt_twisted import bounded_factory  # Twisted's web module, not its reactor
 from common.config import GatewayConfig
 from common.ticks import next_mark
 from common.tls import server_certificate
@@ -117,6 +116,8 @@ def run_daphne(config: GatewayConfig, fd: int | None = None) -> None:
     from daphne.cli import CommandLineInterface
 
     import daphne.server
+
+    from administration.receipt_twisted import bounded_factory  # Twisted's web module: a daphne process's (D118)
 
     # daphne builds its HTTP factory by this name in Server.run: ours bounds request receipt (D30).
     daphne.server.HTTPFactory = bounded_factory(ReceiptLimits.of(config))

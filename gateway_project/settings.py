@@ -36,7 +36,7 @@ DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["*"])
 
 INSTALLED_APPS = [
-    "daphne",
+    "gateway_project.apps.DaphneCommands",  # daphne's runserver, its reactor not installed at setup (D118)
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

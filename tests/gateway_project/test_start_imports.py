@@ -1,7 +1,9 @@
 """What a gateway imports to start: the libraries only some gateways use (the ``mcp`` SDK for MCP
 tool loops, kubernetes_asyncio for the Kubernetes discovery provider, huggingface_hub for hub
 tokenizers, numpy for an EPD worker's image pixels) are imported when first used, not by the
-modules every start imports (issue 26 item 5: they were about a third of start-up's CPU)."""
+modules every start imports (issue 26 item 5: they were about a third of start-up's CPU). Likewise
+what only some processes use (D118): Celery and kombu (a gateway with a broker, at its first job
+sent; the Celery worker), daphne's server, Twisted's reactor and web module (a daphne process)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ django.setup()
 import administration.lifecycle
 import administration.management.commands.rungateway
 import gateway_project.asgi
-OPTIONAL = ('mcp', 'mcp_types', 'kubernetes_asyncio', 'huggingface_hub', 'numpy')
+OPTIONAL = ('mcp', 'mcp_types', 'kubernetes_asyncio', 'huggingface_hub', 'numpy',
+            'celery', 'kombu', 'daphne.server', 'twisted.internet.reactor', 'twisted.web.http')
 print(' '.join(sorted(name for name in OPTIONAL if name in sys.modules)))
 """
 

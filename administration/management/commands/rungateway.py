@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from administration.servers import run_daphne, run_uvicorn
 from administration.supervisor import Supervisor, end_with_supervisor, inherited_socket, received_config
 from inference.mcp import McpConfigError, mcp_config_of
 from inference.pipeline.parsers import UnknownParser, check_parser_names
+from common.start_collector import resume_after_start
 from common.tls import check_files
 from common.config import ConfigError, GatewayConfig, add_gateway_arguments, config_from_namespace, install_config
 
@@ -58,6 +60,7 @@ class Command(BaseCommand):
         )
         self.stdout.flush()
         if config.workers > 1:
+            resume_after_start()  # the supervisor serves nothing: its collector on again (D118)
             manage_py = Path(settings.BASE_DIR) / "manage.py"
             raise SystemExit(Supervisor(config, manage_py, Path(settings.DATA_DIR)).run())
         self._serve(config, None)
@@ -72,6 +75,7 @@ class Command(BaseCommand):
         self.stdout.write(f"applying {len(pending)} migration(s) to the embedded store {settings.DATABASES['default']['NAME']}")
         self.stdout.flush()
         call_command("migrate", interactive=False, verbosity=1)
+        gc.collect()  # the migrations' states, not frozen with the start's objects (D118)
 
     @staticmethod
     def _serve(config: GatewayConfig, sock: Any) -> None:
