@@ -29,7 +29,6 @@ from channels.layers import BaseChannelLayer, get_channel_layer
 from django.conf import settings
 from django.db import connections, router
 from django.utils import timezone
-from redis.exceptions import RedisError
 
 from common.db import STORE_ERRORS
 from administration.models import RegistryChange
@@ -177,6 +176,8 @@ def _notify_over_redis(layer: BaseChannelLayer, notice: Notice) -> None:
     """Tell the other processes at once. A pooled connection Redis dropped (it restarted) fails the
     first send and is replaced, so a failed send is tried once more before it counts as an outage;
     the store's change log carries the change either way."""
+    from redis.exceptions import RedisError  # a gateway with REDIS_URL only (redis imports OpenTelemetry's SDK; D118)
+
     for attempt in (1, 2):
         try:
             async_to_sync(layer.group_send)(GROUP, notice_message(notice))

@@ -27,7 +27,6 @@ from typing import Any, Iterable
 
 from channels.layers import get_channel_layer
 from django.conf import settings
-from redis.exceptions import RedisError
 
 from common.db import STORE_ERRORS, arun_db
 from administration.health import HealthChecker, HealthTarget
@@ -588,6 +587,8 @@ class RegistrySync:
         layer = get_channel_layer()
         if layer is None:
             return
+        from redis.exceptions import RedisError  # with REDIS_URL only (redis imports OpenTelemetry's SDK; D118)
+
         while True:
             try:
                 channel = await layer.new_channel()

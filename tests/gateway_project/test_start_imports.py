@@ -3,7 +3,8 @@ tool loops, kubernetes_asyncio for the Kubernetes discovery provider, huggingfac
 tokenizers, numpy for an EPD worker's image pixels) are imported when first used, not by the
 modules every start imports (issue 26 item 5: they were about a third of start-up's CPU). Likewise
 what only some processes use (D118): Celery and kombu (a gateway with a broker, at its first job
-sent; the Celery worker), daphne's server, Twisted's reactor and web module (a daphne process)."""
+sent; the Celery worker), daphne's server, Twisted's reactor and web module (a daphne process),
+the redis client (a gateway with REDIS_URL: its channel layer and limits)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import administration.lifecycle
 import administration.management.commands.rungateway
 import gateway_project.asgi
 OPTIONAL = ('mcp', 'mcp_types', 'kubernetes_asyncio', 'huggingface_hub', 'numpy',
-            'celery', 'kombu', 'daphne.server', 'twisted.internet.reactor', 'twisted.web.http')
+            'celery', 'kombu', 'daphne.server', 'twisted.internet.reactor', 'twisted.web.http', 'redis')
 print(' '.join(sorted(name for name in OPTIONAL if name in sys.modules)))
 """
 
