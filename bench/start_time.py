@@ -9,7 +9,8 @@ from /proc). ``fresh``: a new ``GW_DATA_DIR`` every round, so the embedded SQLit
 and migrated; ``migrated``: one data directory migrated before the first round. A target ``PATH``
 is another checkout (``git archive REV | tar -x -C PATH``) run with this checkout's venv: the
 targets alternate within each round, the order rotated, so an A/B shares the machine's load.
-Prints the median and min..max per target and store.
+``--database-url postgres://...``: every start on that
+Postgres store (migrated once before the rounds). Prints the median and min..max per target and store.
 """
 
 from __future__ import annotations
@@ -51,11 +52,12 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
-def start_once(checkout: Path, data_dir: Path, extra: list[str], timeout: float = 60.0) -> tuple[float, float, float]:
+def start_once(checkout: Path, data_dir: Path, extra: list[str], database_url: str = "",
+               timeout: float = 60.0) -> tuple[float, float, float]:
     """Wall seconds from exec to /liveness 200, CPU seconds of the process tree by then and the
     process's RSS (MiB) then."""
     port = free_port()
-    env = child_env({"GW_DATA_DIR": str(data_dir)})
+    env = child_env({"GW_DATA_DIR": str(data_dir), **({"DATABASE_URL": database_url} if database_url else {})})
     argv = [PYTHON, str(checkout / "manage.py"), "rungateway", "--host", LOOPBACK, "--port", str(port),
             "--log-level", "warning", *extra]
     started = time.monotonic()
@@ -83,22 +85,27 @@ def main() -> None:
     parser.add_argument("--store", choices=("fresh", "migrated", "both"), default="both")
     parser.add_argument("--targets", default="HEAD", help="comma-separated: HEAD (this checkout) or a checkout's path")
     parser.add_argument("--args", default="", help="more rungateway flags, one string")
+    parser.add_argument("--database-url", default="", help="a Postgres store (migrated before the rounds; --store migrated)")
     args = parser.parse_args()
     targets = [REPO if name == "HEAD" else Path(name).resolve() for name in args.targets.split(",")]
-    stores = ("fresh", "migrated") if args.store == "both" else (args.store,)
+    stores = ("fresh", "migrated") if args.store == "both" and not args.database_url else (args.store,)
+    if args.database_url:
+        stores = ("migrated",)
+        subprocess.run([PYTHON, str(REPO / "manage.py"), "migrate", "--verbosity", "0"], cwd=REPO, check=True,
+                       env=child_env({"DATABASE_URL": args.database_url}))
     extra = args.args.split()
     results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     print(f"load average at start: {loadavg()}")
     with tempfile.TemporaryDirectory(prefix="gw-start-") as work:
         migrated = {target: Path(work) / f"migrated-{index}" for index, target in enumerate(targets)}
         for target, data_dir in migrated.items():
-            start_once(target, data_dir, extra)  # migrates the store once; not counted
+            start_once(target, data_dir, extra, args.database_url)  # migrates the store once; not counted
         for round_ in range(args.rounds):
             order = targets[round_ % len(targets):] + targets[:round_ % len(targets)]
             for store in stores:
                 for target in order:
                     data_dir = migrated[target] if store == "migrated" else Path(work) / f"fresh-{round_}-{id(target)}"
-                    results.setdefault((str(target), store), []).append(start_once(target, data_dir, extra))
+                    results.setdefault((str(target), store), []).append(start_once(target, data_dir, extra, args.database_url))
     print(f"load average at end: {loadavg()}")
     for (target, store), samples in results.items():
         walls = [wall for wall, _, _ in samples]
