@@ -79,7 +79,7 @@ _CONNECT_TIMEOUT_SECS = 10.0
 # pool_idle_timeout_secs). Engines' HTTP servers close idle keep-alive connections after 5 s
 # (uvicorn's default, which sglang and vllm keep); staying under it avoids writing a request on a
 # connection the worker is closing at that moment. A worker that closes sooner (or restarted) still
-# meets that race: such a request is sent once more on a new connection (HttpRelay._resend).
+# meets that race: such a request is sent once more on a new connection (HttpRelay.open, HttpRelay._resending).
 KEEPALIVE_SECS = 3.0
 _MAX_IDLE = 500  # idle connections kept per worker host (spec 3's pool_max_idle_per_host default)
 # The sweep also closes the connections due within this long: one wake-up for those expiring together.
@@ -142,7 +142,7 @@ class _IdlePool:
     closed as they come back), and a sweep at the earliest expiry closes the expired ones. Connections
     kept forever (idle time 0 in the block or the flag: infinity) never schedule the sweep; one the
     worker closed is found closed when taken, and a request that meets its closing (the worker hangs
-    up or resets before any of an answer) is sent once more on a new connection (``_resend``). Each
+    up or resets before any of an answer) is sent once more on a new connection (``_resending``). Each
     is the connector's :class:`Connection`, kept (never released to the connector) and closed
     through it. One per event loop (its connections belong to it)."""
 
@@ -457,117 +457,76 @@ class HttpRelay(Relay):
         pool = self._pools[loop]
         deadline = _Deadline(loop, settings.timeout_secs)
         conn: Connection | None = pool.take(key)
-        try:
-            if conn is None:
-                connector = session.connector
-                assert connector is not None
-                conn = await connector.connect(target.probe, traces=[], timeout=self._connect_timeout(settings))
-                fresh = True
-            else:
-                fresh = False
-            protocol: ResponseHandler | None = conn.protocol
-            transport = conn.transport
-            if protocol is None or transport is None:
-                raise _NotSent()
-            if fresh:
-                # A connection from the idle pool keeps the parser of its last answer, read to its end
-                # with these same settings, which reads the next (llhttp, keep-alive): a new parser
-                # per request was ~6 us of C (issue 27, D86).
-                protocol.set_response_params(
-                    timer=_NO_TIMER, auto_decompress=False, read_bufsize=_READ_BUFSIZE, read_until_eof=True
-                )
-            body = request.body
-            if len(body) <= _ONE_WRITE_MAX:
-                transport.write(head + body)
-            else:
-                transport.writelines((head, body))
-            while True:
-                message, payload = await protocol.read()
-                if not (100 <= message.code <= 199) or message.code == 101:
-                    break
-        except asyncio.CancelledError:
-            if conn is not None:
-                conn.close()
-            deadline.cancel()
-            if deadline.absorb():
-                raise self._timed_out(settings.timeout_secs) from None
-            raise
-        except (aiohttp.ClientError, HttpProcessingError, OSError, asyncio.TimeoutError) as exc:
-            if conn is not None:
-                conn.close()
-                # ``fresh`` is set whenever ``conn`` is: a pooled one the worker closed before answering,
-                # or any one closed before the request was written
-                if (not fresh and _unanswered(exc)) or type(exc) is _NotSent:
-                    return await self._resend(request, target.probe, head, settings, session, key, pool, deadline)
-            deadline.cancel()
-            raise self._failure(exc, settings.connect_secs) from None
-        except BaseException:
-            if conn is not None:
-                conn.close()
-            deadline.cancel()
-            raise
+        resent = False
+        while True:
+            try:
+                if conn is None:
+                    connector = session.connector
+                    assert connector is not None
+                    conn = await connector.connect(target.probe, traces=[], timeout=self._connect_timeout(settings))
+                    fresh = True
+                else:
+                    fresh = False
+                protocol: ResponseHandler | None = conn.protocol
+                transport = conn.transport
+                if protocol is None or transport is None:
+                    raise aiohttp.ServerDisconnectedError() if resent else _NotSent()
+                if fresh:
+                    # A connection from the idle pool keeps the parser of its last answer, read to its
+                    # end with these same settings, which reads the next (llhttp, keep-alive): a new
+                    # parser per request was ~6 us of C (issue 27, D86).
+                    protocol.set_response_params(
+                        timer=_NO_TIMER, auto_decompress=False, read_bufsize=_READ_BUFSIZE, read_until_eof=True
+                    )
+                body = request.body
+                if len(body) <= _ONE_WRITE_MAX:
+                    transport.write(head + body)
+                else:
+                    transport.writelines((head, body))
+                while True:
+                    message, payload = await protocol.read()
+                    if not (100 <= message.code <= 199) or message.code == 101:
+                        break
+            except asyncio.CancelledError:
+                if conn is not None:
+                    conn.close()
+                deadline.cancel()
+                if deadline.absorb():
+                    raise self._timed_out(settings.timeout_secs) from None
+                raise
+            except (aiohttp.ClientError, HttpProcessingError, OSError, asyncio.TimeoutError) as exc:
+                if conn is not None:
+                    conn.close()
+                    # ``fresh`` is set whenever ``conn`` is: a pooled one the worker closed before
+                    # answering, or any one closed before the request was written
+                    if not resent and ((not fresh and _unanswered(exc)) or type(exc) is _NotSent):
+                        resent = True
+                        self._resending(request)
+                        conn = None
+                        continue
+                deadline.cancel()
+                raise self._failure(exc, settings.connect_secs) from None
+            except BaseException:
+                if conn is not None:
+                    conn.close()
+                deadline.cancel()
+                raise
+            break
         headers = message.headers
         return _HttpAnswer(
             self, request, message.code, headers.get("Content-Type", ""), headers.get("Content-Length"),
             _Exchange(conn, pool, key, payload, deadline, settings),
         )
 
-    async def _resend(
-        self, request: RelayRequest, probe: aiohttp.ClientRequest, head: bytes, settings: HttpPool,
-        session: aiohttp.ClientSession, key: ConnectionKey, pool: _IdlePool, deadline: _Deadline,
-    ) -> RelayAnswer:  # fmt: skip
-        """The request again, once, on a new connection: the kept-alive one it was written on was
+    def _resending(self, request: RelayRequest) -> None:
+        """The request goes again, once, on a new connection: the kept-alive one it was written on was
         closed by the worker before any byte of an answer came back (the worker closing an idle
         connection as the request went out, or a worker restarted since), or the connection was
         closed before the request was written at all. Not an attempt of the retry policy and not the
-        worker's failure: the attempts loop sees only this send's outcome, within the same deadline.
-        Counted in gw_router_upstream_send_retries_total (spec 3)."""
+        worker's failure: the attempts loop sees only the second send's outcome, within the same
+        deadline. Counted in gw_router_upstream_send_retries_total (spec 3)."""
         _add(UPSTREAM_SEND_RETRIES, request.worker.record.transport)(1)
         log.info("connection to %s closed before any answer; sending the request again", request.worker.url)
-        conn: Connection | None = None
-        try:
-            connector = session.connector
-            assert connector is not None
-            conn = await connector.connect(probe, traces=[], timeout=self._connect_timeout(settings))
-            protocol: ResponseHandler | None = conn.protocol
-            transport = conn.transport
-            if protocol is None or transport is None:
-                raise aiohttp.ServerDisconnectedError()
-            protocol.set_response_params(
-                timer=_NO_TIMER, auto_decompress=False, read_bufsize=_READ_BUFSIZE, read_until_eof=True
-            )
-            body = request.body
-            if len(body) <= _ONE_WRITE_MAX:
-                transport.write(head + body)
-            else:
-                transport.writelines((head, body))
-            while True:
-                message, payload = await protocol.read()
-                if not (100 <= message.code <= 199) or message.code == 101:
-                    break
-        except asyncio.CancelledError:
-            if conn is not None:
-                conn.close()
-            deadline.cancel()
-            if deadline.absorb():
-                raise self._timed_out(settings.timeout_secs) from None
-            raise
-        except (aiohttp.ClientError, HttpProcessingError, OSError, asyncio.TimeoutError) as exc:
-            if conn is not None:
-                conn.close()
-            deadline.cancel()
-            raise self._failure(exc, settings.connect_secs) from None
-        except BaseException:
-            if conn is not None:
-                conn.close()
-            deadline.cancel()
-            raise
-        headers = message.headers
-        return _HttpAnswer(
-            self, request, message.code, headers.get("Content-Type", ""), headers.get("Content-Length"),
-            _Exchange(conn, pool, key, payload, deadline, settings),
-        )
-
 
     def _h2_target(self, record: WorkerRecord, path: str) -> _H2Target:
         base = record.url
@@ -607,87 +566,51 @@ class HttpRelay(Relay):
         if pool is None:
             pool = self._h2_pools[loop] = H2Pool()
         deadline = _Deadline(loop, settings.timeout_secs)
-        stream: H2Stream | None = None
-        try:
+        block = b"".join(parts)
+        resent = False
+        while True:
+            stream: H2Stream | None = None
             try:
-                connection = await pool.connection(
-                    target.host, target.port, target.authority, settings.idle_secs, settings.connect_secs
-                )
-            except (OSError, asyncio.TimeoutError) as exc:
-                if isinstance(exc, asyncio.TimeoutError):
+                try:
+                    connection = await pool.connection(
+                        target.host, target.port, target.authority, settings.idle_secs, settings.connect_secs
+                    )
+                except (OSError, asyncio.TimeoutError) as exc:
+                    if isinstance(exc, asyncio.TimeoutError):
+                        raise UpstreamFailure(
+                            FailureKind.CONNECT, f"no connection within {settings.connect_secs:g} seconds"
+                        ) from None
                     raise UpstreamFailure(
-                        FailureKind.CONNECT, f"no connection within {settings.connect_secs:g} seconds"
+                        FailureKind.CONNECT, f"cannot connect to {target.host}:{target.port}"
                     ) from None
-                raise UpstreamFailure(FailureKind.CONNECT, f"cannot connect to {target.host}:{target.port}") from None
-            stream = connection.start(b"".join(parts), body)
-            await stream.head()
-        except asyncio.CancelledError:
-            if stream is not None:
-                stream.cancel()
-            deadline.cancel()
-            if deadline.absorb():
-                raise self._timed_out(settings.timeout_secs) from None
-            raise
-        except aiohttp.ClientError as exc:
-            if stream is not None:
-                stream.cancel()
-            if isinstance(exc, StreamRefused):  # not processed: once more (as _resend for HTTP/1.1)
-                return await self._h2_resend(request, target, b"".join(parts), settings, pool, deadline, exc)
-            deadline.cancel()
-            raise self._failure(exc, settings.connect_secs) from None
-        except BaseException:
-            if stream is not None:
-                stream.cancel()
-            deadline.cancel()
-            raise
-        headers = stream.headers
-        return _HttpAnswer(
-            self, request, stream.status, headers.get("content-type", ""), headers.get("content-length"),
-            _H2Exchange(stream, deadline, settings),
-        )
-
-    async def _h2_resend(
-        self, request: RelayRequest, target: _H2Target, block: bytes, settings: HttpPool, pool: H2Pool,
-        deadline: _Deadline, refused: StreamRefused,
-    ) -> RelayAnswer:  # fmt: skip
-        """The request on a new stream, once: the worker did not process the first
-        (:class:`StreamRefused`: a GOAWAY that excluded it, REFUSED_STREAM, a connection that closed
-        as it was handed out), so it goes out again on a connection not going away, within the same
-        deadline and counted as :meth:`_resend` counts an HTTP/1.1 one."""
-        _add(UPSTREAM_SEND_RETRIES, request.worker.record.transport)(1)
-        log.info("HTTP/2 stream to %s not processed (%s); sending it again", request.worker.url, refused)
-        body = request.body
-        stream: H2Stream | None = None
-        try:
-            try:
-                connection = await pool.connection(
-                    target.host, target.port, target.authority, settings.idle_secs, settings.connect_secs
-                )
-            except (OSError, asyncio.TimeoutError) as exc:
-                if isinstance(exc, asyncio.TimeoutError):
-                    raise UpstreamFailure(
-                        FailureKind.CONNECT, f"no connection within {settings.connect_secs:g} seconds"
-                    ) from None
-                raise UpstreamFailure(FailureKind.CONNECT, f"cannot connect to {target.host}:{target.port}") from None
-            stream = connection.start(block, body)
-            await stream.head()
-        except asyncio.CancelledError:
-            if stream is not None:
-                stream.cancel()
-            deadline.cancel()
-            if deadline.absorb():
-                raise self._timed_out(settings.timeout_secs) from None
-            raise
-        except aiohttp.ClientError as exc:
-            if stream is not None:
-                stream.cancel()
-            deadline.cancel()
-            raise self._failure(exc, settings.connect_secs) from None
-        except BaseException:
-            if stream is not None:
-                stream.cancel()
-            deadline.cancel()
-            raise
+                stream = connection.start(block, body)
+                await stream.head()
+            except asyncio.CancelledError:
+                if stream is not None:
+                    stream.cancel()
+                deadline.cancel()
+                if deadline.absorb():
+                    raise self._timed_out(settings.timeout_secs) from None
+                raise
+            except aiohttp.ClientError as exc:
+                if stream is not None:
+                    stream.cancel()
+                # Not processed (:class:`StreamRefused`: a GOAWAY that excluded it, REFUSED_STREAM, a
+                # connection that closed as it was handed out): once more, on a connection not going
+                # away, as an HTTP/1.1 request is resent (:meth:`_resending`).
+                if not resent and isinstance(exc, StreamRefused):
+                    resent = True
+                    _add(UPSTREAM_SEND_RETRIES, request.worker.record.transport)(1)
+                    log.info("HTTP/2 stream to %s not processed (%s); sending it again", request.worker.url, exc)
+                    continue
+                deadline.cancel()
+                raise self._failure(exc, settings.connect_secs) from None
+            except BaseException:
+                if stream is not None:
+                    stream.cancel()
+                deadline.cancel()
+                raise
+            break
         headers = stream.headers
         return _HttpAnswer(
             self, request, stream.status, headers.get("content-type", ""), headers.get("content-length"),
