@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
-import gateway_project.celery  # noqa: F401  # the project's app, the default of every thread, before the task binds
+import administration.celery_app  # noqa: F401  # the project's app, the default of every thread, before the task binds
 from administration.job_runner import run_job
 
 __all__ = ["run_job_task"]

@@ -1,22 +1,9 @@
-"""The Celery application: the one app of every process (the gateway, ``celery -A gateway_project
-worker``, the manage.py commands), configured from the Django settings' CELERY_* names.
-
-gateway_project/__init__.py imports it, so it exists wherever Django's settings are loaded, and it
-is made the default app of every thread: the jobs' task (administration/tasks.py, a shared task)
-resolves to it on a request's or a job's thread too, not to Celery's unconfigured fallback app. With
-CELERY_BROKER_URL set, jobs go through the broker to the worker; without it, the project's job
-helper (administration/jobs.py) runs them in-process.
-"""
+"""``celery -A gateway_project`` finds the project's Celery app here (Celery looks for a ``celery``
+submodule of the named package); the app itself is administration/celery_app.py, beside the jobs'
+task that binds to it."""
 
 from __future__ import annotations
 
-import os
+from administration.celery_app import app
 
-from celery import Celery
-
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
-
-app = Celery("gateway_project")
-app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks()
-app.set_default()
+__all__ = ["app"]

@@ -102,7 +102,7 @@ REDIS_URL = env_str("REDIS_URL")
 CHANNEL_LAYERS = {"default": channel_layer_from_url(REDIS_URL)}
 
 # Celery: with a broker, jobs go to `celery -A gateway_project worker`; without one they run
-# in-process on a background thread (see gateway_project/celery.py, the one app every process uses).
+# in-process on a background thread (see administration/celery_app.py, the one app every process uses).
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL")
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND")
 CELERY_TASK_SERIALIZER = "json"

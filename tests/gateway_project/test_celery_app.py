@@ -9,7 +9,7 @@ from celery import current_app
 from django.conf import settings
 
 from administration.tasks import run_job_task
-from gateway_project import celery_app
+from administration.celery_app import app as celery_app
 
 
 def test_every_thread_sends_jobs_through_the_project_app() -> None:
