@@ -501,7 +501,7 @@ class HttpRelay(Relay):
                     # answering, or any one closed before the request was written
                     if not resent and ((not fresh and _unanswered(exc)) or type(exc) is _NotSent):
                         resent = True
-                        self._resending(request)
+                        self._resending(request, "connection closed before any answer")
                         conn = None
                         continue
                 deadline.cancel()
@@ -518,15 +518,16 @@ class HttpRelay(Relay):
             _Exchange(conn, pool, key, payload, deadline, settings),
         )
 
-    def _resending(self, request: RelayRequest) -> None:
+    def _resending(self, request: RelayRequest, why: str) -> None:
         """The request goes again, once, on a new connection: the kept-alive one it was written on was
         closed by the worker before any byte of an answer came back (the worker closing an idle
         connection as the request went out, or a worker restarted since), or the connection was
-        closed before the request was written at all. Not an attempt of the retry policy and not the
-        worker's failure: the attempts loop sees only the second send's outcome, within the same
-        deadline. Counted in gw_router_upstream_send_retries_total (spec 3)."""
+        closed before the request was written at all; or an HTTP/2 stream the worker did not process.
+        Not an attempt of the retry policy and not the worker's failure: the attempts loop sees only
+        the second send's outcome, within the same deadline. Counted in
+        gw_router_upstream_send_retries_total (spec 3); ``why`` goes in the log line."""
         _add(UPSTREAM_SEND_RETRIES, request.worker.record.transport)(1)
-        log.info("connection to %s closed before any answer; sending the request again", request.worker.url)
+        log.info("%s to %s; sending the request again", why, request.worker.url)
 
     def _h2_target(self, record: WorkerRecord, path: str) -> _H2Target:
         base = record.url
@@ -600,8 +601,7 @@ class HttpRelay(Relay):
                 # away, as an HTTP/1.1 request is resent (:meth:`_resending`).
                 if not resent and isinstance(exc, StreamRefused):
                     resent = True
-                    _add(UPSTREAM_SEND_RETRIES, request.worker.record.transport)(1)
-                    log.info("HTTP/2 stream to %s not processed (%s); sending it again", request.worker.url, exc)
+                    self._resending(request, f"HTTP/2 stream not processed ({exc})")
                     continue
                 deadline.cancel()
                 raise self._failure(exc, settings.connect_secs) from None
